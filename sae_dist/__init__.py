@@ -1,0 +1,1 @@
+"""sae-dist: distributed sparse-autoencoder training."""

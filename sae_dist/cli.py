@@ -1,0 +1,118 @@
+"""`python -m sae_dist ...`: train, estimate-memory. User mistakes are one line on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import typing
+from typing import Any
+
+from sae_dist.config import TrainConfig, build_config, config_fields, field_types, load_toml
+from sae_dist.errors import UserError
+
+EXIT_USER_ERROR = 2
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per config field, with the field's help; unset flags leave the TOML/default alone."""
+    parser.add_argument("--config", help="TOML file with the same keys as the flags (flags win)")
+    types = field_types()
+    for f in config_fields():
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f.metadata.get("help", "") + (f" (default: {f.default})" if f.default is not None else "")
+        annotation = types[f.name]
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        base = args[0] if args and typing.get_origin(annotation) is not typing.Literal else annotation
+        if base is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                                help=help_text)
+        else:
+            convert = {int: int, float: float}.get(base, str)
+            parser.add_argument(flag, type=convert, default=argparse.SUPPRESS, help=help_text,
+                                metavar=f.name.upper())
+
+
+def config_from_args(ns: argparse.Namespace) -> TrainConfig:
+    values: dict[str, Any] = load_toml(ns.config) if getattr(ns, "config", None) else {}
+    names = {f.name for f in config_fields()}
+    values.update({k: v for k, v in vars(ns).items() if k in names})
+    return build_config(values)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m sae_dist", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train an SAE on N devices (DDP)",
+                           description="Train a sparse autoencoder; N devices run as N DDP ranks.")
+    _add_config_flags(train)
+    est = sub.add_parser("estimate-memory", help="memory per device for a training config")
+    _add_config_flags(est)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ns = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
+    try:
+        if ns.command == "train":
+            return _train(ns, argv[argv.index("train") + 1:])
+        if ns.command == "estimate-memory":
+            return _estimate(ns)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
+    from sae_dist.launch import in_worker, launch
+
+    cfg = config_from_args(ns)
+    if in_worker():
+        import os
+
+        from sae_dist.train import train
+
+        if os.environ.get("RANK", "0") != "0":
+            logging.getLogger().setLevel(logging.WARNING)  # rank 0 speaks for the job
+        try:
+            train(cfg)
+        except UserError as e:
+            print(f"error: [rank {os.environ.get('RANK')}] {e}", file=sys.stderr)
+            return EXIT_USER_ERROR
+        return 0
+    cfg = _preflight(cfg)
+    return launch(cfg, train_argv)
+
+
+def _preflight(cfg: TrainConfig) -> TrainConfig:
+    """Checks that need the data, done once before any rank starts (one error, not N)."""
+    if cfg.source == "shards":
+        from sae_dist.sources.shards import open_shards
+
+        cfg.with_d_in(open_shards(cfg.shards_path).d_in)  # raises on a mismatch
+    return cfg
+
+
+def _estimate(ns: argparse.Namespace) -> int:
+    from sae_dist.launch import resolve_devices
+    from sae_dist.memory import estimate_memory
+
+    cfg = config_from_args(ns)
+    if cfg.d_in is None:
+        if cfg.source == "shards":
+            from sae_dist.sources.shards import open_shards
+
+            cfg = cfg.with_d_in(open_shards(cfg.shards_path).d_in)
+        else:
+            cfg = cfg.with_d_in(512)
+    _, n = resolve_devices(cfg.devices)
+    est = estimate_memory(cfg.d_in, cfg.resolved_d_sae, cfg.batch_size, cfg.architecture, cfg.k, n,
+                          auxk=cfg.auxk_coefficient > 0)
+    print(est.describe())
+    return 0

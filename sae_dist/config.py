@@ -1,0 +1,228 @@
+"""The one training configuration: built from CLI flags, a TOML file or the app's form, validated here.
+
+Every field carries its help text, so the CLI's `--help`, the TOML reference and the app's form
+all say the same thing. `validate()` is the only place that decides what is a bad value; it raises
+`ConfigError` naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from sae_dist.errors import ConfigError
+
+ARCHITECTURES = ("topk", "batchtopk", "standard", "jumprelu")
+SOURCES = ("synthetic", "shards")
+PRECISIONS = ("auto", "fp32", "bf16")
+# Accepted spellings that people bring from other tools.
+ARCHITECTURE_ALIASES = {"relu": "standard", "batch_topk": "batchtopk", "jump_relu": "jumprelu"}
+
+
+def _f(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class TrainConfig:
+    # --- the SAE ---
+    architecture: Literal["topk", "batchtopk", "standard", "jumprelu"] = _f(
+        "topk", "SAE architecture: topk, batchtopk, standard (ReLU + L1) or jumprelu")
+    d_in: int | None = _f(None, "input width; taken from the source (synthetic default 512), checked if given")
+    d_sae: int | None = _f(None, "number of latents; default d_in x expansion_factor")
+    expansion_factor: int = _f(8, "d_sae = d_in x this, when d_sae is not given")
+    k: int = _f(32, "active latents per sample (topk; batchtopk: on average)")
+    l1_coefficient: float = _f(0.05, "L1 sparsity penalty weight (standard)")
+    l0_coefficient: float = _f(0.01, "L0 sparsity penalty weight (jumprelu)")
+    jumprelu_init_threshold: float = _f(0.001, "initial JumpReLU threshold")
+    jumprelu_bandwidth: float = _f(0.001, "JumpReLU straight-through estimator bandwidth")
+    auxk_coefficient: float = _f(1 / 32, "AuxK loss weight for dead latents (topk/batchtopk); 0 turns it off")
+    auxk_k: int | None = _f(None, "latents the AuxK loss uses; default d_in // 2")
+    dead_after_samples: int = _f(10_000_000, "a latent is dead when it has not fired in this many samples")
+    # --- the data ---
+    source: Literal["synthetic", "shards"] = _f("synthetic", "activation source: synthetic or shards")
+    shards_path: str | None = _f(None, "directory of safetensors activation shards (source = shards)")
+    synthetic_features: int = _f(4096, "planted dictionary size (synthetic)")
+    synthetic_active: float = _f(4.0, "features active per sample on average (synthetic)")
+    synthetic_power_law: float = _f(0.5, "feature frequency ~ rank^-this (synthetic; 0 = uniform)")
+    synthetic_noise: float = _f(0.01, "Gaussian noise std per dimension (synthetic)")
+    seed: int = _f(0, "random seed for initialisation and data")
+    # --- optimisation ---
+    batch_size: int = _f(4096, "samples per device per step; the global batch is this x devices")
+    lr: float | None = _f(None, "Adam learning rate for the global batch; default 2e-4 / sqrt(d_sae / 16384)")
+    lr_warmup_steps: int = _f(0, "linear learning-rate warm-up steps")
+    lr_decay_fraction: float = _f(0.0, "linear decay to 0 over this final fraction of the steps")
+    steps: int = _f(1000, "optimizer steps")
+    precision: Literal["auto", "fp32", "bf16"] = _f(
+        "auto", "auto: bf16 autocast on GPUs that support it, fp32 on CPU")
+    # --- the run ---
+    devices: str = _f("auto", "auto (every visible GPU, else 1 CPU rank), cpu:N, or cuda:N")
+    name: str | None = _f(None, "run name; default <architecture>-<d_sae>-<time>")
+    out_dir: str | None = _f(None, "run directory; default $SAE_DIST_HOME/runs/<name>")
+    log_every: int = _f(10, "steps between metric reports")
+    checkpoint_every: int = _f(500, "steps between checkpoints (0: only at the end)")
+    keep_checkpoints: int = _f(2, "checkpoints kept on disk")
+    resume: bool = _f(False, "continue from the latest checkpoint in out_dir")
+    db: bool = _f(True, "record the run in the state database (off: files only)")
+
+    def __post_init__(self) -> None:
+        self.architecture = ARCHITECTURE_ALIASES.get(self.architecture, self.architecture)
+        self.validate()
+
+    # Resolved values: a run needs concrete numbers where the config leaves defaults.
+    @property
+    def resolved_d_sae(self) -> int:
+        assert self.d_in is not None, "d_in is set from the source before training"
+        return self.d_sae if self.d_sae is not None else self.d_in * self.expansion_factor
+
+    @property
+    def resolved_lr(self) -> float:
+        # sparsify's rule: Adam's best lr falls with the square root of the latent count.
+        return self.lr if self.lr is not None else 2e-4 / math.sqrt(self.resolved_d_sae / 2**14)
+
+    @property
+    def resolved_auxk_k(self) -> int:
+        assert self.d_in is not None
+        return self.auxk_k if self.auxk_k is not None else max(1, self.d_in // 2)
+
+    def validate(self) -> None:
+        def choice(name: str, options: tuple[str, ...]) -> None:
+            value = getattr(self, name)
+            if value not in options:
+                raise ConfigError(name, f"unknown value {value!r}; choose one of {', '.join(options)}")
+
+        def positive(name: str, allow_none: bool = False, allow_zero: bool = False) -> None:
+            value = getattr(self, name)
+            if value is None and allow_none:
+                return
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+                raise ConfigError(name, f"must be a number, got {value!r}")
+            if value < 0 or (value == 0 and not allow_zero):
+                raise ConfigError(name, f"must be {'non-negative' if allow_zero else 'positive'}, got {value}")
+
+        choice("architecture", ARCHITECTURES)
+        choice("source", SOURCES)
+        choice("precision", PRECISIONS)
+        for name in ("expansion_factor", "k", "batch_size", "steps", "log_every", "keep_checkpoints",
+                     "dead_after_samples", "synthetic_features", "jumprelu_init_threshold",
+                     "jumprelu_bandwidth"):
+            positive(name)
+        for name in ("d_in", "d_sae", "auxk_k", "lr"):
+            positive(name, allow_none=True)
+        for name in ("l1_coefficient", "l0_coefficient", "auxk_coefficient", "lr_warmup_steps",
+                     "checkpoint_every", "synthetic_noise", "synthetic_power_law", "synthetic_active",
+                     "seed"):
+            positive(name, allow_zero=True)
+        for name in ("expansion_factor", "k", "batch_size", "steps", "log_every", "d_in", "d_sae",
+                     "auxk_k", "synthetic_features", "lr_warmup_steps", "checkpoint_every", "seed"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, int):
+                raise ConfigError(name, f"must be a whole number, got {value!r}")
+        if not 0.0 <= self.lr_decay_fraction <= 1.0:
+            raise ConfigError("lr_decay_fraction", f"must be between 0 and 1, got {self.lr_decay_fraction}")
+        if self.source == "shards" and not self.shards_path:
+            raise ConfigError("shards_path", "source = shards needs the directory of the shards")
+        if self.source == "synthetic" and self.shards_path:
+            raise ConfigError("shards_path", "given, but source is synthetic; add --source shards")
+        if self.d_in is not None:
+            d_sae = self.resolved_d_sae
+            if self.architecture in ("topk", "batchtopk") and self.k > d_sae:
+                raise ConfigError("k", f"k = {self.k} is more than d_sae = {d_sae}")
+            if self.auxk_k is not None and self.auxk_k > d_sae:
+                raise ConfigError("auxk_k", f"auxk_k = {self.auxk_k} is more than d_sae = {d_sae}")
+        if self.resume and not self.out_dir:
+            raise ConfigError("resume", "needs out_dir: the run directory holding the checkpoints")
+        parse_devices(self.devices)  # raises ConfigError("devices", ...) when malformed
+
+    def with_d_in(self, d_in: int) -> TrainConfig:
+        """The config with d_in from the source; a given d_in that differs is an error."""
+        if self.d_in is not None and self.d_in != d_in:
+            raise ConfigError("d_in", f"is {self.d_in} but the source's activations have width {d_in}")
+        return dataclasses.replace(self, d_in=d_in)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def config_fields() -> list[dataclasses.Field]:
+    return list(dataclasses.fields(TrainConfig))
+
+
+def field_types() -> dict[str, Any]:
+    return typing.get_type_hints(TrainConfig)
+
+
+def parse_devices(spec: str) -> tuple[str, int | None]:
+    """'auto' -> ('auto', None); 'cpu:4' -> ('cpu', 4); 'cuda:2' or 'gpu:2' -> ('cuda', 2); 'cuda' -> all."""
+    text = str(spec).strip().lower()
+    if text == "auto":
+        return "auto", None
+    kind, _, count = text.partition(":")
+    kind = {"gpu": "cuda"}.get(kind, kind)
+    if kind not in ("cpu", "cuda"):
+        raise ConfigError("devices", f"unknown device kind in {spec!r}; use auto, cpu:N or cuda:N")
+    if not count:
+        return kind, (1 if kind == "cpu" else None)
+    if not count.isdigit() or int(count) < 1:
+        raise ConfigError("devices", f"device count in {spec!r} must be a positive whole number")
+    return kind, int(count)
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a run.toml: flat `key = value` lines, or the same keys under a [train] table."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("config", f"no such file: {p}")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("config", f"{p} is not valid TOML: {e}") from None
+    if isinstance(data.get("train"), dict):
+        data = {**{k: v for k, v in data.items() if k != "train"}, **data["train"]}
+    return data
+
+
+def build_config(values: dict[str, Any]) -> TrainConfig:
+    """A validated config from plain values (TOML, form, parsed flags); unknown keys are errors."""
+    names = [f.name for f in config_fields()]
+    for key in values:
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(key, f"unknown setting{hint}")
+    types = field_types()
+    clean = {k: _coerce(k, v, types[k]) for k, v in values.items()}
+    return TrainConfig(**clean)
+
+
+def _coerce(name: str, value: Any, annotation: Any) -> Any:
+    """Check a TOML/form value against the field's type (ints stay ints, floats accept ints)."""
+    if value is None:
+        return None
+    args = typing.get_args(annotation)
+    base = next((a for a in args if a is not type(None)), annotation) if args else annotation
+    if typing.get_origin(base) is Literal:
+        return str(value)
+    if base is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(name, f"must be true or false, got {value!r}")
+        return value
+    if base is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(name, f"must be a whole number, got {value!r}")
+        return value
+    if base is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(name, f"must be a number, got {value!r}")
+        return float(value)
+    if base is str:
+        return str(value)
+    return value

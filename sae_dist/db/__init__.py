@@ -1,0 +1,48 @@
+"""The state database: schema, engine (migrated on first use), run helpers, metrics writer.
+
+Importing this package does not import Alembic; it is loaded only when a database needs
+upgrading, so the scheduler CLI starts fast.
+"""
+
+from sae_dist.db.engine import HEAD_REVISION, filesystem_type, get_engine, immediate_transaction
+from sae_dist.db.runs import (
+    create_run,
+    delete_metrics_after,
+    find_run_by_dir,
+    get_run,
+    rank_stats,
+    step_metrics,
+    update_run,
+)
+from sae_dist.db.schema import (
+    RUN_STATUSES,
+    RankStat,
+    StepMetric,
+    TrainingRun,
+    UTCDateTime,
+    metadata,
+    utcnow,
+)
+from sae_dist.db.writer import DatabaseMetricsLogger
+
+__all__ = [
+    "HEAD_REVISION",
+    "RUN_STATUSES",
+    "DatabaseMetricsLogger",
+    "RankStat",
+    "StepMetric",
+    "TrainingRun",
+    "UTCDateTime",
+    "create_run",
+    "delete_metrics_after",
+    "filesystem_type",
+    "find_run_by_dir",
+    "get_engine",
+    "get_run",
+    "immediate_transaction",
+    "metadata",
+    "rank_stats",
+    "step_metrics",
+    "update_run",
+    "utcnow",
+]

@@ -1,0 +1,1 @@
+"""Where activations come from: a synthetic planted dictionary or safetensors shards."""

@@ -1,0 +1,535 @@
+"""The `shards` activation source: a directory of safetensors files that N DDP ranks stream from.
+
+Why it exists: harvested activations are larger than RAM (many millions of rows x d_in), every
+rank must read its own disjoint part, and SGD wants the rows shuffled. So:
+
+* files are memory-mapped, never loaded: a random row gather faults in only the pages it touches;
+* the shuffle works on row *indices*: a bounded buffer is fed with contiguous blocks of rows in a
+  seeded per-epoch order, and each batch is drawn uniformly from that buffer. Reads stay local to
+  a window of blocks while the batches still mix rows from far apart;
+* the whole stream state is a few integers, one index tensor and a generator state, so a run
+  resumed from a checkpoint draws exactly the batches the uninterrupted run would have drawn.
+
+Directory layout::
+
+    shard_00000.safetensors  one tensor "activations" [rows, d_in], float32/float16/bfloat16
+    shard_00001.safetensors  ...
+    manifest.json            {"format": "sae-dist-shards", "version": 1, "d_in", "dtype",
+                              "total_rows", "shards": [{"file", "rows", "sha256"}], + metadata}
+
+The manifest is optional: researchers drop safetensors files in a folder, and then everything is
+derived from the file headers (files in name order).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+from torch import Tensor
+
+from sae_dist.errors import DataError
+
+log = logging.getLogger(__name__)
+
+FORMAT = "sae-dist-shards"
+VERSION = 1
+MANIFEST = "manifest.json"
+TENSOR = "activations"
+SUFFIX = ".safetensors"
+
+_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+_ST_NAMES = {dtype: name for name, dtype in _ST_DTYPES.items()}
+_BY_NAME = {str(dtype).removeprefix("torch."): dtype for dtype in _ST_DTYPES.values()}
+_MAX_HEADER = 100_000_000  # safetensors' own limit: a bigger claim means "not a safetensors file"
+_RESERVED = {"format", "version", "d_in", "dtype", "total_rows", "shards"}
+_REDO = "re-copy or regenerate it, or move it out of the directory"
+_STALE = "the manifest is stale: regenerate the shards, or delete manifest.json to use the files as they are"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """'float32' for torch.float32: the spelling used in manifest.json."""
+    return str(dtype).removeprefix("torch.")
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing
+
+
+def write_shards(directory: str | os.PathLike, tensors: Iterable[Tensor],
+                 metadata: dict[str, Any] | None = None) -> Path:
+    """Write each [n, d_in] tensor as shard_NNNNN.safetensors, then manifest.json; returns the directory.
+
+    Every file goes to a temporary name first and is renamed once complete (and synced), so a crash
+    never leaves a half-written shard under a real name. The manifest is written last.
+    """
+    directory = Path(directory)
+    metadata = dict(metadata or {})
+    clash = sorted(_RESERVED & metadata.keys())
+    if clash:
+        raise ValueError(f"write_shards: metadata keys {clash} are reserved for the manifest itself")
+    directory.mkdir(parents=True, exist_ok=True)
+    if any(directory.glob("*" + SUFFIX)) or (directory / MANIFEST).exists():
+        raise DataError(f"{directory} already holds shards; write to a new directory, or delete the old "
+                        f"shards and manifest.json first")
+    entries: list[dict[str, Any]] = []
+    d_in: int | None = None
+    dtype: torch.dtype | None = None
+    for tensor in tensors:
+        tensor = _checked_for_writing(tensor, len(entries), d_in, dtype)
+        if tensor.shape[0] == 0:
+            continue  # an empty chunk adds nothing; skipping it keeps shard files non-empty
+        d_in, dtype = tensor.shape[1], tensor.dtype
+        name = f"shard_{len(entries):05d}{SUFFIX}"
+        sha = _write_safetensors(directory / name, tensor)
+        entries.append({"file": name, "rows": int(tensor.shape[0]), "sha256": sha})
+    if not entries:
+        raise DataError(f"write_shards({directory}): no rows were given; nothing to write")
+    manifest = {"format": FORMAT, "version": VERSION, "d_in": d_in, "dtype": dtype_name(dtype),
+                "total_rows": sum(e["rows"] for e in entries), "shards": entries, **metadata}
+    _write_atomically(directory / MANIFEST, [json.dumps(manifest, indent=1).encode() + b"\n"])
+    _fsync_directory(directory)
+    return directory
+
+
+def _checked_for_writing(tensor: Tensor, index: int, d_in: int | None, dtype: torch.dtype | None) -> Tensor:
+    if tensor.dim() != 2:
+        raise DataError(f"write_shards: tensor {index} has shape {list(tensor.shape)}, but shards hold "
+                        f"2-D [rows, d_in] activations; reshape it with .reshape(-1, d_in)")
+    if tensor.dtype not in _ST_NAMES:
+        raise DataError(f"write_shards: tensor {index} has dtype {tensor.dtype}; convert it to float32, "
+                        f"float16 or bfloat16")
+    if d_in is not None and tensor.shape[1] != d_in:
+        raise DataError(f"write_shards: tensor {index} has d_in={tensor.shape[1]} but earlier tensors "
+                        f"have d_in={d_in}; all shards must hold the same activation site")
+    if dtype is not None and tensor.dtype != dtype:
+        raise DataError(f"write_shards: tensor {index} has dtype {tensor.dtype} but earlier tensors have "
+                        f"{dtype}; convert them to one dtype")
+    return tensor.detach().cpu().contiguous()
+
+
+def _write_safetensors(path: Path, tensor: Tensor) -> str:
+    """Write a one-tensor safetensors file by hand (hashing while writing: no second pass); return its sha256."""
+    nbytes = tensor.numel() * tensor.element_size()
+    header = json.dumps({TENSOR: {"dtype": _ST_NAMES[tensor.dtype], "shape": list(tensor.shape),
+                                  "data_offsets": [0, nbytes]}}, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)  # pad like safetensors does: the data then starts 8-aligned
+    data = tensor.view(torch.uint8).numpy() if nbytes else b""  # little-endian, as safetensors wants
+    chunks = [struct.pack("<Q", len(header)), header, memoryview(data)]
+    return _write_atomically(path, chunks)
+
+
+def _write_atomically(path: Path, chunks: list[bytes | memoryview]) -> str:
+    """Write chunks to a hidden temporary name, fsync, rename over `path`; return the sha256 of the bytes."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    digest = hashlib.sha256()
+    try:
+        with open(tmp, "wb") as f:
+            for chunk in chunks:
+                digest.update(chunk)
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return digest.hexdigest()
+
+
+def _fsync_directory(directory: Path) -> None:
+    # Makes the renames themselves durable; not every platform can open a directory.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ----------------------------------------------------------------------------------------------
+# Opening and validating
+
+
+@dataclass
+class ShardDataset:
+    """What open_shards found: the files in row order and their shapes. Holds no data."""
+
+    directory: Path
+    files: list[Path]
+    rows: list[int]  # rows per file, same order as files
+    d_in: int
+    dtype: torch.dtype
+    total_rows: int
+    manifest: dict[str, Any]  # manifest.json as read; {} when the directory has none
+    data_offsets: list[int] = field(default_factory=list)  # byte offset of each file's rows, for mapping
+
+
+@dataclass(frozen=True)
+class _Header:
+    rows: int
+    d_in: int
+    dtype: torch.dtype
+    data_start: int  # absolute byte offset of the activations in the file
+    data_end: int
+
+
+def open_shards(directory: str | os.PathLike, verify_checksums: bool = False) -> ShardDataset:
+    """Validate a shard directory from the file headers (and manifest.json if present), reading no data.
+
+    verify_checksums additionally reads every file and compares it with the manifest's sha256.
+    """
+    directory = Path(directory)
+    if not directory.exists():
+        raise DataError(f"shard directory {directory} does not exist; check the data path in the config, "
+                        f"or write the shards there first")
+    if not directory.is_dir():
+        raise DataError(f"{directory} is not a directory; the shards source needs a directory of "
+                        f"{SUFFIX} files")
+    on_disk = sorted(p for p in directory.glob("*" + SUFFIX) if p.is_file())
+    if not on_disk:
+        raise DataError(f"{directory} holds no {SUFFIX} files (empty shard directory); point the config "
+                        f"at the directory that holds the activation shards")
+    manifest_path = directory / MANIFEST
+    manifest = _read_manifest(manifest_path) if manifest_path.exists() else {}
+    files = _listed_files(manifest_path, manifest, on_disk) if manifest else on_disk
+    headers = [_read_header(path) for path in files]
+    d_in, dtype = _common_shape(files, headers)
+    rows = [h.rows for h in headers]
+    if manifest:
+        _check_manifest(manifest_path, manifest, files, headers)
+    if sum(rows) == 0:
+        raise DataError(f"{directory}: every {SUFFIX} file holds 0 rows; harvest some activations first")
+    if verify_checksums:
+        _verify_checksums(manifest_path, manifest, files)
+    return ShardDataset(directory=directory, files=files, rows=rows, d_in=d_in, dtype=dtype,
+                        total_rows=sum(rows), manifest=manifest,
+                        data_offsets=[h.data_start for h in headers])
+
+
+def _read_header(path: Path) -> _Header:
+    """Parse the safetensors header ourselves (8-byte little-endian length + JSON): no data is read."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise DataError(f"{path}: not a valid safetensors file (only {size} bytes, too short for "
+                                f"a header); {_REDO}")
+            (length,) = struct.unpack("<Q", prefix)
+            if length > _MAX_HEADER or 8 + length > size:
+                raise DataError(f"{path}: not a valid safetensors file, or truncated inside its header "
+                                f"(it announces a {length}-byte header but the file has {size} bytes); {_REDO}")
+            raw = f.read(length)
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror}); check that the file is readable") from e
+    try:
+        header = json.loads(raw)
+    except ValueError as e:  # also covers bytes that are not UTF-8
+        raise DataError(f"{path}: not a valid safetensors file (its header is not JSON: {e}); {_REDO}") from e
+    if not isinstance(header, dict):
+        raise DataError(f"{path}: not a valid safetensors file (its header is not a JSON object); {_REDO}")
+    return _activations_entry(path, header, size, 8 + length)
+
+
+def _activations_entry(path: Path, header: dict, size: int, data_base: int) -> _Header:
+    entry = header.get(TENSOR)
+    if entry is None:
+        names = sorted(k for k in header if k != "__metadata__")
+        raise DataError(f"{path}: no '{TENSOR}' tensor (it holds {names or 'no tensors'}); save the "
+                        f"activations under the name '{TENSOR}'")
+    shape = entry.get("shape") if isinstance(entry, dict) else None
+    offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+    if not (_int_list(shape) and _int_list(offsets) and len(offsets) == 2):
+        raise DataError(f"{path}: not a valid safetensors file (the '{TENSOR}' entry has no valid shape "
+                        f"and data_offsets); {_REDO}")
+    dtype = _ST_DTYPES.get(entry.get("dtype"))
+    if dtype is None:
+        raise DataError(f"{path}: '{TENSOR}' has unsupported dtype {entry.get('dtype')}; convert it to "
+                        f"float32, float16 or bfloat16")
+    if len(shape) != 2:
+        raise DataError(f"{path}: '{TENSOR}' has shape {shape}, but it must be 2-D [rows, d_in]; save "
+                        f"it as x.reshape(-1, d_in)")
+    rows, d_in = shape
+    if d_in == 0:
+        raise DataError(f"{path}: '{TENSOR}' has d_in=0 (shape {shape}); regenerate the file")
+    begin, end = offsets
+    if begin < 0 or end - begin != rows * d_in * dtype.itemsize:
+        raise DataError(f"{path}: not a valid safetensors file (data_offsets {offsets} do not match shape "
+                        f"{shape} of {entry['dtype']}); {_REDO}")
+    if data_base + end > size:
+        raise DataError(f"{path}: truncated: its header says the data ends at byte {data_base + end} "
+                        f"but the file has {size} bytes (an interrupted copy?); {_REDO}")
+    return _Header(rows, d_in, dtype, data_base + begin, data_base + end)
+
+
+def _int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                           for v in value)
+
+
+def _common_shape(files: list[Path], headers: list[_Header]) -> tuple[int, torch.dtype]:
+    first, h0 = files[0], headers[0]
+    for path, h in zip(files[1:], headers[1:]):
+        if h.d_in != h0.d_in:
+            raise DataError(f"mixed d_in: {first} has d_in={h0.d_in} but {path} has d_in={h.d_in}; all "
+                            f"shards must hold the same activation site, so move the odd files out")
+        if h.dtype != h0.dtype:
+            raise DataError(f"mixed dtypes: {first} is {dtype_name(h0.dtype)} but {path} is "
+                            f"{dtype_name(h.dtype)}; convert the shards to one dtype")
+    return h0.d_in, h0.dtype
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: cannot be read as JSON ({e}); fix it, or delete it to derive everything "
+                        f"from the shard headers") from e
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise DataError(f"{path}: not a sae-dist shard manifest (no \"format\": \"{FORMAT}\"); delete or "
+                        f"rename it to derive everything from the shard headers")
+    if manifest.get("version") != VERSION:
+        raise DataError(f"{path}: manifest version {manifest.get('version')} is not supported (this "
+                        f"sae-dist reads version {VERSION}); upgrade sae-dist or rewrite the shards")
+    shards = manifest.get("shards")
+    if not (isinstance(shards, list) and all(
+            isinstance(s, dict) and isinstance(s.get("file"), str) and isinstance(s.get("rows"), int)
+            for s in shards)):
+        raise DataError(f"{path}: \"shards\" must be a list of {{\"file\", \"rows\", \"sha256\"}} entries; "
+                        f"fix it, or delete manifest.json")
+    return manifest
+
+
+def _listed_files(manifest_path: Path, manifest: dict, on_disk: list[Path]) -> list[Path]:
+    """The manifest's files in its order; each must exist, and no shard on disk may be left out."""
+    directory = manifest_path.parent
+    names = [s["file"] for s in manifest["shards"]]
+    for name in names:
+        if Path(name).name != name or name in ("", ".", ".."):
+            raise DataError(f"{manifest_path}: shard file {name!r} is not a plain file name; the manifest "
+                            f"may only list files in its own directory")
+        if not (directory / name).is_file():
+            raise DataError(f"{manifest_path} lists {name}, which is missing from {directory}; restore the "
+                            f"file, or delete manifest.json to use the files present")
+    if len(set(names)) != len(names):
+        raise DataError(f"{manifest_path} lists a shard file twice; {_STALE}")
+    unlisted = sorted({p.name for p in on_disk} - set(names))
+    if unlisted:
+        raise DataError(f"{directory / unlisted[0]} is not listed in {manifest_path} ({len(unlisted)} file(s) "
+                        f"unlisted); move it out, or delete manifest.json to use every file present")
+    return [directory / name for name in names]
+
+
+def _check_manifest(path: Path, manifest: dict, files: list[Path], headers: list[_Header]) -> None:
+    if manifest.get("d_in") != headers[0].d_in:
+        raise DataError(f"{path} says d_in={manifest.get('d_in')} but {files[0]} holds d_in="
+                        f"{headers[0].d_in}; {_STALE}")
+    if manifest.get("dtype") != dtype_name(headers[0].dtype):
+        raise DataError(f"{path} says dtype={manifest.get('dtype')} but {files[0]} holds "
+                        f"{dtype_name(headers[0].dtype)}; {_STALE}")
+    for entry, file, h in zip(manifest["shards"], files, headers):
+        if entry["rows"] != h.rows:
+            raise DataError(f"{path} says {file.name} has {entry['rows']} rows but the file holds {h.rows}; "
+                            f"{_STALE}")
+    total = sum(h.rows for h in headers)
+    if manifest.get("total_rows") != total:
+        raise DataError(f"{path} says total_rows={manifest.get('total_rows')} but the files hold {total}; "
+                        f"{_STALE}")
+
+
+def _verify_checksums(manifest_path: Path, manifest: dict, files: list[Path]) -> None:
+    if not manifest:
+        raise DataError(f"checksum verification asked for, but {manifest_path} does not exist; write the "
+                        f"shards with write_shards, or turn verification off")
+    for entry, path in zip(manifest["shards"], files):
+        expected = entry.get("sha256")
+        if not isinstance(expected, str):
+            raise DataError(f"{manifest_path}: {path.name} has no sha256 to verify against; turn "
+                            f"verification off, or rewrite the shards with write_shards")
+        with open(path, "rb") as f:
+            actual = hashlib.file_digest(f, "sha256").hexdigest()
+        if actual != expected:
+            raise DataError(f"{path}: checksum mismatch (sha256 {actual[:16]}..., manifest says "
+                            f"{expected[:16]}...); the file is corrupt or was replaced: {_REDO}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Streaming
+
+
+def _seed_for(*parts: Any) -> int:
+    # A stable hash (unlike hash()) so that (seed, rank, epoch) always gives the same generator.
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def _map_rows(path: Path, data_start: int, rows: int, d_in: int, dtype: torch.dtype) -> Tensor:
+    """[rows, d_in] view of a file's activations through a private, lazy memory map."""
+    data_end = data_start + rows * d_in * dtype.itemsize
+    try:
+        raw = torch.from_file(str(path), shared=False, size=data_end, dtype=torch.uint8)
+    except RuntimeError as e:
+        raise DataError(f"{path}: cannot be memory-mapped ({e}); was it truncated or replaced after "
+                        f"opening? {_REDO}") from e
+    data = raw[data_start:data_end]
+    if data_start % dtype.itemsize:
+        # A view needs an aligned start; safetensors pads its header so this is rare (hand-made files).
+        log.warning("%s: activations start at byte %d, not aligned for %s; reading the file into memory "
+                    "instead of mapping it", path, data_start, dtype_name(dtype))
+        data = data.clone()
+    return data.view(dtype).view(rows, d_in)
+
+
+class ShardStream:
+    """Infinite, shuffled, exactly resumable batches of one rank's disjoint part of a ShardDataset.
+
+    Rank r owns global rows [r*T//W, (r+1)*T//W). That part is cut in blocks of block_rows
+    contiguous rows; each epoch visits the blocks in an order seeded by (seed, rank, epoch), moving
+    their row indices into a buffer of at least buffer_rows indices. A batch is batch_size indices
+    drawn uniformly without replacement from the buffer by a seeded generator.
+    """
+
+    def __init__(self, dataset: ShardDataset, rank: int, world_size: int, batch_size: int, seed: int,
+                 buffer_rows: int = 65536, block_rows: int = 2048):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+        if min(batch_size, buffer_rows, block_rows) < 1:
+            raise ValueError("batch_size, buffer_rows and block_rows must be positive")
+        self.dataset, self.rank, self.world_size = dataset, rank, world_size
+        self.batch_size, self.seed = batch_size, seed
+        self.buffer_rows, self.block_rows = buffer_rows, block_rows
+        total = dataset.total_rows
+        self._lo, self._hi = rank * total // world_size, (rank + 1) * total // world_size
+        part = self._hi - self._lo
+        if part < batch_size:
+            raise DataError(f"{dataset.directory} has {total} rows, so rank {rank} of {world_size} gets "
+                            f"{part}, fewer than one batch of {batch_size}: {world_size} devices x batch "
+                            f"{batch_size} needs at least {world_size * batch_size} rows; use fewer "
+                            f"devices, a smaller batch, or more data")
+        self._num_blocks = -(-part // block_rows)
+        self._target = min(max(buffer_rows, batch_size), part)  # buffer fill level before each draw
+        self._offsets = torch.arange(block_rows)
+        self._map_files()
+        self._epoch = 0
+        self._block_pos = 0  # blocks of the current epoch's order already moved into the buffer
+        self._buffer = torch.empty(0, dtype=torch.int64)  # global row indices
+        self._draw_gen = torch.Generator().manual_seed(_seed_for(seed, rank, "draw"))
+        self._order_epoch, self._order = -1, torch.empty(0, dtype=torch.int64)
+        self.rows_seen = 0
+
+    @property
+    def epoch(self) -> int:
+        """Passes begun over this rank's part (0 during the first)."""
+        return self._epoch
+
+    def _map_files(self) -> None:
+        # Only files that overlap this rank's rows are mapped.
+        ds = self.dataset
+        self._starts: list[int] = []
+        self._views: list[Tensor | None] = []
+        start = 0
+        for path, rows, offset in zip(ds.files, ds.rows, ds.data_offsets):
+            overlaps = start < self._hi and start + rows > self._lo
+            self._starts.append(start)
+            self._views.append(_map_rows(path, offset, rows, ds.d_in, ds.dtype) if overlaps else None)
+            start += rows
+        self._ends = torch.tensor([s + r for s, r in zip(self._starts, ds.rows)], dtype=torch.int64)
+
+    # -- index bookkeeping: all tensor ops, O(buffer) per batch --------------------------------
+
+    def _block_order(self, epoch: int) -> Tensor:
+        if self._order_epoch != epoch:
+            gen = torch.Generator().manual_seed(_seed_for(self.seed, self.rank, "blocks", epoch))
+            self._order = torch.randperm(self._num_blocks, generator=gen)
+            self._order_epoch = epoch
+        return self._order
+
+    def _fill(self) -> None:
+        """Append blocks (rolling over epochs) until the buffer holds at least the target."""
+        parts, have = [self._buffer], len(self._buffer)
+        while have < self._target:
+            if self._block_pos == self._num_blocks:
+                self._epoch, self._block_pos = self._epoch + 1, 0
+            need_blocks = -(-(self._target - have) // self.block_rows)
+            count = min(need_blocks, self._num_blocks - self._block_pos)
+            blocks = self._block_order(self._epoch)[self._block_pos:self._block_pos + count]
+            self._block_pos += count
+            rows = ((self._lo + blocks * self.block_rows).unsqueeze(1) + self._offsets).flatten()
+            if bool((blocks == self._num_blocks - 1).any()):
+                rows = rows[rows < self._hi]  # only the last block can be short
+            parts.append(rows)
+            have += len(rows)
+        self._buffer = torch.cat(parts)
+
+    def _draw(self) -> Tensor:
+        self._fill()
+        # A random permutation: its head is the batch, its tail the (shuffled) rest of the buffer.
+        order = torch.randperm(len(self._buffer), generator=self._draw_gen)
+        batch = self._buffer[order[:self.batch_size]]
+        self._buffer = self._buffer[order[self.batch_size:]]
+        return batch
+
+    # -- data ----------------------------------------------------------------------------------
+
+    def next_batch(self, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
+        """The next [batch_size, d_in] batch, converted to dtype (and moved to device if given)."""
+        indices, _ = self._draw().sort()  # sorted: one contiguous run per file, and page locality
+        pinned = device is not None and torch.device(device).type == "cuda" and torch.cuda.is_available()
+        out = torch.empty(self.batch_size, self.dataset.d_in, dtype=dtype, pin_memory=pinned)
+        self._gather(indices, out)
+        self.rows_seen += self.batch_size
+        return out if device is None else out.to(device, non_blocking=pinned)
+
+    def _gather(self, indices: Tensor, out: Tensor) -> None:
+        files, counts = torch.unique_consecutive(torch.searchsorted(self._ends, indices, right=True),
+                                                 return_counts=True)
+        pos = 0
+        for f, count in zip(files.tolist(), counts.tolist()):
+            view, dst = self._views[f], out[pos:pos + count]
+            local = indices[pos:pos + count] - self._starts[f]
+            if view.dtype == out.dtype:
+                torch.index_select(view, 0, local, out=dst)
+            else:
+                dst.copy_(view.index_select(0, local))
+            pos += count
+
+    # -- resume --------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue with exactly the batches this stream would produce next."""
+        return {"rank": self.rank, "world_size": self.world_size, "seed": self.seed,
+                "block_rows": self.block_rows, "total_rows": self.dataset.total_rows,
+                "epoch": self._epoch, "block_pos": self._block_pos, "buffer": self._buffer.clone(),
+                "generator": self._draw_gen.get_state(), "rows_seen": self.rows_seen}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # These fix which rows the indices mean; a different value would silently read other data.
+        for key, mine in (("total_rows", self.dataset.total_rows), ("world_size", self.world_size),
+                          ("rank", self.rank), ("seed", self.seed), ("block_rows", self.block_rows)):
+            if state.get(key) != mine:
+                raise DataError(f"the checkpoint's data stream was saved with {key}={state.get(key)}, but "
+                                f"this run has {key}={mine} (data: {self.dataset.directory}); resume with "
+                                f"the same data and settings, or start a new run")
+        buffer = torch.as_tensor(state["buffer"], dtype=torch.int64).flatten().clone()
+        if len(buffer) and (int(buffer.min()) < self._lo or int(buffer.max()) >= self._hi):
+            raise DataError(f"the checkpoint's data stream holds rows outside rank {self.rank}'s part of "
+                            f"{self.dataset.directory}; the checkpoint does not belong to this data")
+        if not 0 <= int(state["block_pos"]) <= self._num_blocks:
+            raise DataError(f"the checkpoint's data stream is at block {state['block_pos']} of "
+                            f"{self._num_blocks}; the checkpoint does not belong to this data")
+        self._epoch, self._block_pos = int(state["epoch"]), int(state["block_pos"])
+        self._buffer = buffer
+        self._draw_gen.set_state(state["generator"])
+        self.rows_seen = int(state.get("rows_seen", 0))

@@ -1,0 +1,420 @@
+"""The training loop of one rank: DDP over the devices torchrun gave us, rank 0 logs and writes.
+
+Read top to bottom it is the whole story: set up the process group, the data and the model;
+resume or initialise b_dec from the first batch; then steps of forward / backward / decoder
+constraint / Adam; every `log_every` steps one all-reduce of the accumulated sums gives the
+metrics, dead-latent counters and per-rank timings; checkpoints and the final SAELens export are
+written by rank 0 while the others wait at a barrier.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from sae_dist import distributed as D
+from sae_dist.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from sae_dist.config import TrainConfig
+from sae_dist.errors import UserError
+from sae_dist.export import export_saelens
+from sae_dist.lr import lr_at
+from sae_dist.memory import PeakMemory, estimate_memory
+from sae_dist.metrics import IDX, SUMS, find_stragglers, window_metrics
+from sae_dist.sae import SparseAutoencoder
+from sae_dist.sources.synthetic import SyntheticSource, dictionary_recovery
+
+log = logging.getLogger(__name__)
+
+
+class TrainingDiverged(UserError):
+    """NaN or inf in the data or the loss; the last good checkpoint is left as it was."""
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    run_id: int | None
+    export_dir: Path | None
+    step: int
+    final: dict[str, Any] = field(default_factory=dict)
+
+
+def make_source(cfg: TrainConfig, ctx: D.DistContext):
+    if cfg.source == "synthetic":
+        return SyntheticSource(
+            d_in=cfg.d_in or 512, n_features=cfg.synthetic_features, active=cfg.synthetic_active,
+            power_law=cfg.synthetic_power_law, noise=cfg.synthetic_noise, seed=cfg.seed,
+            rank=ctx.rank, world_size=ctx.world_size, batch_size=cfg.batch_size)
+    from sae_dist.sources.shards import ShardStream, open_shards  # only shard runs need it
+
+    dataset = open_shards(cfg.shards_path)
+    return ShardStream(dataset, rank=ctx.rank, world_size=ctx.world_size,
+                       batch_size=cfg.batch_size, seed=cfg.seed)
+
+
+def source_d_in(source) -> int:
+    return source.d_in if hasattr(source, "d_in") else source.dataset.d_in
+
+
+def safe_name(name: str) -> str:
+    """A run name as one harmless path component (names are stored literally elsewhere)."""
+    clean = re.sub(r"[^A-Za-z0-9._-]+", "_", name).lstrip(".") or "run"
+    return clean[:120]
+
+
+def _on_main(ctx: D.DistContext, fn, *args):
+    """Run fn on rank 0 and hand its result (or its UserError) to every rank."""
+    result: tuple[str, Any] = ("ok", None)
+    if ctx.is_main:
+        try:
+            result = ("ok", fn(*args))
+        except UserError as e:
+            result = ("error", str(e))
+    result = D.broadcast_object(result)
+    if result[0] == "error":
+        raise UserError(result[1])
+    return result[1]
+
+
+def _prepare_run_dir(cfg: TrainConfig) -> tuple[str, str]:
+    from sae_dist.paths import state_home
+
+    name = cfg.name or f"{cfg.architecture}-{cfg.resolved_d_sae}-{datetime.now():%Y%m%d-%H%M%S}"
+    run_dir = Path(cfg.out_dir).expanduser() if cfg.out_dir else state_home() / "runs" / safe_name(name)
+    if cfg.resume:
+        if latest_checkpoint(run_dir) is None:
+            raise UserError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; "
+                            f"start without --resume or point --out-dir at the run to continue")
+    elif run_dir.exists() and any(run_dir.iterdir()):
+        raise UserError(f"run directory {run_dir} already exists and is not empty; "
+                        f"use --resume to continue it or choose another --out-dir / --name")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return name, str(run_dir.resolve())
+
+
+class _RunRecord:
+    """Rank 0's link to the state database (or nothing, with --no-db)."""
+
+    def __init__(self, cfg: TrainConfig, ctx: D.DistContext, name: str, run_dir: str, device_ids: list[str]):
+        self.engine = self.writer = None
+        self.run_id: int | None = None
+        if not (cfg.db and ctx.is_main):
+            return
+        from sae_dist.db import DatabaseMetricsLogger, create_run, delete_metrics_after, find_run_by_dir, get_engine
+
+        self.engine = get_engine()
+        existing = find_run_by_dir(self.engine, run_dir) if cfg.resume else None
+        if existing is not None:
+            self.run_id = existing.id
+        else:
+            now = datetime.now(timezone.utc)
+            self.run_id = create_run(
+                self.engine, name=name, status="RUNNING", architecture=cfg.architecture,
+                config_json=json.dumps(cfg.to_dict()), world_size=ctx.world_size, backend=ctx.backend,
+                device_ids=json.dumps(device_ids), host=socket.gethostname(), run_dir=run_dir,
+                total_steps=cfg.steps, job_id=_job_id(), created_at=now, started_at=now)
+        self._delete_after = delete_metrics_after
+        self.writer = DatabaseMetricsLogger(self.engine, self.run_id)
+
+    def resumed_at(self, step: int) -> None:
+        if self.engine is not None:
+            # Rows logged after the checkpoint by the interrupted run are replaced by the new ones.
+            self._delete_after(self.engine, self.run_id, step)
+            self.writer.update_run(status="RUNNING", error=None, finished_at=None)
+
+    def log(self, metrics: dict, step: int, rank_rows: list[dict]) -> None:
+        if self.writer is not None:
+            self.writer.log(metrics, step)
+            self.writer.log_rank_stats(step, rank_rows)
+            self.writer.update_run(last_step=step)
+
+    def finish(self, **fields) -> None:
+        if self.writer is not None:
+            self.writer.update_run(finished_at=datetime.now(timezone.utc), **fields)
+            self.writer.close()
+
+
+def _job_id() -> int | None:
+    value = os.environ.get("SAE_DIST_JOB_ID")
+    return int(value) if value and value.isdigit() else None
+
+
+def _device_label(ctx: D.DistContext) -> str:
+    if ctx.device.type == "cuda":
+        props = torch.cuda.get_device_properties(ctx.device)
+        uuid = getattr(props, "uuid", None)
+        return f"GPU-{uuid}" if uuid is not None else f"cuda:{ctx.local_rank}"
+    return f"cpu:{ctx.rank}"
+
+
+def _set_threads(ctx: D.DistContext) -> None:
+    if ctx.device.type != "cpu":
+        return
+    # torchrun defaults OMP_NUM_THREADS to 1; CPU ranks share the cores instead.
+    per_rank = os.environ.get("SAE_DIST_THREADS_PER_RANK")
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
+    torch.set_num_threads(int(per_rank) if per_rank else max(1, (os.cpu_count() or 1) // local_world))
+
+
+def train(cfg: TrainConfig) -> TrainResult:
+    ctx = D.init_distributed()
+    try:
+        return _train(cfg, ctx)
+    finally:
+        D.shutdown()
+
+
+def _train(cfg: TrainConfig, ctx: D.DistContext) -> TrainResult:
+    _set_threads(ctx)
+    torch.manual_seed(cfg.seed)
+    source = make_source(cfg, ctx)
+    cfg = cfg.with_d_in(source_d_in(source))
+    d_sae = cfg.resolved_d_sae
+    use_bf16 = cfg.precision == "bf16" or (
+        cfg.precision == "auto" and ctx.device.type == "cuda" and torch.cuda.is_bf16_supported())
+    autocast = torch.autocast(ctx.device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+
+    name, run_dir = _on_main(ctx, _prepare_run_dir, cfg)
+    device_ids = D.gather_objects(_device_label(ctx))
+    record = _RunRecord(cfg, ctx, name, run_dir, device_ids)
+    try:
+        return _loop(cfg, ctx, source, d_sae, autocast, use_bf16, Path(run_dir), record, device_ids)
+    except BaseException as e:
+        record.finish(status="FAILED", error=f"{type(e).__name__}: {e}"[:2000])
+        raise
+
+
+def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _RunRecord, device_ids) -> TrainResult:
+    main = ctx.is_main
+    peak = PeakMemory(ctx.device)
+    peak.reset()
+    sae = SparseAutoencoder(
+        cfg.d_in, d_sae, cfg.architecture, cfg.k, l1_coefficient=cfg.l1_coefficient,
+        l0_coefficient=cfg.l0_coefficient, auxk_coefficient=cfg.auxk_coefficient,
+        auxk_k=cfg.resolved_auxk_k, jumprelu_init_threshold=cfg.jumprelu_init_threshold,
+        jumprelu_bandwidth=cfg.jumprelu_bandwidth, seed=cfg.seed, device=ctx.device)
+    opt = torch.optim.Adam(sae.parameters(), lr=cfg.resolved_lr, betas=(0.9, 0.999),
+                           **({"fused": True} if ctx.device.type == "cuda" else {"foreach": True}))
+
+    # Dead-latent bookkeeping is global (all-reduced), so it is identical on every rank.
+    since_fired = torch.zeros(d_sae, dtype=torch.float64, device=ctx.device)
+    fire_total = torch.zeros(d_sae, dtype=torch.float64, device=ctx.device)
+    samples_total = 0
+    step = 0
+    first_batch = None
+
+    latest = latest_checkpoint(run_dir) if cfg.resume else None
+    if latest is not None:
+        loaded = _on_main(ctx, load_checkpoint, latest)  # read once, broadcast to every rank
+        weights, state, meta = loaded
+        if meta.get("world_size") != ctx.world_size:
+            raise UserError(f"checkpoint {latest.name} was written by {meta.get('world_size')} ranks; "
+                            f"resume with the same number of devices ({meta.get('world_size')})")
+        sae.load_state_dict(weights)
+        opt.load_state_dict(state["optimizer"])
+        source.load_state_dict(state["data"][ctx.rank])
+        since_fired.copy_(state["since_fired"])
+        fire_total.copy_(state["fire_total"])
+        samples_total, step = int(state["samples_total"]), int(state["step"])
+        torch.set_rng_state(state["rng_cpu"])
+        record.resumed_at(step)
+        if main:
+            log.info("resumed from %s at step %d", latest, step)
+    else:
+        # b_dec starts at the data mean (all-reduced), so the first latents explain variation,
+        # not the offset. The batch is then trained on like any other.
+        first_batch = source.next_batch(ctx.device)
+        with torch.no_grad():
+            total = D.all_reduce_sum(torch.cat([first_batch.sum(0), first_batch.new_tensor([len(first_batch)])]))
+            sae.b_dec.copy_(total[:-1] / total[-1])
+
+    model = sae
+    if ctx.world_size > 1:
+        model = DDP(sae, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
+                    gradient_as_bucket_view=True, broadcast_buffers=cfg.architecture == "batchtopk")
+
+    true_features = source.dictionary if isinstance(source, SyntheticSource) else None
+    estimate = estimate_memory(cfg.d_in, d_sae, cfg.batch_size, cfg.architecture, cfg.k, ctx.world_size,
+                               auxk=cfg.auxk_coefficient > 0)
+    if main:
+        log.info("run %s: %s SAE d_in=%d d_sae=%d on %d x %s (%s), global batch %d, lr %.2e%s",
+                 record.run_id if record.run_id is not None else "(no db)", cfg.architecture, cfg.d_in,
+                 d_sae, ctx.world_size, ctx.device.type, ctx.backend, cfg.batch_size * ctx.world_size,
+                 cfg.resolved_lr, ", bf16 autocast" if use_bf16 else "")
+        log.info("memory estimate: %s", estimate.describe())
+        log.info("run directory: %s", run_dir)
+
+    acc = torch.zeros(len(SUMS) + cfg.d_in, dtype=torch.float64, device=ctx.device)
+    dead_mask = since_fired >= cfg.dead_after_samples
+    any_dead = bool(dead_mask.any())  # refreshed at reports: no device sync per step
+    fired_window = torch.zeros(d_sae, dtype=torch.float64, device=ctx.device)
+    step_times: list[float] = []
+    compute_times: list[float] = []
+    window_start = time.perf_counter()
+    final: dict[str, Any] = {}
+    last_metrics: dict[str, Any] = {}
+
+    while step < cfg.steps:
+        step += 1
+        report = step % cfg.log_every == 0 or step == cfg.steps or (
+            cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+        lr = lr_at(step, cfg.resolved_lr, cfg.steps, cfg.lr_warmup_steps, cfg.lr_decay_fraction)
+        for group in opt.param_groups:
+            group["lr"] = lr
+
+        t0 = time.perf_counter()
+        x = first_batch if first_batch is not None else source.next_batch(ctx.device)
+        first_batch = None
+        with autocast:
+            out = model(x, dead_mask if any_dead else None)
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        t_compute = time.perf_counter() - t0  # data + forward: no collective involved yet
+        out.loss.backward()
+        sae.remove_parallel_gradient()
+        grad_norm = _grad_norm(sae) if report else None
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sae.normalize_decoder()
+
+        with torch.no_grad():
+            b = x.shape[0]
+            acc[IDX["loss"]] += out.loss.detach().double() * b
+            acc[IDX["mse"]] += out.mse.detach().double() * b
+            acc[IDX["x_sq"]] += x.double().pow(2).sum()
+            acc[IDX["l0"]] += out.l0.detach().double() * b
+            acc[IDX["auxk"]] += out.auxk_loss.detach().double() * b
+            acc[IDX["sparsity"]] += out.sparsity_loss.detach().double() * b
+            acc[IDX["samples"]] += b
+            acc[IDX["bad_data"]] += (~torch.isfinite(x)).any().double()
+            acc[IDX["bad_loss"]] += (~torch.isfinite(out.loss.detach())).double()
+            acc[len(SUMS):] += x.double().sum(0)
+            fired_window += out.fired.detach().double()
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        step_times.append(time.perf_counter() - t0)
+        compute_times.append(t_compute)
+
+        if not report:
+            continue
+        # ---- one report: a few small collectives for the whole window ----
+        D.all_reduce_sum(acc)
+        D.all_reduce_sum(fired_window)
+        m = window_metrics(acc)
+        if m.bad_data or m.bad_loss:
+            what = "the input activations" if m.bad_data else "the loss"
+            ckpt = latest_checkpoint(run_dir)
+            raise TrainingDiverged(
+                f"NaN or inf in {what} between steps {step - len(step_times) + 1} and {step}; stopped. "
+                + (f"The last good checkpoint {ckpt} is intact." if ckpt else "No checkpoint was written yet.")
+                + ("" if m.bad_data else " Try a lower --lr."))
+        samples_total += m.samples
+        fire_total += fired_window
+        since_fired = torch.where(fired_window > 0, torch.zeros_like(since_fired), since_fired + m.samples)
+        dead_mask = since_fired >= cfg.dead_after_samples
+        any_dead = bool(dead_mask.any())
+        elapsed = time.perf_counter() - window_start
+        rank_row = torch.tensor([sum(step_times) / len(step_times), sum(compute_times) / len(compute_times),
+                                 float(peak.peak_bytes() or 0)], dtype=torch.float64, device=ctx.device)
+        per_rank = D.all_gather_rows(rank_row).cpu().tolist()
+        stragglers = find_stragglers([r[1] for r in per_rank])
+        recovery = None
+        if true_features is not None and (step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
+            recovery = dictionary_recovery(true_features, sae.W_dec)
+
+        last_metrics = {
+            "samples_seen": samples_total, "loss": m.loss, "mse": m.mse, "fvu": m.fvu,
+            "explained_variance": m.explained_variance, "l0": m.l0,
+            "dead_fraction": float(dead_mask.double().mean()), "auxk_loss": m.auxk_loss, "lr": lr,
+            "grad_norm": grad_norm, "samples_per_s": m.samples / elapsed if elapsed > 0 else None,
+            "straggler_rank": stragglers[0] if stragglers else None,
+            "recovery_mean_cos": recovery[0] if recovery else None,
+            "recovery_frac": recovery[1] if recovery else None,
+        }
+        if main:
+            rank_rows = [{"rank": r, "device": device_ids[r], "step_time_s": t, "compute_time_s": c,
+                          "peak_memory_bytes": int(p) if p else None, "is_straggler": r in stragglers}
+                         for r, (t, c, p) in enumerate(per_rank)]
+            record.log(last_metrics, step, rank_rows)
+            log.info("%s", _format_line(step, cfg.steps, last_metrics, stragglers))
+        acc.zero_()
+        fired_window.zero_()
+        step_times.clear()
+        compute_times.clear()
+
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            _checkpoint(cfg, ctx, sae, opt, source, since_fired, fire_total, samples_total, step, run_dir)
+        window_start = time.perf_counter()
+
+    # ---- the end: export once, record the final numbers ----
+    export_dir = run_dir / "sae"
+    if main:
+        density = fire_total / max(samples_total, 1)
+        export_saelens(sae, export_dir, density, metadata={"run_name": run_dir.name})
+        peak_bytes = peak.peak_bytes()
+        final = {
+            "final_loss": last_metrics.get("loss"), "final_mse": last_metrics.get("mse"),
+            "final_fvu": last_metrics.get("fvu"), "final_l0": last_metrics.get("l0"),
+            "final_dead_fraction": last_metrics.get("dead_fraction"),
+            "final_samples_per_s": last_metrics.get("samples_per_s"),
+            "recovery_mean_cos": last_metrics.get("recovery_mean_cos"),
+            "recovery_frac": last_metrics.get("recovery_frac"),
+        }
+        record.finish(status="COMPLETED", export_dir=str(export_dir), last_step=step, **final)
+        final["peak_memory_bytes"] = peak_bytes
+        final["estimated_memory_bytes"] = estimate.total
+        log.info("done: step %d, FVU %.4f, L0 %.1f, dead %.1f%%", step, final["final_fvu"] or float("nan"),
+                 final["final_l0"] or 0.0, 100 * (final["final_dead_fraction"] or 0.0))
+        if final["recovery_frac"] is not None:
+            log.info("planted features recovered (cos > 0.9): %.1f%%, mean best cosine %.3f",
+                     100 * final["recovery_frac"], final["recovery_mean_cos"])
+        if peak_bytes:
+            log.info("peak memory: measured %.1f MiB, estimated %.1f MiB (rank 0)",
+                     peak_bytes / 2**20, estimate.total / 2**20)
+        log.info("SAELens export: %s", export_dir)
+    D.barrier()
+    return TrainResult(run_dir=run_dir, run_id=record.run_id, export_dir=export_dir if main else None,
+                       step=step, final=final)
+
+
+def _grad_norm(sae: SparseAutoencoder) -> float:
+    grads = [p.grad for p in sae.parameters() if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
+
+
+def _checkpoint(cfg, ctx, sae, opt, source, since_fired, fire_total, samples_total, step, run_dir) -> None:
+    data_states = D.gather_objects(source.state_dict())
+    if ctx.is_main:
+        weights = {k: v for k, v in sae.state_dict().items()}
+        state = {
+            "optimizer": opt.state_dict(), "step": step, "samples_total": samples_total,
+            "data": data_states, "since_fired": since_fired.cpu(), "fire_total": fire_total.cpu(),
+            "rng_cpu": torch.get_rng_state(),
+        }
+        meta = {"world_size": ctx.world_size, "config": cfg.to_dict(), "saved_at": datetime.now(timezone.utc).isoformat()}
+        path = save_checkpoint(run_dir, step, weights, state, meta, keep=cfg.keep_checkpoints)
+        log.info("checkpoint: %s", path)
+    D.barrier()
+
+
+def _format_line(step: int, total: int, m: dict, stragglers: list[int]) -> str:
+    line = (f"step {step:>6}/{total} | loss {m['loss']:.4f} | fvu {m['fvu']:.4f} | L0 {m['l0']:.1f} | "
+            f"dead {100 * m['dead_fraction']:.1f}% | {m['samples_per_s'] or 0:,.0f} samples/s")
+    if m.get("recovery_frac") is not None:
+        line += f" | recovered {100 * m['recovery_frac']:.0f}%"
+    if stragglers:
+        line += f" | straggler: rank {', '.join(map(str, stragglers))}"
+    return line
+

@@ -1,0 +1,1 @@
+"""The SLURM-style local scheduler (built in issue 3)."""

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs what is missing into .venv (and .venv-saelens for the test extra); idempotent and quick
+# when nothing changed. Usage: scripts/setup.sh [--test]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=.venv
+
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PY" -m venv "$VENV"
+fi
+pip="$VENV/bin/python -m pip --disable-pip-version-check -q"
+
+# torch first: a CUDA build only where an NVIDIA GPU is present. On a machine without one, the
+# pinned CPU build (2.13.0) lies on disk here; an unpinned torch would download several GB.
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+        echo "setup: NVIDIA GPU found, installing CUDA torch"
+        $pip install "torch>=2.4"
+    else
+        echo "setup: no NVIDIA GPU, installing the CPU build of torch 2.13.0"
+        $pip install torch==2.13.0
+    fi
+fi
+
+# The project itself, re-installed only when its dependency list changed.
+extras=""
+[ "${1:-}" = "--test" ] && extras="[dev]"
+stamp="$VENV/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)${extras:+-dev}"
+if [ ! -f "$stamp" ]; then
+    echo "setup: installing sae-dist$extras and its dependencies"
+    $pip install -e ".$extras"
+    touch "$stamp"
+fi
+
+# The test suite loads our exported SAEs with the real sae-lens; its dependencies clash with ours,
+# so it lives in a venv of its own (1-2 minutes the first time).
+if [ "${1:-}" = "--test" ] && [ "${SAE_DIST_SKIP_SAELENS:-0}" != 1 ] && [ ! -f .venv-saelens/.installed ]; then
+    echo "setup: installing sae-lens into .venv-saelens (for the export compatibility test)"
+    "$PY" -m venv .venv-saelens
+    .venv-saelens/bin/python -m pip --disable-pip-version-check -q install torch==2.13.0 sae-lens
+    touch .venv-saelens/.installed
+fi
