@@ -24,6 +24,7 @@ derived from the file headers (files in name order).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -421,7 +422,7 @@ class ShardStream:
         self._num_blocks = -(-part // block_rows)
         self._target = min(max(buffer_rows, batch_size), part)  # buffer fill level before each draw
         self._offsets = torch.arange(block_rows)
-        self._map_files()
+        self._starts, self._ends, self._views = self._map_files()
         self._epoch = 0
         self._block_pos = 0  # blocks of the current epoch's order already moved into the buffer
         self._buffer = torch.empty(0, dtype=torch.int64)  # global row indices
@@ -434,18 +435,16 @@ class ShardStream:
         """Passes begun over this rank's part (0 during the first)."""
         return self._epoch
 
-    def _map_files(self) -> None:
-        # Only files that overlap this rank's rows are mapped.
+    def _map_files(self) -> tuple[list[int], Tensor, list[Tensor | None]]:
+        """First global row of each file, end rows (for searchsorted), and views of the files this rank reads."""
         ds = self.dataset
-        self._starts: list[int] = []
-        self._views: list[Tensor | None] = []
-        start = 0
-        for path, rows, offset in zip(ds.files, ds.rows, ds.data_offsets):
-            overlaps = start < self._hi and start + rows > self._lo
-            self._starts.append(start)
-            self._views.append(_map_rows(path, offset, rows, ds.d_in, ds.dtype) if overlaps else None)
-            start += rows
-        self._ends = torch.tensor([s + r for s, r in zip(self._starts, ds.rows)], dtype=torch.int64)
+        starts = [0, *itertools.accumulate(ds.rows)][:-1]
+        ends = torch.tensor([s + r for s, r in zip(starts, ds.rows)], dtype=torch.int64)
+        views: list[Tensor | None] = []
+        for path, rows, offset, start in zip(ds.files, ds.rows, ds.data_offsets, starts):
+            overlaps = start < self._hi and start + rows > self._lo  # only those are mapped
+            views.append(_map_rows(path, offset, rows, ds.d_in, ds.dtype) if overlaps else None)
+        return starts, ends, views
 
     # -- index bookkeeping: all tensor ops, O(buffer) per batch --------------------------------
 

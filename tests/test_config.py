@@ -1,0 +1,109 @@
+"""The training config: every bad field gets one error naming it; TOML and flags agree."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_cli
+from sae_dist.config import TrainConfig, build_config, load_toml, parse_devices
+from sae_dist.errors import ConfigError
+from sae_dist.lr import lr_at
+from sae_dist.metrics import find_stragglers
+
+
+@pytest.mark.parametrize("values, field, words", [
+    ({"architecture": "gated"}, "architecture", "unknown value 'gated'"),
+    ({"k": 100, "d_in": 8, "d_sae": 64}, "k", "more than d_sae"),
+    ({"lr": 0.0}, "lr", "positive"),
+    ({"lr": -1e-3}, "lr", "positive"),
+    ({"batch_size": 0}, "batch_size", "positive"),
+    ({"steps": -5}, "steps", "positive"),
+    ({"batch_size": 1.5}, "batch_size", "whole number"),
+    ({"source": "web"}, "source", "unknown value"),
+    ({"source": "shards"}, "shards_path", "needs the directory"),
+    ({"precision": "fp8"}, "precision", "unknown value"),
+    ({"devices": "tpu:2"}, "devices", "unknown device kind"),
+    ({"devices": "cpu:0"}, "devices", "positive whole number"),
+    ({"lr_decay_fraction": 2.0}, "lr_decay_fraction", "between 0 and 1"),
+    ({"resume": True}, "resume", "needs out_dir"),
+    ({"stepz": 10}, "stepz", "did you mean 'steps'"),
+    ({"auxk_k": 1000, "d_in": 8, "d_sae": 64}, "auxk_k", "more than d_sae"),
+])
+def test_bad_values_name_the_field(values, field, words):
+    with pytest.raises(ConfigError) as e:
+        build_config(values)
+    assert e.value.field == field
+    assert words in str(e.value)
+
+
+def test_defaults_and_resolution():
+    cfg = TrainConfig()
+    assert cfg.architecture == "topk" and cfg.source == "synthetic"
+    cfg = cfg.with_d_in(512)
+    assert cfg.resolved_d_sae == 4096 and cfg.resolved_auxk_k == 256
+    assert cfg.resolved_lr == pytest.approx(2e-4 / (4096 / 16384) ** 0.5)
+    assert build_config({"architecture": "relu"}).architecture == "standard"
+
+
+def test_d_in_from_source_must_agree():
+    with pytest.raises(ConfigError, match="d_in: is 64 but the source's activations have width 32"):
+        TrainConfig(d_in=64).with_d_in(32)
+
+
+def test_toml_flat_or_train_table(tmp_path):
+    (tmp_path / "a.toml").write_text('architecture = "batchtopk"\nk = 16\nlr = 1e-3\n')
+    (tmp_path / "b.toml").write_text('[train]\narchitecture = "batchtopk"\nk = 16\nlr = 1e-3\n')
+    assert load_toml(tmp_path / "a.toml") == load_toml(tmp_path / "b.toml")
+    cfg = build_config(load_toml(tmp_path / "a.toml"))
+    assert (cfg.architecture, cfg.k, cfg.lr) == ("batchtopk", 16, 1e-3)
+    (tmp_path / "bad.toml").write_text("k = [")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_toml(tmp_path / "bad.toml")
+    with pytest.raises(ConfigError, match="k: must be a whole number"):
+        build_config({"k": "many"})
+
+
+def test_parse_devices():
+    assert parse_devices("auto") == ("auto", None)
+    assert parse_devices("cpu:4") == ("cpu", 4)
+    assert parse_devices("gpu:2") == ("cuda", 2)
+    assert parse_devices("cuda") == ("cuda", None)
+
+
+def test_lr_schedule():
+    assert lr_at(1, 1.0, 100, warmup_steps=10) == pytest.approx(0.1)
+    assert lr_at(50, 1.0, 100, warmup_steps=10) == 1.0
+    assert lr_at(100, 1.0, 100, decay_fraction=0.2) == pytest.approx(1 / 21)
+    assert lr_at(80, 1.0, 100, decay_fraction=0.2) == 1.0
+    assert all(lr_at(s, 1.0, 100, 5, 0.3) > 0 for s in range(1, 101))
+
+
+def test_stragglers():
+    assert find_stragglers([0.10, 0.10, 0.10, 0.30]) == [3]
+    assert find_stragglers([0.10, 0.30]) == [1]
+    assert find_stragglers([0.10, 0.12]) == []
+    assert find_stragglers([0.0001, 0.0003]) == []  # microseconds of jitter are no straggler
+    assert find_stragglers([0.5]) == []
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--architecture", "gated"], "architecture: unknown value 'gated'"),
+    (["--k", "5000", "--d-in", "16", "--d-sae", "64"], "k: k = 5000 is more than d_sae = 64"),
+    (["--lr", "-1"], "lr: must be positive"),
+    (["--batch-size", "0"], "batch_size: must be positive"),
+    (["--source", "shards", "--shards-path", "/nonexistent/acts"], "/nonexistent/acts"),
+    (["--config", "/nonexistent/run.toml"], "no such file"),
+    (["--devices", "cuda:2"], "no CUDA GPU"),
+])
+def test_cli_bad_input_is_one_line(args, words):
+    result = run_cli("train", "--no-db", "--steps", "1", *args, timeout=60)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_estimate_memory_cli():
+    result = run_cli("estimate-memory", "--d-in", "512", "--d-sae", "4096", "--batch-size", "4096", timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "GiB per device" in result.stdout
