@@ -70,32 +70,37 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
-    from sae_dist.launch import in_worker, launch
+    from sae_dist.launch import die_with_parent, in_worker, launch
 
-    cfg = config_from_args(ns)
-    if in_worker():
-        import os
+    if not in_worker():
+        return launch(_preflight(config_from_args(ns)), train_argv)
+    # A rank started by torchrun (ours, or the user's on a cluster).
+    import os
 
-        from sae_dist.train import train
+    from sae_dist.train import train
 
-        if os.environ.get("RANK", "0") != "0":
-            logging.getLogger().setLevel(logging.WARNING)  # rank 0 speaks for the job
-        try:
-            train(cfg)
-        except UserError as e:
-            print(f"error: [rank {os.environ.get('RANK')}] {e}", file=sys.stderr)
-            return EXIT_USER_ERROR
-        return 0
-    cfg = _preflight(cfg)
-    return launch(cfg, train_argv)
+    die_with_parent()
+    rank = os.environ.get("RANK", "0")
+    if rank != "0":
+        logging.getLogger().setLevel(logging.WARNING)  # rank 0 speaks for the job
+    try:
+        train(config_from_args(ns))
+    except UserError as e:
+        print(f"error: [rank {rank}] {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    return 0
 
 
 def _preflight(cfg: TrainConfig) -> TrainConfig:
-    """Checks that need the data, done once before any rank starts (one error, not N)."""
+    """Checks that need the data or the disk, done once before any rank starts (one error, not N)."""
+    from sae_dist.train import check_run_dir
+
+    d_in = 512
     if cfg.source == "shards":
         from sae_dist.sources.shards import open_shards
 
-        cfg.with_d_in(open_shards(cfg.shards_path).d_in)  # raises on a mismatch
+        d_in = open_shards(cfg.shards_path).d_in
+    check_run_dir(cfg.with_d_in(cfg.d_in or d_in))  # with_d_in raises on a width mismatch
     return cfg
 
 

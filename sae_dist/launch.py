@@ -27,6 +27,27 @@ def in_worker() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def die_with_parent() -> None:
+    """Make this rank die when its launcher dies, even by SIGKILL.
+
+    torchrun starts each rank in a session of its own, so a signal to the launcher's process
+    group never reaches the ranks: without this, a killed launcher leaves orphans that keep
+    training and writing checkpoints. Linux only (prctl PR_SET_PDEATHSIG); elsewhere a no-op.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        return
+    if os.getppid() == 1:  # the launcher died before we asked
+        os._exit(1)
+
+
 def resolve_devices(spec: str) -> tuple[str, int]:
     """('cpu' | 'cuda', number of ranks) for a --devices value on this machine."""
     kind, count = parse_devices(spec)

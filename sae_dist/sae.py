@@ -160,7 +160,7 @@ class SparseAutoencoder(nn.Module):
         mse = err.pow(2).sum(-1).mean()
         auxk = zero
         if dead_mask is not None and self.auxk_coefficient > 0 and self.architecture in ("topk", "batchtopk"):
-            auxk = self._auxk_loss(pre, err.detach(), dead_mask)
+            auxk = self._auxk_loss(pre, (x - x_hat).detach(), dead_mask)  # residual e = x - x_hat
         coef = {"standard": self.l1_coefficient, "jumprelu": self.l0_coefficient}.get(self.architecture, 0.0)
         loss = mse + coef * sparsity + self.auxk_coefficient * auxk
         return SaeOutput(x_hat=x_hat, loss=loss, mse=mse, sparsity_loss=sparsity, auxk_loss=auxk,

@@ -88,7 +88,8 @@ def _on_main(ctx: D.DistContext, fn, *args):
     return result[1]
 
 
-def _prepare_run_dir(cfg: TrainConfig) -> tuple[str, str]:
+def check_run_dir(cfg: TrainConfig) -> tuple[str, Path]:
+    """(run name, run directory) for a config; a UserError when the directory does not fit."""
     from sae_dist.paths import state_home
 
     name = cfg.name or f"{cfg.architecture}-{cfg.resolved_d_sae}-{datetime.now():%Y%m%d-%H%M%S}"
@@ -100,6 +101,11 @@ def _prepare_run_dir(cfg: TrainConfig) -> tuple[str, str]:
     elif run_dir.exists() and any(run_dir.iterdir()):
         raise UserError(f"run directory {run_dir} already exists and is not empty; "
                         f"use --resume to continue it or choose another --out-dir / --name")
+    return name, run_dir
+
+
+def _prepare_run_dir(cfg: TrainConfig) -> tuple[str, str]:
+    name, run_dir = check_run_dir(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     return name, str(run_dir.resolve())
 

@@ -1,0 +1,158 @@
+"""Read-only queries for the app: training runs, their step metrics and per-rank stats.
+
+Each function takes an engine and returns plain data (dicts, lists): nothing here imports
+Streamlit or the scheduler, and nothing writes. Missing numbers stay None all the way to
+the page, which shows them as "—": a value that was not measured is never shown as 0.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import and_, case, func, select
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from sae_dist.db.schema import RankStat, StepMetric, TrainingRun
+
+CURVE_METRICS = ("loss", "fvu", "l0", "dead_fraction")
+"""The step metrics drawn as training curves, in display order."""
+
+LATEST_METRICS = ("loss", "fvu", "l0", "dead_fraction", "samples_per_s")
+"""The metrics a run summary carries: the final value, else the latest logged one."""
+
+RANK_STAT_COLUMNS = ("step", "rank", "device", "step_time_s", "compute_time_s",
+                     "peak_memory_bytes", "is_straggler")
+
+_STEP_METRIC_NAMES = frozenset(StepMetric.__table__.columns.keys()) - {"id", "run_id"}
+
+
+def list_runs(engine: Engine, limit: int = 200) -> list[dict[str, Any]]:
+    """The newest `limit` training runs, newest first, as run summaries (see `_summary`)."""
+    return _summaries(engine, None, limit)
+
+
+def get_run_summary(engine: Engine, run_id: int) -> dict[str, Any] | None:
+    """One run's summary, with its parsed config under "config"; None if there is no such run."""
+    rows = _summaries(engine, run_id, 1)
+    return rows[0] if rows else None
+
+
+def run_step_metrics(engine: Engine, run_id: int,
+                     metrics: tuple[str, ...] = CURVE_METRICS) -> dict[str, list]:
+    """One run's logged steps, column-wise: {"step": [...], metric: [...], ...} in step order.
+
+    Values the trainer did not log (or logged as NaN) are None.
+    """
+    unknown = sorted(set(metrics) - _STEP_METRIC_NAMES)
+    if unknown:
+        raise ValueError(f"not step metrics: {', '.join(unknown)}")
+    names = ("step", *[m for m in metrics if m != "step"])
+    columns = [getattr(StepMetric, name) for name in names]
+    query = select(*columns).where(StepMetric.run_id == run_id).order_by(StepMetric.step)
+    with engine.connect() as conn:
+        rows = conn.execute(query).all()
+    return {name: [row[i] for row in rows] for i, name in enumerate(names)}
+
+
+def run_rank_stats(engine: Engine, run_id: int) -> dict[str, list]:
+    """One run's per-rank stats, column-wise (RANK_STAT_COLUMNS), ordered by step then rank."""
+    columns = [getattr(RankStat, name) for name in RANK_STAT_COLUMNS]
+    query = (select(*columns).where(RankStat.run_id == run_id)
+             .order_by(RankStat.step, RankStat.rank))
+    with engine.connect() as conn:
+        rows = conn.execute(query).all()
+    out = {name: [row[i] for row in rows] for i, name in enumerate(RANK_STAT_COLUMNS)}
+    out["is_straggler"] = [bool(v) for v in out["is_straggler"]]
+    return out
+
+
+def rank_summary(engine: Engine, run_id: int) -> list[dict[str, Any]]:
+    """Per rank over the whole run: its device (at the latest step), steps logged, mean step
+    and compute times, peak memory (None where never measured) and straggler steps."""
+    straggled = func.sum(case((RankStat.is_straggler, 1), else_=0))
+    query = (
+        select(RankStat.rank, func.count().label("steps_logged"),
+               func.avg(RankStat.step_time_s).label("mean_step_time_s"),
+               func.avg(RankStat.compute_time_s).label("mean_compute_time_s"),
+               func.max(RankStat.peak_memory_bytes).label("peak_memory_bytes"),
+               straggled.label("straggler_steps"))
+        .where(RankStat.run_id == run_id).group_by(RankStat.rank).order_by(RankStat.rank)
+    )
+    last_step = (select(func.max(RankStat.step)).where(RankStat.run_id == run_id)
+                 .scalar_subquery())
+    devices_query = select(RankStat.rank, RankStat.device).where(
+        RankStat.run_id == run_id, RankStat.step == last_step)
+    with engine.connect() as conn:
+        rows = conn.execute(query).mappings().all()
+        devices = dict(conn.execute(devices_query).all())
+    return [{"rank": r["rank"], "device": devices.get(r["rank"]),
+             "steps_logged": r["steps_logged"], "mean_step_time_s": r["mean_step_time_s"],
+             "mean_compute_time_s": r["mean_compute_time_s"],
+             "peak_memory_bytes": r["peak_memory_bytes"],
+             "straggler_steps": int(r["straggler_steps"] or 0)} for r in rows]
+
+
+def _summaries(engine: Engine, run_id: int | None, limit: int) -> list[dict[str, Any]]:
+    # The latest logged step of each run, found through the (run_id, step) unique index.
+    latest_step = (select(func.max(StepMetric.step)).where(StepMetric.run_id == TrainingRun.id)
+                   .correlate(TrainingRun).scalar_subquery())
+    query = (select(TrainingRun, StepMetric)
+             .outerjoin(StepMetric, and_(StepMetric.run_id == TrainingRun.id,
+                                         StepMetric.step == latest_step))
+             .order_by(TrainingRun.id.desc()).limit(limit))
+    if run_id is not None:
+        query = query.where(TrainingRun.id == run_id)
+    with Session(engine) as session:
+        rows = session.execute(query).all()
+        return [_summary(run, latest, with_config=run_id is not None) for run, latest in rows]
+
+
+def _summary(run: TrainingRun, latest: StepMetric | None, *, with_config: bool) -> dict[str, Any]:
+    """A run as plain data. Keys: id, name, status, architecture, world_size, backend,
+    devices (list), host, job_id, run_dir, export_dir, total_steps, last_step, progress
+    (0..1, None when total_steps is 0), created_at, started_at, finished_at, last_update
+    (time of the latest logged step, None if none), error, final (bool: the metrics are
+    the run's final ones), and LATEST_METRICS (None where never measured)."""
+    summary: dict[str, Any] = {
+        "id": run.id, "name": run.name, "status": run.status, "architecture": run.architecture,
+        "world_size": run.world_size, "backend": run.backend, "devices": _devices(run.device_ids),
+        "host": run.host, "job_id": run.job_id, "run_dir": run.run_dir,
+        "export_dir": run.export_dir, "total_steps": run.total_steps,
+        "last_step": run.last_step,
+        "progress": min(run.last_step / run.total_steps, 1.0) if run.total_steps > 0 else None,
+        "created_at": run.created_at, "started_at": run.started_at,
+        "finished_at": run.finished_at,
+        "last_update": latest.time if latest is not None else None,
+        "error": run.error,
+    }
+    finals = {m: getattr(run, f"final_{m}") for m in LATEST_METRICS}
+    summary["final"] = run.status == "COMPLETED" and any(v is not None for v in finals.values())
+    for metric in LATEST_METRICS:
+        value = finals[metric] if summary["final"] else None
+        if value is None and latest is not None:
+            value = getattr(latest, metric)
+        summary[metric] = value
+    summary["recovery_mean_cos"] = run.recovery_mean_cos
+    summary["recovery_frac"] = run.recovery_frac
+    if with_config:
+        summary["config"] = _config(run.config_json)
+    return summary
+
+
+def _devices(device_ids: str) -> list[str]:
+    try:
+        value = json.loads(device_ids)
+    except (TypeError, ValueError):
+        return [device_ids] if device_ids else []
+    return [str(d) for d in value] if isinstance(value, list) else [str(value)]
+
+
+def _config(config_json: str) -> dict[str, Any]:
+    try:
+        value = json.loads(config_json)
+    except (TypeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
