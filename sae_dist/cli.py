@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ns = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # a first-use migration is not news
     try:
         if ns.command == "train":
             return _train(ns, argv[argv.index("train") + 1:])

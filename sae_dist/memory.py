@@ -28,9 +28,13 @@ class MemoryEstimate:
         return self.params + self.grads + self.optimizer + self.ddp_buckets + self.activations
 
     def describe(self) -> str:
-        parts = ", ".join(f"{name} {getattr(self, name) / GIB:.3f}"
+        parts = ", ".join(f"{name} {format_bytes(getattr(self, name))}"
                           for name in ("params", "grads", "optimizer", "ddp_buckets", "activations"))
-        return f"{self.total / GIB:.3f} GiB per device ({parts})"
+        return f"{format_bytes(self.total)} per device ({parts})"
+
+
+def format_bytes(n: int) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
 
 
 def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = "topk", k: int = 32,

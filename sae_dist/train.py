@@ -248,8 +248,10 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
 
     model = sae
     if ctx.world_size > 1:
+        # gradient_as_bucket_view: gradients live in the all-reduce buckets (no second copy).
+        # The only buffer (BatchTopK's threshold) follows rank 0, DDP's default.
         model = DDP(sae, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
-                    gradient_as_bucket_view=True, broadcast_buffers=cfg.architecture == "batchtopk")
+                    gradient_as_bucket_view=True)
 
     true_features = source.dictionary if isinstance(source, SyntheticSource) else None
     estimate = estimate_memory(cfg.d_in, d_sae, cfg.batch_size, cfg.architecture, cfg.k, ctx.world_size,
