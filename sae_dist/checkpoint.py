@@ -67,6 +67,14 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def checkpoint_world_size(path: Path) -> int | None:
+    """How many ranks wrote a checkpoint (from its small meta file; None if unreadable)."""
+    try:
+        return int(json.loads((path / META).read_text())["world_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
     """(weights, trainer state, meta) of one checkpoint directory."""
     try:

@@ -9,9 +9,7 @@ import typing
 from typing import Any
 
 from sae_dist.config import TrainConfig, build_config, config_fields, field_types, load_toml
-from sae_dist.errors import UserError
-
-EXIT_USER_ERROR = 2
+from sae_dist.errors import USER_ERROR_EXIT, UserError
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -63,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             return _estimate(ns)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return USER_ERROR_EXIT
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -87,13 +85,16 @@ def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
     try:
         train(config_from_args(ns))
     except UserError as e:
-        print(f"error: [rank {rank}] {e}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        if rank == "0" or not e.shared:
+            print(f"error: {e}" if os.environ.get("WORLD_SIZE") == "1" else f"error: [rank {rank}] {e}",
+                  file=sys.stderr)
+        return USER_ERROR_EXIT
     return 0
 
 
 def _preflight(cfg: TrainConfig) -> TrainConfig:
     """Checks that need the data or the disk, done once before any rank starts (one error, not N)."""
+    from sae_dist.launch import resolve_devices
     from sae_dist.train import check_run_dir
 
     d_in = 512
@@ -101,7 +102,8 @@ def _preflight(cfg: TrainConfig) -> TrainConfig:
         from sae_dist.sources.shards import open_shards
 
         d_in = open_shards(cfg.shards_path).d_in
-    check_run_dir(cfg.with_d_in(cfg.d_in or d_in))  # with_d_in raises on a width mismatch
+    # with_d_in raises on a width mismatch
+    check_run_dir(cfg.with_d_in(cfg.d_in or d_in), world_size=resolve_devices(cfg.devices)[1])
     return cfg
 
 

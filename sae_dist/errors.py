@@ -1,8 +1,18 @@
 """Errors that are the user's to fix: the CLI prints them as one line, without a traceback."""
 
 
+# Exit status of a command (or a rank) that stopped on a UserError, as argparse uses for bad flags.
+USER_ERROR_EXIT = 2
+
+
 class UserError(Exception):
-    """A mistake in what the user asked for (a flag, a file, a path). Its message says what to do."""
+    """A mistake in what the user asked for (a flag, a file, a path). Its message says what to do.
+
+    `shared` marks an error every rank of a job raises alike (a decision broadcast from rank 0, a
+    NaN seen in all-reduced metrics): rank 0 alone reports it, so the user reads it once.
+    """
+
+    shared = False
 
 
 class ConfigError(UserError):

@@ -14,7 +14,7 @@ import sys
 
 from sae_dist.config import TrainConfig, parse_devices
 from sae_dist.distributed import DEVICE_TYPE_ENV
-from sae_dist.errors import UserError
+from sae_dist.errors import USER_ERROR_EXIT, UserError
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +91,11 @@ def launch(cfg: TrainConfig, argv: list[str]) -> int:
     try:
         run(args)
     except ChildFailedError as e:
-        rank, failure = min(e.failures.items())
-        code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
+        if any(f.exitcode == USER_ERROR_EXIT for f in e.failures.values()):
+            # A rank printed the one line that explains it; the others were stopped after it.
+            return USER_ERROR_EXIT
+        rank, failure = e.get_first_failure()
         print(f"error: training failed on rank {rank} (exit code {failure.exitcode}); "
               f"its message is above", file=sys.stderr)
-        return code
+        return failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
     return 0

@@ -25,7 +25,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from sae_dist import distributed as D
-from sae_dist.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from sae_dist.checkpoint import checkpoint_world_size, latest_checkpoint, load_checkpoint, save_checkpoint
 from sae_dist.config import TrainConfig
 from sae_dist.errors import UserError
 from sae_dist.export import export_saelens
@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 class TrainingDiverged(UserError):
     """NaN or inf in the data or the loss; the last good checkpoint is left as it was."""
+
+    shared = True  # seen in all-reduced sums, so on every rank at once
 
 
 @dataclass
@@ -84,20 +86,27 @@ def _on_main(ctx: D.DistContext, fn, *args):
             result = ("error", str(e))
     result = D.broadcast_object(result)
     if result[0] == "error":
-        raise UserError(result[1])
+        error = UserError(result[1])
+        error.shared = True
+        raise error
     return result[1]
 
 
-def check_run_dir(cfg: TrainConfig) -> tuple[str, Path]:
+def check_run_dir(cfg: TrainConfig, world_size: int | None = None) -> tuple[str, Path]:
     """(run name, run directory) for a config; a UserError when the directory does not fit."""
     from sae_dist.paths import state_home
 
     name = cfg.name or f"{cfg.architecture}-{cfg.resolved_d_sae}-{datetime.now():%Y%m%d-%H%M%S}"
     run_dir = Path(cfg.out_dir).expanduser() if cfg.out_dir else state_home() / "runs" / safe_name(name)
     if cfg.resume:
-        if latest_checkpoint(run_dir) is None:
+        latest = latest_checkpoint(run_dir)
+        if latest is None:
             raise UserError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; "
                             f"start without --resume or point --out-dir at the run to continue")
+        saved = checkpoint_world_size(latest)
+        if world_size is not None and saved != world_size:
+            raise UserError(f"--resume: checkpoint {latest.name} was written by {saved} ranks; "
+                            f"resume with the same number of devices ({saved}), not {world_size}")
     elif run_dir.exists() and any(run_dir.iterdir()):
         raise UserError(f"run directory {run_dir} already exists and is not empty; "
                         f"use --resume to continue it or choose another --out-dir / --name")
@@ -225,9 +234,9 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
     if latest is not None:
         loaded = _on_main(ctx, load_checkpoint, latest)  # read once, broadcast to every rank
         weights, state, meta = loaded
-        if meta.get("world_size") != ctx.world_size:
-            raise UserError(f"checkpoint {latest.name} was written by {meta.get('world_size')} ranks; "
-                            f"resume with the same number of devices ({meta.get('world_size')})")
+        if meta.get("world_size") != ctx.world_size:  # the launcher checks first; torchrun users too
+            raise UserError(f"--resume: checkpoint {latest.name} was written by {meta.get('world_size')} "
+                            f"ranks; resume with the same number of devices ({meta.get('world_size')})")
         sae.load_state_dict(weights)
         opt.load_state_dict(state["optimizer"])
         source.load_state_dict(state["data"][ctx.rank])

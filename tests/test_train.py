@@ -224,3 +224,21 @@ def test_run_directory_mistakes(tmp_path):
     assert (tmp_path / "busy" / "something").read_text() == "x"  # nothing stored is lost
     result = run_cli("train", "--steps", "1", "--out-dir", str(tmp_path / "empty"), "--resume", timeout=60)
     assert result.returncode == 2 and "no checkpoint" in result.stderr
+
+
+def test_two_rank_errors_are_reported_once(tmp_path):
+    run_dir = tmp_path / "r"
+    ok(run_cli("train", *SMALL, "--devices", "cpu:2", "--batch-size", "32", "--steps", "2", "--out-dir", str(run_dir)))
+    # resuming on another device count: refused before any rank starts
+    result = run_cli("train", *SMALL, "--devices", "cpu:1", "--batch-size", "32", "--steps", "4",
+                     "--out-dir", str(run_dir), "--resume")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: --resume: checkpoint step_00000002 was written by 2 ranks; "
+        "resume with the same number of devices (2), not 1"]
+    # a divergence seen by both ranks: one line, from rank 0
+    result = run_cli("train", *SMALL, "--devices", "cpu:2", "--batch-size", "32", "--steps", "20", "--lr", "1e30",
+                     "--log-every", "1", "--checkpoint-every", "0", "--out-dir", str(tmp_path / "nan"))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: [rank 0] NaN or inf in the loss"), result.stderr

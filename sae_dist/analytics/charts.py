@@ -50,12 +50,15 @@ def training_curve(metrics: dict[str, list], metric: str,
         return None
     label = METRIC_LABELS.get(metric, metric)
     value_format = METRIC_FORMATS.get(metric, ".4g")
+    # "~g" (trailing zeros trimmed) keeps ticks of a nearly flat series apart (L0 of a TopK
+    # SAE: 3.9998, 4) where a fixed precision would print one label five times.
+    axis = alt.Axis(format=value_format if value_format.endswith("%") else "~g")
     data = pd.DataFrame({"step": steps, "value": values})
     line = alt.Chart(data).mark_line(point=len(steps) <= 60, interpolate="linear")
     return line.encode(
         x=alt.X("step:Q", title="Step"),
         y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False),
-                axis=alt.Axis(format=value_format)),
+                axis=axis),
         tooltip=[alt.Tooltip("step:Q", title="Step", format=","),
                  alt.Tooltip("value:Q", title=label, format=value_format)],
     ).properties(title=label, height=CHART_HEIGHT)

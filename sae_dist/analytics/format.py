@@ -75,6 +75,13 @@ def fmt_steps(last_step: int | None, total_steps: int | None) -> str:
     return f"{last} / {total}"
 
 
+def short_devices(devices: list[str], uuid_chars: int = 8) -> str:
+    """Device labels for a table cell: GPU UUIDs cut to their first `uuid_chars` hex digits
+    (enough to tell a machine's GPUs apart); "—" when none is recorded."""
+    short = [d[: 4 + uuid_chars] if d.startswith("GPU-") else d for d in devices]
+    return ", ".join(short) or MISSING
+
+
 def runs_table(runs: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
     """The overview's table rows from `queries.list_runs` summaries (one dict per run).
 
@@ -84,18 +91,18 @@ def runs_table(runs: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]
     rows = []
     for run in runs:
         updated = run["last_update"]
-        rows.append({
+        rows.append({  # the columns people scan first come first
             "id": run["id"],
             "name": run["name"],
             "status": run["status"],
-            "world size": run["world_size"],
-            "backend": run["backend"],
-            "devices": ", ".join(run["devices"]) or MISSING,
             "steps": fmt_steps(run["last_step"], run["total_steps"]),
             "progress": run["progress"],
             "FVU": fmt_number(run["fvu"]),
             "L0": fmt_number(run["l0"], 3),
             "samples/s": fmt_number(run["samples_per_s"], 3),
+            "world size": run["world_size"],
+            "backend": run["backend"],
+            "devices": short_devices(run["devices"]),
             "started": run["started_at"],
             "last update": fmt_ago(None if updated is None else (now - updated).total_seconds()),
         })
