@@ -8,7 +8,7 @@ import sys
 import typing
 from typing import Any
 
-from sae_dist.config import TrainConfig, build_config, config_fields, field_types, load_toml
+from sae_dist.config import SYNTHETIC_D_IN, TrainConfig, build_config, config_fields, field_types, load_toml
 from sae_dist.errors import USER_ERROR_EXIT, UserError
 
 
@@ -92,35 +92,28 @@ def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
     return 0
 
 
+def _with_source_d_in(cfg: TrainConfig) -> TrainConfig:
+    """The config with d_in from its source: the shards' width (headers only), or synthetic's."""
+    if cfg.source == "shards":
+        from sae_dist.sources.shards import open_shards
+
+        return cfg.with_d_in(open_shards(cfg.shards_path).d_in)  # raises on a width mismatch
+    return cfg.with_d_in(cfg.d_in or SYNTHETIC_D_IN)
+
+
 def _preflight(cfg: TrainConfig) -> TrainConfig:
     """Checks that need the data or the disk, done once before any rank starts (one error, not N)."""
     from sae_dist.launch import resolve_devices
     from sae_dist.train import check_run_dir
 
-    d_in = 512
-    if cfg.source == "shards":
-        from sae_dist.sources.shards import open_shards
-
-        d_in = open_shards(cfg.shards_path).d_in
-    # with_d_in raises on a width mismatch
-    check_run_dir(cfg.with_d_in(cfg.d_in or d_in), world_size=resolve_devices(cfg.devices)[1])
+    check_run_dir(_with_source_d_in(cfg), world_size=resolve_devices(cfg.devices)[1])
     return cfg
 
 
 def _estimate(ns: argparse.Namespace) -> int:
     from sae_dist.launch import resolve_devices
-    from sae_dist.memory import estimate_memory
+    from sae_dist.memory import estimate_for_config
 
-    cfg = config_from_args(ns)
-    if cfg.d_in is None:
-        if cfg.source == "shards":
-            from sae_dist.sources.shards import open_shards
-
-            cfg = cfg.with_d_in(open_shards(cfg.shards_path).d_in)
-        else:
-            cfg = cfg.with_d_in(512)
-    _, n = resolve_devices(cfg.devices)
-    est = estimate_memory(cfg.d_in, cfg.resolved_d_sae, cfg.batch_size, cfg.architecture, cfg.k, n,
-                          auxk=cfg.auxk_coefficient > 0)
-    print(est.describe())
+    cfg = _with_source_d_in(config_from_args(ns))
+    print(estimate_for_config(cfg, resolve_devices(cfg.devices)[1]).describe())
     return 0

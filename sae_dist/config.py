@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from sae_dist.errors import ConfigError
 
+SYNTHETIC_D_IN = 512  # width of synthetic activations when d_in is not given
 ARCHITECTURES = ("topk", "batchtopk", "standard", "jumprelu")
 SOURCES = ("synthetic", "shards")
 PRECISIONS = ("auto", "fp32", "bf16")

@@ -61,6 +61,12 @@ def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = 
     return MemoryEstimate(params, grads, optimizer, ddp_buckets, activations)
 
 
+def estimate_for_config(cfg, world_size: int) -> MemoryEstimate:
+    """The estimate for a TrainConfig whose d_in is known (the trainer, the CLI and the app agree)."""
+    return estimate_memory(cfg.d_in, cfg.resolved_d_sae, cfg.batch_size, cfg.architecture, cfg.k, world_size,
+                           auxk=cfg.auxk_coefficient > 0)
+
+
 class PeakMemory:
     """Peak memory of this process since `reset()`."""
 

@@ -26,11 +26,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from sae_dist import distributed as D
 from sae_dist.checkpoint import checkpoint_world_size, latest_checkpoint, load_checkpoint, save_checkpoint
-from sae_dist.config import TrainConfig
+from sae_dist.config import SYNTHETIC_D_IN, TrainConfig
 from sae_dist.errors import UserError
 from sae_dist.export import export_saelens
 from sae_dist.lr import lr_at
-from sae_dist.memory import PeakMemory, estimate_memory
+from sae_dist.memory import PeakMemory, estimate_for_config
 from sae_dist.metrics import IDX, SUMS, find_stragglers, window_metrics
 from sae_dist.sae import SparseAutoencoder
 from sae_dist.sources.synthetic import SyntheticSource, dictionary_recovery
@@ -56,7 +56,7 @@ class TrainResult:
 def make_source(cfg: TrainConfig, ctx: D.DistContext):
     if cfg.source == "synthetic":
         return SyntheticSource(
-            d_in=cfg.d_in or 512, n_features=cfg.synthetic_features, active=cfg.synthetic_active,
+            d_in=cfg.d_in or SYNTHETIC_D_IN, n_features=cfg.synthetic_features, active=cfg.synthetic_active,
             power_law=cfg.synthetic_power_law, noise=cfg.synthetic_noise, seed=cfg.seed,
             rank=ctx.rank, world_size=ctx.world_size, batch_size=cfg.batch_size)
     from sae_dist.sources.shards import ShardStream, open_shards  # only shard runs need it
@@ -263,8 +263,7 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
                     gradient_as_bucket_view=True)
 
     true_features = source.dictionary if isinstance(source, SyntheticSource) else None
-    estimate = estimate_memory(cfg.d_in, d_sae, cfg.batch_size, cfg.architecture, cfg.k, ctx.world_size,
-                               auxk=cfg.auxk_coefficient > 0)
+    estimate = estimate_for_config(cfg, ctx.world_size)
     if main:
         log.info("run %s: %s SAE d_in=%d d_sae=%d on %d x %s (%s), global batch %d, lr %.2e%s",
                  record.run_id if record.run_id is not None else "(no db)", cfg.architecture, cfg.d_in,
