@@ -1,0 +1,155 @@
+"""One training run: its config, final (or latest) metrics, training curves, per-rank stats.
+
+`?run=<id>` opens a given run; without it, the latest. A RUNNING run refreshes live.
+"""
+
+from datetime import datetime, timezone
+
+import streamlit as st
+
+from sae_dist.analytics import charts, queries
+from sae_dist.analytics import format as fmt
+from sae_dist.db import get_engine
+from webui.sidebar import REFRESH_SECONDS, page_frame
+
+engine = page_frame("Training runs", ":material/monitoring:")
+STALE_AFTER_S = 600  # a RUNNING run silent this long may have died without saying so
+STATUS_COLORS = {"RUNNING": "blue", "COMPLETED": "green", "FAILED": "red"}
+
+
+# Keyed by what changes when new rows land, so a finished run is read once and a live one
+# once per new logged step. The URL is in the key: one process may serve several databases.
+@st.cache_data(max_entries=32, show_spinner=False)
+def load_metrics(db_url: str, run_id: int, last_step: int, last_update: datetime | None):
+    return queries.run_step_metrics(get_engine(db_url), run_id)
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def load_rank_stats(db_url: str, run_id: int, last_step: int, last_update: datetime | None):
+    return queries.run_rank_stats(get_engine(db_url), run_id)
+
+
+def sync_url() -> None:
+    st.query_params["run"] = str(st.session_state["run_pick"])
+
+
+st.title("Training runs", anchor=False)
+runs = queries.list_runs(engine)
+if not runs:
+    st.info("Start one from a terminal in the repository; it appears here as it starts.",
+            title="No training run yet")
+    st.code("python -m sae_dist train --devices cpu:2 --steps 200", language="bash")
+    st.stop()
+
+by_id = {run["id"]: run for run in runs}
+# A run named in the URL (a link, a bookmark) wins over the previous pick; the widget then
+# keeps the URL in step, so a page can be shared. Not `bind="query-params"`: that puts the
+# option's label in the URL (and the label holds the status, which changes).
+requested = st.query_params.get("run", "")
+if requested.isdigit() and int(requested) in by_id:
+    if st.session_state.get("run_pick") != int(requested):
+        st.session_state["run_pick"] = int(requested)
+run_id = st.selectbox(
+    "Run", list(by_id), key="run_pick", on_change=sync_url,
+    format_func=lambda i: f"{i} · {by_id[i]['name']} · {by_id[i]['status']}",
+)
+st.query_params["run"] = str(run_id)
+
+
+@st.fragment(run_every=REFRESH_SECONDS if by_id[run_id]["status"] == "RUNNING" else None)
+def run_view(run_id: int, live: bool) -> None:
+    run = queries.get_run_summary(engine, run_id)
+    if run is None:
+        st.warning(f"Run {run_id} is no longer in the database.")
+        return
+    if live and run["status"] != "RUNNING":
+        st.rerun()  # it just ended: redraw the page once, without the timer
+
+    now = datetime.now(timezone.utc)
+    silent = None if run["last_update"] is None else (now - run["last_update"]).total_seconds()
+    with st.container(horizontal=True, vertical_alignment="center"):
+        st.subheader(run["name"], anchor=False, width="content")
+        st.badge(run["status"], color=STATUS_COLORS.get(run["status"], "gray"))
+    when = (f"last metrics {fmt.fmt_ago(silent)}" if run["status"] == "RUNNING"
+            else f"ended {fmt.fmt_time(run['finished_at'])}")
+    st.caption(f"Step {fmt.fmt_steps(run['last_step'], run['total_steps'])}"
+               f" · {run['world_size']} × {run['backend']} on {', '.join(run['devices'])}"
+               f" · {run['host']} · {when}")
+    if run["progress"] is not None:
+        st.progress(run["progress"])
+    if run["status"] == "FAILED":
+        st.error(run["error"] or "no error message recorded", title="The run failed")
+    elif run["status"] == "RUNNING" and silent is not None and silent > STALE_AFTER_S:
+        st.warning(f"The last metrics arrived {fmt.fmt_ago(silent)}: the training process "
+                   "may have stopped without recording it.")
+
+    which = "Final" if run["final"] else "Latest"
+    with st.container(horizontal=True):
+        st.metric(f"{which} loss", fmt.fmt_number(run["loss"]), border=True)
+        st.metric(f"{which} FVU", fmt.fmt_number(run["fvu"]), border=True)
+        st.metric(f"{which} L0", fmt.fmt_number(run["l0"], 3), border=True)
+        st.metric(f"{which} dead latents", fmt.fmt_percent(run["dead_fraction"]), border=True)
+        st.metric(f"{which} samples/s", fmt.fmt_number(run["samples_per_s"], 3), border=True)
+    if run["recovery_frac"] is not None or run["recovery_mean_cos"] is not None:
+        st.caption(f"Planted features recovered (cosine > 0.9): {fmt.fmt_percent(run['recovery_frac'])}"
+                   f" · mean best cosine {fmt.fmt_number(run['recovery_mean_cos'], 3)}")
+
+    db_url = engine.url.render_as_string(hide_password=False)
+    metrics = load_metrics(db_url, run_id, run["last_step"], run["last_update"])
+    st.subheader("Training curves", anchor=False)
+    if not metrics["step"]:
+        st.info("No step logged yet.")
+    else:
+        grid = st.columns(2)
+        for i, metric in enumerate(queries.CURVE_METRICS):
+            with grid[i % 2]:
+                chart = charts.training_curve(metrics, metric)
+                label = charts.METRIC_LABELS[metric]
+                if chart is None:
+                    st.caption(f"{label}: not measured ({fmt.MISSING})")
+                else:
+                    st.altair_chart(chart, alt=f"{label} against training step")
+
+    st.subheader("Ranks", anchor=False)
+    ranks = queries.rank_summary(engine, run_id)
+    if not ranks:
+        st.info("No per-rank statistics logged yet.")
+    else:
+        st.dataframe(
+            [{"Rank": r["rank"], "Device": r["device"] or fmt.MISSING,
+              "Steps logged": r["steps_logged"],
+              "Mean step time": fmt.fmt_seconds(r["mean_step_time_s"]),
+              "Mean compute time": fmt.fmt_seconds(r["mean_compute_time_s"]),
+              "Peak memory": fmt.fmt_bytes(r["peak_memory_bytes"]),
+              "Straggler steps": r["straggler_steps"]} for r in ranks],
+            hide_index=True, alt="Per-rank timings, peak memory and straggler counts",
+        )
+        st.caption("A rank is a straggler at a logged step when its compute time is over "
+                   "1.3 × the median of the ranks. Peak memory: allocated GPU memory, or the "
+                   "growth of the process's resident memory on a CPU rank.")
+        stats = load_rank_stats(db_url, run_id, run["last_step"], run["last_update"])
+        left, right = st.columns(2)
+        with left:
+            field = st.segmented_control(
+                "Time", ["compute_time_s", "step_time_s"], default="compute_time_s",
+                key="rank_time_field", label_visibility="collapsed",
+                format_func={"compute_time_s": "Compute time", "step_time_s": "Step time"}.get)
+            chart = charts.rank_time_chart(stats, field or "compute_time_s")
+            st.altair_chart(chart, alt="Time per step of each rank, stragglers marked")
+        with right:
+            chart = charts.peak_memory_chart(ranks)
+            if chart is None:
+                st.caption(f"Peak memory per rank: not measured ({fmt.MISSING})")
+            else:
+                st.altair_chart(chart, alt="Peak memory of each rank")
+
+    with st.expander("Configuration and files"):
+        st.markdown(f"Run directory: `{run['run_dir']}`  \n"
+                    f"SAELens export: `{run['export_dir'] or fmt.MISSING}`  \n"
+                    f"Started {fmt.fmt_time(run['started_at'])} · finished "
+                    f"{fmt.fmt_time(run['finished_at'])} · scheduler job "
+                    f"{run['job_id'] if run['job_id'] is not None else fmt.MISSING}")
+        st.json(run["config"], expanded=True)
+
+
+run_view(run_id, by_id[run_id]["status"] == "RUNNING")

@@ -1,0 +1,51 @@
+"""The frame every page shares: page config, the sidebar, the state database.
+
+The sidebar is drawn here with `st.page_link`, once for all pages, and Streamlit's own
+page list is hidden (`[client] showSidebarNavigation = false`): together with a `pages/`
+folder, `st.navigation` made the sidebar depend on which URL was hit first (DESIGN.md,
+pitfall 1).
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+from sqlalchemy.engine import Engine, make_url
+
+from sae_dist.db import get_engine
+from sae_dist.errors import UserError
+from sae_dist.paths import default_db_url
+
+# (page file relative to app.py, label, Material icon), in sidebar order.
+PAGES = (
+    ("app.py", "Overview", ":material/dashboard:"),
+    ("pages/1_Training_runs.py", "Training runs", ":material/monitoring:"),
+)
+
+REFRESH_SECONDS = 3
+"""How often the live parts of a page (fragments) re-read the database."""
+
+
+def page_frame(title: str, icon: str) -> Engine:
+    """Set up a page (config, sidebar) and return the state database's engine.
+
+    Stops the page with one clear error when the database cannot be opened.
+    """
+    st.set_page_config(page_title=f"{title} · sae-dist", page_icon=icon, layout="wide")
+    url = default_db_url()
+    sidebar(url)
+    try:
+        return get_engine(url)
+    except UserError as error:
+        st.error(str(error), title="The state database cannot be opened")
+        st.stop()
+
+
+def sidebar(db_url: str) -> None:
+    """Links to every page, then where the data comes from."""
+    with st.sidebar:
+        st.markdown("### sae-dist")
+        for path, label, icon in PAGES:
+            st.page_link(path, label=label, icon=icon, width="stretch")
+        st.divider()
+        shown = make_url(db_url).render_as_string(hide_password=True)
+        st.caption(f"State database: `{shown}`")
