@@ -15,7 +15,13 @@ from sae_dist.db.runs import (
     update_run,
 )
 from sae_dist.db.schema import (
+    FINAL_JOB_STATES,
+    JOB_STATES,
     RUN_STATUSES,
+    Allocation,
+    Device,
+    GpuSample,
+    Job,
     RankStat,
     StepMetric,
     TrainingRun,
@@ -26,6 +32,12 @@ from sae_dist.db.schema import (
 from sae_dist.db.writer import DatabaseMetricsLogger
 
 __all__ = [
+    "FINAL_JOB_STATES",
+    "JOB_STATES",
+    "Allocation",
+    "Device",
+    "GpuSample",
+    "Job",
     "HEAD_REVISION",
     "RUN_STATUSES",
     "DatabaseMetricsLogger",

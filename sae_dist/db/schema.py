@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import BigInteger, DateTime, MetaData, UniqueConstraint
+from sqlalchemy import BigInteger, DateTime, Index, MetaData, UniqueConstraint, text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import registry
 from sqlalchemy.types import TypeDecorator
@@ -142,3 +142,106 @@ class RankStat(Base, table=True):
     compute_time_s: float
     peak_memory_bytes: int | None = Field(default=None, sa_type=BigInteger)
     is_straggler: bool = False
+
+
+# ---- the scheduler's tables (its behaviour lives in the scheduler package) ----
+
+JOB_STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+FINAL_JOB_STATES = frozenset(JOB_STATES) - {"PENDING", "RUNNING"}
+
+
+class Job(Base, table=True):
+    """A queued command or SAE training, with SLURM's states and reasons."""
+
+    __tablename__ = "jobs"
+    # Two running jobs never share a rendezvous port (torchrun's 29500 collision).
+    __table_args__ = (
+        Index("uq_jobs_running_port", "port", unique=True,
+              sqlite_where=text("state = 'RUNNING'"), postgresql_where=text("state = 'RUNNING'")),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str
+    user: str
+    kind: str  # "command" (an argv, never run through a shell) or "train" (a TrainConfig)
+    argv_json: str  # JSON list: the command, or `python -m sae_dist train` flags for kind=train
+    train_config_json: str | None = None  # the validated TrainConfig, for kind=train
+    state: str = Field(default="PENDING", index=True)  # one of JOB_STATES
+    reason: str | None = None  # SLURM's reason while PENDING; why it ended otherwise
+    priority: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    gpus: int  # devices wanted
+    gpu_ids_json: str | None = None  # JSON list of exact device uuids wanted
+    mem_per_gpu: int | None = Field(default=None, sa_type=BigInteger)  # bytes
+    time_limit_s: float | None = None
+    begin_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    dependencies_json: str = Field(default="[]", sa_column_kwargs={"server_default": "[]"})  # [[kind, id]]
+    held: bool = False
+    requeue_on_failure: bool = False
+    requeue_count: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    workdir: str
+    env_json: str = Field(default="{}", sa_column_kwargs={"server_default": "{}"})  # extra environment
+    stdout_pattern: str | None = None  # with %j (job id) and %x (name)
+    stderr_pattern: str | None = None
+    stdout_path: str | None = None  # resolved at start
+    stderr_path: str | None = None
+    devices_json: str | None = None  # uuids it ran on (kept after release, for accounting)
+    port: int | None = None  # reserved rendezvous port while RUNNING
+    supervisor_pid: int | None = None
+    pid: int | None = None
+    pgid: int | None = None
+    proc_start_ticks: int | None = Field(default=None, sa_type=BigInteger)  # tells a reused pid apart
+    cancel_requested: bool = False
+    exit_code: int | None = None
+    signal: int | None = None
+    submitted_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    ended_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+class Allocation(Base, table=True):
+    """A device held by a job; the partial unique index makes a double allocation impossible."""
+
+    __tablename__ = "allocations"
+    __table_args__ = (
+        Index("uq_allocations_active_device", "device_uuid", unique=True,
+              sqlite_where=text("released_at IS NULL"), postgresql_where=text("released_at IS NULL")),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="jobs.id", ondelete="CASCADE", index=True)
+    device_uuid: str
+    allocated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    released_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+class Device(Base, table=True):
+    """The latest inventory of a device (NVML or virtual), for listings and the app."""
+
+    __tablename__ = "devices"
+
+    uuid: str = Field(primary_key=True)
+    index: int
+    name: str
+    virtual: bool
+    available: bool = True
+    error: str | None = None
+    memory_total: int | None = Field(default=None, sa_type=BigInteger)
+    pci_bus_id: str | None = None
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class GpuSample(Base, table=True):
+    """One device reading, once a second; unknown values stay NULL (never invented)."""
+
+    __tablename__ = "gpu_samples"
+    __table_args__ = (Index("ix_gpu_samples_device_time", "device_uuid", "time"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    device_uuid: str
+    time: datetime = Field(sa_type=UTCDateTime)
+    utilization_pct: float | None = None
+    memory_used: int | None = Field(default=None, sa_type=BigInteger)
+    memory_total: int | None = Field(default=None, sa_type=BigInteger)
+    temperature_c: float | None = None
+    power_w: float | None = None
+    job_id: int | None = Field(default=None, index=True)  # no FK: samples outlive pruned jobs
