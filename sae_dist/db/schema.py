@@ -186,10 +186,12 @@ class Job(Base, table=True):
     stderr_path: str | None = None
     devices_json: str | None = None  # uuids it ran on (kept after release, for accounting)
     port: int | None = None  # reserved rendezvous port while RUNNING
+    # Process identity: a pid plus its start time (clock ticks since boot) tells a reused pid apart.
     supervisor_pid: int | None = None
+    supervisor_start_ticks: int | None = Field(default=None, sa_type=BigInteger)
     pid: int | None = None
     pgid: int | None = None
-    proc_start_ticks: int | None = Field(default=None, sa_type=BigInteger)  # tells a reused pid apart
+    proc_start_ticks: int | None = Field(default=None, sa_type=BigInteger)
     cancel_requested: bool = False
     exit_code: int | None = None
     signal: int | None = None

@@ -72,6 +72,7 @@ def upgrade() -> None:
     sa.Column('devices_json', sa.String(), nullable=True),
     sa.Column('port', sa.Integer(), nullable=True),
     sa.Column('supervisor_pid', sa.Integer(), nullable=True),
+    sa.Column('supervisor_start_ticks', sa.BigInteger(), nullable=True),
     sa.Column('pid', sa.Integer(), nullable=True),
     sa.Column('pgid', sa.Integer(), nullable=True),
     sa.Column('proc_start_ticks', sa.BigInteger(), nullable=True),

@@ -1,0 +1,426 @@
+"""`python -m scheduler ...` (or `sae-sched ...`): SLURM's habits without SLURM.
+
+submit / queue / cancel / hold / release / requeue / info / acct / recommend / export-sbatch /
+daemon. Every listing takes --json. A mistake is one line on stderr and exit code 2. Starts fast:
+nothing here imports torch, Streamlit or Altair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from sae_dist.errors import USER_ERROR_EXIT, UserError
+
+STATE_ORDER = {"RUNNING": 0, "PENDING": 1}
+SHORT = {"PENDING": "PD", "RUNNING": "R", "COMPLETED": "CD", "FAILED": "F", "CANCELLED": "CA",
+         "TIMEOUT": "TO", "NODE_FAIL": "NF", "OUT_OF_MEMORY": "OOM"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m scheduler", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("submit", help="queue a command (after --) or an SAE training (--train run.toml)")
+    s.add_argument("--train", metavar="TOML", help="an SAE training config (the trainer's TOML keys)")
+    s.add_argument("-G", "--gpus", type=int, help="number of GPUs (default 1)")
+    s.add_argument("--gpu-ids", help="exact devices, by index or UUID: 0,2")
+    s.add_argument("--mem", help="memory needed per GPU: 20GiB, 512M (plain number: MB, as SLURM)")
+    s.add_argument("-J", "--job-name", help="job name (default: the program's name, or 'train')")
+    s.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
+    s.add_argument("--nice", type=int, default=0, help="SLURM's nice: priority -= nice")
+    s.add_argument("-t", "--time", help="time limit: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]], UNLIMITED")
+    s.add_argument("-d", "--dependency", help="afterok:ID[:ID...], afterany:..., afternotok:... (comma-separated)")
+    s.add_argument("--begin", help="start no earlier than: now+10minutes, 16:00, 2026-12-01T09:00")
+    s.add_argument("-H", "--hold", action="store_true", help="submit held (release it later)")
+    s.add_argument("--requeue", action="store_true", help="requeue automatically when it fails")
+    s.add_argument("-D", "--chdir", help="working directory (default: the current one)")
+    s.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment (repeatable)")
+    s.add_argument("-o", "--output", help="stdout file; %%j = job id, %%x = job name")
+    s.add_argument("-e", "--error", help="stderr file (default: with stdout)")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("argv", nargs=argparse.REMAINDER, help="-- PROGRAM ARGS... (never run through a shell)")
+
+    q = sub.add_parser("queue", help="pending and running jobs (squeue)")
+    q.add_argument("--all", action="store_true", help="finished jobs too")
+    q.add_argument("--json", action="store_true")
+
+    for name, what in (("cancel", "cancel jobs (SIGTERM, then SIGKILL after the grace period)"),
+                       ("hold", "keep pending jobs from starting"), ("release", "let held jobs start"),
+                       ("requeue", "put jobs back in the queue")):
+        c = sub.add_parser(name, help=what)
+        c.add_argument("job_ids", nargs="+", type=_job_id)
+
+    i = sub.add_parser("info", help="every device and its state (sinfo)")
+    i.add_argument("--json", action="store_true")
+
+    a = sub.add_parser("acct", help="finished and running jobs with their usage (sacct)")
+    a.add_argument("-j", "--jobs", help="only these job ids: 3,5")
+    a.add_argument("--json", action="store_true")
+
+    r = sub.add_parser("recommend", help="which free devices fit a job")
+    r.add_argument("--mem", help="memory needed per device: 20GiB")
+    r.add_argument("--count", type=int, default=1)
+    r.add_argument("--json", action="store_true")
+
+    e = sub.add_parser("export-sbatch", help="a SLURM batch script for a job, to run it on a cluster")
+    e.add_argument("job_id", type=_job_id)
+    e.add_argument("--nodes", type=int, default=1)
+    e.add_argument("--gpus-per-node", type=int)
+    e.add_argument("-o", "--out", help="write the script here (default: stdout)")
+
+    d = sub.add_parser("daemon", help="run the scheduler daemon in the foreground")
+    d.add_argument("--detach", action="store_true", help="start it in the background and return")
+    return p
+
+
+def _job_id(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"job id must be a positive number, got {text!r}")
+    return int(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return COMMANDS[args.command](args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return USER_ERROR_EXIT
+    except KeyboardInterrupt:
+        return 130
+
+
+# ---- helpers ----
+
+def _engine():
+    from sae_dist.db import get_engine
+
+    return get_engine()
+
+
+def _ensure_daemon() -> None:
+    """submit starts a daemon when none runs, so a newcomer never has to (SAE_DIST_AUTOSTART=0: don't)."""
+    from scheduler.daemon import daemon_running, start_daemon_detached, wake_daemon
+
+    if os.environ.get("SAE_DIST_AUTOSTART", "1") != "0" and not daemon_running():
+        start_daemon_detached()
+    else:
+        wake_daemon()
+
+
+def _devices_now():
+    """Live inventory (NVML or virtual) with each device's state; no process sampling."""
+    from scheduler.busy import classify
+    from scheduler.daemon import job_pids, pids_by_device
+    from scheduler.devices import inventory
+    from scheduler.store import active_allocations, pending_and_running
+
+    engine = _engine()
+    with engine.connect() as conn:
+        allocations = active_allocations(conn)
+        _, running = pending_and_running(conn)
+    devices = inventory(pids_by_device(running), None)
+    started = {j.id: j.started_at.timestamp() for j in running if j.started_at}
+    our = {p for j in running for p in job_pids(j)}
+    return devices, classify(devices, allocations, started, our, time.time()), allocations
+
+
+def _print_table(rows: list[dict], columns: list[tuple[str, str]]) -> None:
+    cells = [[str(r.get(key, "")) if r.get(key) is not None else "—" for key, _ in columns] for r in rows]
+    widths = [max([len(title)] + [len(c[i]) for c in cells]) for i, (_, title) in enumerate(columns)]
+    print("  ".join(t.ljust(w) for (_, t), w in zip(columns, widths)).rstrip())
+    for c in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(c, widths)).rstrip())
+
+
+def _duration(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    s = int(seconds)
+    days, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return f"{days}-{h:02d}:{m:02d}:{s:02d}" if days else f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def _iso(dt: datetime | None) -> str | None:
+    return dt.astimezone(timezone.utc).isoformat(timespec="seconds") if dt else None
+
+
+# ---- commands ----
+
+def cmd_submit(args) -> int:
+    from scheduler import spec as S
+    from scheduler.recommend import parse_memory
+    from scheduler.store import NewJob, submit
+
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    now = datetime.now(timezone.utc)
+    train_config = None
+    if args.train:
+        from sae_dist.config import build_config, load_toml
+
+        if argv:
+            raise UserError("give either --train run.toml or a command after --, not both")
+        train_config = build_config(load_toml(args.train)).to_dict()
+    elif not argv:
+        raise UserError("empty command: put the program and its arguments after --, or use --train run.toml")
+    job_spec = S.JobSpec(
+        name=args.job_name, kind="train" if args.train else "command", argv=argv, train_config=train_config,
+        gpus=args.gpus if args.gpus is not None else (None if args.gpu_ids else 1),
+        gpu_ids=S.parse_gpu_ids(args.gpu_ids) if args.gpu_ids else None,
+        mem_per_gpu=parse_memory(args.mem) if args.mem else None, priority=args.priority - args.nice,
+        time_limit_s=S.parse_time_limit(args.time) if args.time else None,
+        begin_at=S.parse_begin(args.begin, now) if args.begin else None,
+        dependencies=S.parse_dependency(args.dependency) if args.dependency else [],
+        held=args.hold, requeue=args.requeue, workdir=os.path.abspath(args.chdir or os.getcwd()),
+        env=S.parse_env(args.env), stdout=args.output, stderr=args.error)
+    from scheduler.devices import inventory
+
+    uuids = S.resolve_devices(job_spec, [(d.index, d.uuid) for d in inventory({}, None)])
+    job_id = submit(_engine(), NewJob(
+        name=job_spec.name, kind=job_spec.kind, argv=job_spec.argv, gpus=job_spec.gpus, workdir=job_spec.workdir,
+        train_config=job_spec.train_config, gpu_ids=uuids, mem_per_gpu=job_spec.mem_per_gpu,
+        priority=job_spec.priority, time_limit_s=job_spec.time_limit_s, begin_at=job_spec.begin_at,
+        dependencies=tuple(job_spec.dependencies), held=job_spec.held, requeue=job_spec.requeue,
+        env=job_spec.env, stdout=job_spec.stdout, stderr=job_spec.stderr))
+    _ensure_daemon()
+    print(json.dumps({"job_id": job_id}) if args.json else f"Submitted job {job_id}")
+    return 0
+
+
+def _job_row(job, now: float) -> dict[str, Any]:
+    start = job.started_at.timestamp() if job.started_at else None
+    end = job.ended_at.timestamp() if job.ended_at else None
+    return {
+        "job_id": job.id, "name": job.name, "user": job.user, "state": job.state, "reason": job.reason,
+        "gpus": job.gpus, "devices": json.loads(job.devices_json) if job.devices_json else [],
+        "priority": job.priority, "submitted": _iso(job.submitted_at), "start": _iso(job.started_at),
+        "end": _iso(job.ended_at), "elapsed_s": (end or now) - start if start else None,
+        "time_limit_s": job.time_limit_s, "exit_code": job.exit_code, "signal": job.signal,
+        "kind": job.kind, "held": job.held,
+    }
+
+
+def cmd_queue(args) -> int:
+    from scheduler.store import list_jobs
+
+    now = time.time()
+    jobs = list_jobs(_engine(), None if args.all else ("PENDING", "RUNNING"))
+    jobs.sort(key=lambda j: (STATE_ORDER.get(j.state, 2), -j.priority if j.state == "PENDING" else 0, j.id))
+    rows = [_job_row(j, now) for j in jobs]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for r in rows:
+        r["st"] = SHORT.get(r["state"], r["state"])
+        r["elapsed"] = _duration(r["elapsed_s"]) or "0:00"
+        r["limit"] = _duration(r["time_limit_s"]) or "UNLIMITED"
+        r["why"] = ",".join(r["devices"]) if r["state"] == "RUNNING" else (r["reason"] or "")
+    _print_table(rows, [("job_id", "JOBID"), ("name", "NAME"), ("user", "USER"), ("st", "ST"), ("gpus", "GPUS"),
+                        ("elapsed", "TIME"), ("limit", "TIME_LIMIT"), ("why", "DEVICES(REASON)")])
+    return 0
+
+
+def _each_job(args, action) -> int:
+    engine = _engine()
+    failed = False
+    for job_id in args.job_ids:
+        try:
+            print(action(engine, job_id))
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            failed = True
+    from scheduler.daemon import wake_daemon
+
+    wake_daemon()
+    return USER_ERROR_EXIT if failed else 0
+
+
+def cmd_cancel(args) -> int:
+    from scheduler.store import cancel, get_job
+
+    def act(engine, job_id):
+        outcome = cancel(engine, job_id)
+        if outcome == "requested":
+            _signal_supervisor(get_job(engine, job_id))
+            return f"job {job_id}: cancelling (SIGTERM, SIGKILL after the grace period)"
+        if outcome == "cancelled":
+            return f"job {job_id}: cancelled"
+        return f"job {job_id}: already {outcome}"
+    return _each_job(args, act)
+
+
+def _signal_supervisor(job) -> None:
+    import signal
+
+    from scheduler import procs
+
+    if procs.is_alive(job.supervisor_pid, job.supervisor_start_ticks):
+        os.kill(job.supervisor_pid, signal.SIGTERM)
+
+
+def cmd_hold(args) -> int:
+    from scheduler.store import set_held
+
+    return _each_job(args, lambda e, j: (set_held(e, j, True), f"job {j}: held")[1])
+
+
+def cmd_release(args) -> int:
+    from scheduler.store import set_held
+
+    return _each_job(args, lambda e, j: (set_held(e, j, False), f"job {j}: released")[1])
+
+
+def cmd_requeue(args) -> int:
+    from scheduler.store import get_job, requeue
+
+    def act(engine, job_id):
+        if requeue(engine, job_id) == "requested":
+            _signal_supervisor(get_job(engine, job_id))
+            return f"job {job_id}: stopping, then back in the queue"
+        return f"job {job_id}: requeued"
+    return _each_job(args, act)
+
+
+def cmd_info(args) -> int:
+    from scheduler.recommend import format_memory
+
+    devices, states, _ = _devices_now()
+    latest = _latest_samples()
+    rows = []
+    for d in devices:
+        s = states[d.uuid]
+        # Memory is read now; utilisation needs a window, so the daemon's last second when fresh.
+        sample = latest.get(d.uuid, {})
+        rows.append({
+            "index": d.index, "uuid": d.uuid, "name": d.name, "virtual": d.virtual, "state": s.state,
+            "job_id": s.job_id, "reason": s.reason, "memory_total": d.memory_total, "memory_used": d.memory_used,
+            "utilization_pct": sample.get("utilization_pct", d.utilization_pct),
+            "temperature_c": d.temperature_c, "power_w": d.power_w, "error": d.error})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for r in rows:
+        r["kind"] = "virtual" if r["virtual"] else "gpu"
+        r["mem"] = f"{format_memory(r['memory_used']) if r['memory_used'] is not None else '—'} / " \
+                   f"{format_memory(r['memory_total']) if r['memory_total'] else '—'}"
+        r["util"] = f"{r['utilization_pct']:.0f}%" if r["utilization_pct"] is not None else None
+        r["temp"] = f"{r['temperature_c']:.0f}C" if r["temperature_c"] is not None else None
+        r["power"] = f"{r['power_w']:.0f}W" if r["power_w"] is not None else None
+        r["what"] = f"job {r['job_id']}" if r["job_id"] else (r["reason"] if r["state"] != "idle" else "")
+    _print_table(rows, [("index", "ID"), ("name", "NAME"), ("kind", "KIND"), ("state", "STATE"), ("mem", "MEMORY"),
+                        ("util", "UTIL"), ("temp", "TEMP"), ("power", "POWER"), ("what", "JOB/REASON")])
+    return 0
+
+
+def _latest_samples() -> dict[str, dict]:
+    """The newest sample of each device if it is fresh (the daemon samples once a second)."""
+    from sqlalchemy import func, select
+
+    from sae_dist.db import GpuSample
+
+    t = GpuSample.__table__
+    engine = _engine()
+    with engine.connect() as conn:
+        newest = select(t.c.device_uuid, func.max(t.c.id).label("id")).group_by(t.c.device_uuid).subquery()
+        rows = conn.execute(select(t).join(newest, t.c.id == newest.c.id)).mappings().all()
+    fresh = time.time() - 10
+    return {r["device_uuid"]: dict(r) for r in rows
+            if r["time"] and r["time"].replace(tzinfo=r["time"].tzinfo or timezone.utc).timestamp() > fresh}
+
+
+def cmd_acct(args) -> int:
+    from scheduler.recommend import format_memory
+    from scheduler.store import list_jobs
+    from scheduler.usage import job_usage
+
+    engine = _engine()
+    jobs = list_jobs(engine)
+    if args.jobs:
+        wanted = {int(x) for x in args.jobs.split(",") if x.strip().isdigit()}
+        jobs = [j for j in jobs if j.id in wanted]
+    now = time.time()
+    rows = []
+    usage = job_usage(engine, [j.id for j in jobs])
+    for j in jobs:
+        row = _job_row(j, now)
+        row.update(usage.get(j.id, {}))
+        rows.append(row)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for r in rows:
+        r["exit"] = f"{r['exit_code'] if r['exit_code'] is not None else 0}:{r['signal'] or 0}" \
+            if r["state"] not in ("PENDING", "RUNNING") else None
+        r["elapsed"] = _duration(r["elapsed_s"])
+        r["util"] = (f"{r['mean_util_pct']:.0f}% / {r['peak_util_pct']:.0f}%"
+                     if r.get("mean_util_pct") is not None else None)
+        r["mem"] = format_memory(r["peak_memory_bytes"]) if r.get("peak_memory_bytes") is not None else None
+        r["wh"] = f"{r['energy_wh']:.2f}" if r.get("energy_wh") is not None else None
+    _print_table(rows, [("job_id", "JOBID"), ("name", "NAME"), ("state", "STATE"), ("exit", "EXITCODE"),
+                        ("start", "START"), ("end", "END"), ("elapsed", "ELAPSED"), ("gpus", "GPUS"),
+                        ("util", "UTIL mean/peak"), ("mem", "PEAK MEM"), ("wh", "ENERGY Wh")])
+    return 0
+
+
+def cmd_recommend(args) -> int:
+    from scheduler.recommend import format_memory, parse_memory, recommend
+
+    if args.count < 1:
+        raise UserError(f"--count must be at least 1, got {args.count}")
+    devices, states, _ = _devices_now()
+    mem = parse_memory(args.mem) if args.mem else None
+    rec = recommend(devices, states, args.count, mem)
+    if args.json:
+        print(json.dumps({"chosen": rec.chosen, "passed_over": rec.passed_over, "error": rec.error}, indent=1))
+        return 0 if rec.error is None else USER_ERROR_EXIT
+    by_uuid = {d.uuid: d for d in devices}
+    if rec.error:
+        print(f"error: {rec.error}", file=sys.stderr)
+    for uuid in rec.chosen:
+        d = by_uuid[uuid]
+        free = format_memory(d.memory_free) if d.memory_free is not None else "unknown"
+        print(f"use    {d.index}  {d.name}  ({free} free)")
+    for uuid, why in rec.passed_over.items():
+        print(f"skip   {by_uuid[uuid].index}  {by_uuid[uuid].name}: {why}")
+    return 0 if rec.error is None else USER_ERROR_EXIT
+
+
+def cmd_export_sbatch(args) -> int:
+    from scheduler.sbatch import sbatch_script
+    from scheduler.store import get_job
+
+    script = sbatch_script(get_job(_engine(), args.job_id), nodes=args.nodes, gpus_per_node=args.gpus_per_node)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(script)
+        print(f"wrote {args.out}")
+    else:
+        print(script, end="")
+    return 0
+
+
+def cmd_daemon(args) -> int:
+    from scheduler.daemon import daemon_running, main as run_daemon, start_daemon_detached
+
+    if args.detach:
+        if daemon_running():
+            print("a daemon already runs")
+            return 0
+        start_daemon_detached()
+        print("daemon started")
+        return 0
+    return run_daemon()
+
+
+COMMANDS = {"submit": cmd_submit, "queue": cmd_queue, "cancel": cmd_cancel, "hold": cmd_hold,
+            "release": cmd_release, "requeue": cmd_requeue, "info": cmd_info, "acct": cmd_acct,
+            "recommend": cmd_recommend, "export-sbatch": cmd_export_sbatch, "daemon": cmd_daemon}

@@ -1,0 +1,296 @@
+"""The scheduler daemon: one per state directory; schedules, reaps and samples every device.
+
+Each pass (on every wake-up, at least once a second) runs under `scheduler.lock`: it frees the
+devices of jobs whose supervisor vanished (NODE_FAIL, or requeued), reads the devices, asks the
+pure policy which pending jobs start on which devices, applies that in one transaction and
+starts a supervisor per started job. Running jobs do not depend on the daemon: kill it and their
+supervisors carry on; a new daemon adopts them (it only has to check they are alive).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+from sqlalchemy import delete, insert
+
+from sae_dist.db import GpuSample, get_engine, utcnow
+from sae_dist.db.schema import Device
+from sae_dist.errors import UserError
+from sae_dist.paths import state_home
+from scheduler import procs, store
+from scheduler.busy import classify
+from scheduler.devices import CpuSampler, DeviceInfo, inventory
+from scheduler.policy import DeviceView, JobView, plan
+
+log = logging.getLogger(__name__)
+
+PASS_INTERVAL_S = 1.0
+SAMPLE_FLUSH_S = 5.0  # samples are written in batches
+RETENTION_DAYS = float(os.environ.get("SAE_DIST_SAMPLE_RETENTION_DAYS", "7"))
+SUPERVISOR_START_GRACE_S = 10.0  # a job just started may not have its supervisor recorded yet
+
+
+def daemon_lock_path() -> Path:
+    return state_home() / "daemon.lock"
+
+
+def pid_file() -> Path:
+    return state_home() / "daemon.pid"
+
+
+def daemon_running() -> bool:
+    """True while some process holds the daemon lock."""
+    lock = FileLock(str(daemon_lock_path()))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return True
+    lock.release()
+    return False
+
+
+def wake_daemon() -> None:
+    """Ask the daemon for a scheduling pass now (SIGUSR1); harmless when none runs."""
+    try:
+        pid, ticks = (int(x) for x in pid_file().read_text().split())
+    except (OSError, ValueError):
+        return
+    if procs.is_alive(pid, ticks):
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except OSError:
+            pass
+
+
+def start_daemon_detached() -> None:
+    """Start a daemon in the background (it exits at once if another one holds the lock)."""
+    log_path = state_home() / "daemon.log"
+    with open(log_path, "ab") as out:
+        subprocess.Popen([sys.executable, "-m", "scheduler", "daemon"], stdin=subprocess.DEVNULL,
+                         stdout=out, stderr=out, start_new_session=True, cwd=str(state_home()))
+
+
+class Daemon:
+    def __init__(self, engine=None):
+        self.engine = engine or get_engine()
+        self.wake = threading.Event()
+        self.stopping = threading.Event()
+        self.sampler = CpuSampler()
+        self.samples: list[dict] = []
+        self.last_flush = time.monotonic()
+        self.last_retention = 0.0
+        self.pass_lock = FileLock(str(state_home() / "scheduler.lock"))
+
+    # ---- the loop ----
+    def run(self) -> None:
+        lock = FileLock(str(daemon_lock_path()))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            raise UserError(f"a scheduler daemon already runs for {state_home()} (see {pid_file()})") from None
+        try:
+            me = os.getpid()
+            pid_file().write_text(f"{me} {procs.start_ticks(me)}\n")
+            signal.signal(signal.SIGUSR1, lambda *_: self.wake.set())
+            signal.signal(signal.SIGTERM, lambda *_: self._stop())
+            signal.signal(signal.SIGINT, lambda *_: self._stop())
+            log.info("daemon %d started for %s", me, state_home())
+            while not self.stopping.is_set():
+                started = time.monotonic()
+                self.wake.clear()
+                try:
+                    self.scheduling_pass()
+                except Exception:  # one bad pass must not stop the queue
+                    log.exception("scheduling pass failed")
+                self.wake.wait(max(0.0, PASS_INTERVAL_S - (time.monotonic() - started)))
+            self._flush_samples(force=True)
+        finally:
+            lock.release()
+
+    def _stop(self) -> None:
+        self.stopping.set()
+        self.wake.set()
+
+    # ---- one pass ----
+    def scheduling_pass(self) -> list[int]:
+        with self.pass_lock:
+            now = time.time()
+            with self.engine.connect() as conn:
+                pending, running = store.pending_and_running(conn)
+                allocations = store.active_allocations(conn)
+                deps = {d for j in pending for _, d in json.loads(j.dependencies_json)}
+                finished = store.finished_states(conn, deps)
+                known = set(finished) | {j.id for j in pending} | {j.id for j in running}
+            running = self._reap(running, now)
+            devices = self._read_devices(running, allocations)
+            started_at = {j.id: j.started_at.timestamp() for j in running if j.started_at}
+            our_pids = {p for j in running for p in job_pids(j)}
+            states = classify(devices, {u: j for u, j in allocations.items()}, started_at, our_pids, now)
+            self._sample(devices, allocations)
+            views = [DeviceView(uuid=d.uuid, index=d.index, free=states[d.uuid].state == "idle",
+                                free_memory=d.memory_free) for d in devices]
+            decision = plan([_job_view(j) for j in pending], [_job_view(j) for j in running], views,
+                            {**finished, **{d: "UNKNOWN" for d in deps - known}}, now)
+            started = store.start_jobs(self.engine, decision.starts, decision.reasons)
+            for job_id, _, _ in started:
+                self._spawn_supervisor(job_id)
+        return [job_id for job_id, _, _ in started]
+
+    def _reap(self, running: list, now: float) -> list:
+        """Jobs whose supervisor is gone: stop what is left of them, free their devices."""
+        alive = []
+        for job in running:
+            if procs.is_alive(job.supervisor_pid, job.supervisor_start_ticks):
+                alive.append(job)
+                continue
+            if job.supervisor_pid is None and job.started_at and now - job.started_at.timestamp() < SUPERVISOR_START_GRACE_S:
+                alive.append(job)  # being started by this daemon right now
+                continue
+            if job.pid and procs.is_alive(job.pid, job.proc_start_ticks):
+                procs.terminate_tree(job.pid, job.pgid, grace_s=5.0)
+            state = store.finish_job(self.engine, job.id, "NODE_FAIL",
+                                     reason="its supervisor vanished (killed, or the machine restarted)")
+            log.warning("job %d: supervisor gone, %s", job.id, state)
+        return alive
+
+    def _spawn_supervisor(self, job_id: int) -> None:
+        log_path = state_home() / "logs" / "supervisors.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "scheduler.supervisor", str(job_id)],
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+                                    cwd=str(state_home()))
+        store.record_process(self.engine, job_id, supervisor_pid=proc.pid,
+                             supervisor_start_ticks=procs.start_ticks(proc.pid))
+        # Reaped by a thread so no zombie is left; its exit code is not what we record (the
+        # supervisor writes the job's own status), only a sign of life.
+        threading.Thread(target=proc.wait, daemon=True).start()
+
+    # ---- devices ----
+    def _read_devices(self, running: list, allocations: dict[str, int]) -> list[DeviceInfo]:
+        devices = inventory(pids_by_device(running), self.sampler)
+        self._store_inventory(devices)
+        return devices
+
+    def _store_inventory(self, devices: list[DeviceInfo]) -> None:
+        now = utcnow()
+        rows = [{"uuid": d.uuid, "index": d.index, "name": d.name, "virtual": d.virtual, "available": d.available,
+                 "error": d.error, "memory_total": d.memory_total, "pci_bus_id": d.pci_bus_id, "updated_at": now}
+                for d in devices]
+        table = Device.__table__
+        with self.engine.begin() as conn:
+            conn.execute(delete(table).where(table.c.uuid.not_in([r["uuid"] for r in rows])))
+            for row in rows:
+                updated = conn.execute(table.update().where(table.c.uuid == row["uuid"]).values(**row))
+                if updated.rowcount == 0:
+                    conn.execute(insert(table).values(**row))
+
+    # ---- samples ----
+    def _sample(self, devices: list[DeviceInfo], allocations: dict[str, int]) -> None:
+        now = utcnow()
+        for d in devices:
+            self.samples.append({
+                "device_uuid": d.uuid, "time": now, "utilization_pct": d.utilization_pct,
+                "memory_used": d.memory_used, "memory_total": d.memory_total,
+                "temperature_c": d.temperature_c, "power_w": d.power_w, "job_id": allocations.get(d.uuid)})
+        self._flush_samples()
+
+    def _flush_samples(self, force: bool = False) -> None:
+        if not self.samples or (not force and time.monotonic() - self.last_flush < SAMPLE_FLUSH_S):
+            return
+        with self.engine.begin() as conn:
+            conn.execute(insert(GpuSample.__table__), self.samples)
+        self.samples, self.last_flush = [], time.monotonic()
+        if time.monotonic() - self.last_retention > 3600:
+            self.last_retention = time.monotonic()
+            thin_samples(self.engine, utcnow() - timedelta(days=RETENTION_DAYS))
+
+
+def thin_samples(engine, cutoff: datetime, keep_every_s: int = 60) -> int:
+    """Samples older than cutoff are thinned to one per device per keep_every_s. Returns rows removed."""
+    from sqlalchemy import select
+
+    table = GpuSample.__table__
+    with engine.begin() as conn:
+        rows = conn.execute(select(table.c.id, table.c.device_uuid, table.c.time)
+                            .where(table.c.time < cutoff).order_by(table.c.device_uuid, table.c.time)).all()
+        keep, drop = set(), []
+        for row in rows:
+            t = row.time if row.time.tzinfo else row.time.replace(tzinfo=timezone.utc)
+            key = (row.device_uuid, int(t.timestamp()) // keep_every_s)
+            if key in keep:
+                drop.append(row.id)
+            else:
+                keep.add(key)
+        for i in range(0, len(drop), 500):
+            conn.execute(delete(table).where(table.c.id.in_(drop[i:i + 500])))
+    return len(drop)
+
+
+def job_pids(job) -> list[int]:
+    """The job's processes now: its main process and every descendant (ranks included)."""
+    if not job.pid or not procs.is_alive(job.pid, job.proc_start_ticks):
+        return []
+    return [job.pid, *procs.descendants(job.pid)]
+
+
+def pids_by_device(running: list) -> dict[str, list[int]]:
+    """Which processes count on which device: a training rank on the device of its LOCAL_RANK,
+    everything else of the job (launcher, a plain command) on the job's first device."""
+    out: dict[str, list[int]] = {}
+    for job in running:
+        devices = json.loads(job.devices_json or "[]")
+        if not devices:
+            continue
+        pids = job_pids(job)
+        ranks = dict((pid, dev) for dev, pid in _rank_devices(devices, pids))
+        for pid in pids:
+            out.setdefault(ranks.get(pid, devices[0]), []).append(pid)
+    return out
+
+
+def _rank_devices(devices: list[str], pids: list[int]) -> list[tuple[str, int]]:
+    """(device, pid) for the job's training ranks, told apart by torchrun's LOCAL_RANK variable."""
+    out = []
+    for pid in pids:
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for item in env:
+            if item.startswith(b"LOCAL_RANK="):
+                rank = int(item.split(b"=", 1)[1] or 0)
+                if rank < len(devices):
+                    out.append((devices[rank], pid))
+    return out
+
+
+def _job_view(job) -> JobView:
+    return JobView(
+        id=job.id, priority=job.priority, submitted_at=job.submitted_at.timestamp(), gpus=job.gpus,
+        gpu_ids=tuple(json.loads(job.gpu_ids_json)) if job.gpu_ids_json else None,
+        mem_per_gpu=job.mem_per_gpu, time_limit_s=job.time_limit_s,
+        begin_at=job.begin_at.timestamp() if job.begin_at else None, held=job.held,
+        dependencies=tuple((k, int(i)) for k, i in json.loads(job.dependencies_json)),
+        started_at=job.started_at.timestamp() if job.started_at else None,
+        devices=tuple(json.loads(job.devices_json)) if job.devices_json else ())
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s daemon %(message)s")
+    Daemon().run()
+    return 0
+
+
+__all__ = ["Daemon", "daemon_running", "start_daemon_detached", "wake_daemon", "thin_samples", "main"]
+_ = datetime  # typing only

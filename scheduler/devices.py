@@ -1,0 +1,340 @@
+"""What devices this machine has, and what each is doing right now.
+
+The scheduler, `info` and the app all need one inventory: every NVIDIA GPU as NVML sees it
+(identified by UUID, numbered in PCI bus order for people), or, on a machine without one,
+CPU-backed "virtual GPUs" (one gloo rank each) whose figures are measured from /proc. A GPU NVML
+cannot read is reported as unavailable instead of crashing the daemon, and a figure nobody
+measured (a virtual device's temperature or power, a sensor a card lacks) stays None.
+
+pynvml is imported inside functions so that `python -m scheduler queue` starts fast.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable, Iterable
+
+from sae_dist.errors import UserError
+
+log = logging.getLogger(__name__)
+
+VIRTUAL_ENV_VAR = "SAE_DIST_VIRTUAL_GPUS"
+DEFAULT_VIRTUAL_GPUS = 2
+# Each virtual device is one CPU rank: more than this is a typo, not a machine.
+MAX_VIRTUAL_GPUS = 64
+# NVML numbers GPUs in PCI bus order; CUDA only agrees when told to.
+CUDA_DEVICE_ORDER = "PCI_BUS_ID"
+
+
+@dataclass
+class DeviceInfo:
+    """One device's identity and its readings at one moment; None means "not measured"."""
+
+    index: int  # for people (nvidia-smi's number); never used as an identity
+    uuid: str  # the identity: "GPU-..." from NVML, "virtual-<i>" for CPU-backed devices
+    name: str
+    virtual: bool = False
+    available: bool = True
+    error: str | None = None  # why the device, or some of its fields, could not be read
+    memory_total: int | None = None  # bytes
+    memory_used: int | None = None
+    memory_free: int | None = None
+    utilization_pct: float | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    processes: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, bytes or None)
+    pci_bus_id: str | None = None
+
+    @property
+    def label(self) -> str:
+        """How people refer to the device in messages: "GPU 0" or "virtual GPU 0"."""
+        return f"{'virtual ' if self.virtual else ''}GPU {self.index}"
+
+
+# ---------------------------------------------------------------------------------------------
+# NVML
+
+
+def _text(value: Any) -> str:
+    # pynvml returns str for most strings but raw bytes for char arrays inside structs (busId).
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _compute_processes(nvml: Any, handle: Any) -> list[tuple[int, int | None]]:
+    try:
+        procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    except getattr(nvml, "NVMLLibraryMismatchError", ()):
+        # A driver older than the bindings lacks the _v3 call the unversioned name maps to.
+        procs = nvml.nvmlDeviceGetComputeRunningProcesses_v2(handle)
+    # usedGpuMemory is None where the driver cannot tell (pynvml maps NVML's "not available").
+    return [(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory)) for p in procs]
+
+
+def _temperature(nvml: Any, handle: Any) -> float:
+    # nvmlDeviceGetTemperature is deprecated (to be removed with CUDA 14); drivers before the
+    # versioned call (nvmlDeviceGetTemperatureV) only have the old one.
+    newer = getattr(nvml, "nvmlDeviceGetTemperatureV", None)
+    if newer is not None:
+        try:
+            return newer(handle, nvml.NVML_TEMPERATURE_GPU)
+        except nvml.NVMLError_FunctionNotFound:
+            pass
+    return nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
+
+
+def read_device(nvml: Any, index: int) -> DeviceInfo:
+    """Read one GPU through `nvml` (the pynvml module, or a stand-in with its names). Never raises.
+
+    A field the card (NotSupported) or the driver (FunctionNotFound) does not offer stays None;
+    any other error marks the device unavailable and is kept in `error`, alongside whatever
+    fields could still be read.
+    """
+    info = DeviceInfo(index=index, uuid=f"unknown-gpu-{index}", name=f"GPU {index}")
+    errors: list[str] = []
+
+    def read(what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
+            return None
+        except Exception as exc:  # NVMLError, or a bindings/driver mismatch: same verdict
+            errors.append(f"{what}: {exc}")
+            return None
+
+    handle = read("handle", nvml.nvmlDeviceGetHandleByIndex, index)
+    if handle is None:
+        info.available, info.error = False, "; ".join(errors) or "no handle"
+        return info
+    uuid = read("uuid", nvml.nvmlDeviceGetUUID, handle)
+    if uuid is not None:
+        info.uuid = _text(uuid)
+    name = read("name", nvml.nvmlDeviceGetName, handle)
+    if name is not None:
+        info.name = _text(name)
+    mem = read("memory", nvml.nvmlDeviceGetMemoryInfo, handle)
+    if mem is not None:
+        info.memory_total, info.memory_used, info.memory_free = int(mem.total), int(mem.used), int(mem.free)
+    util = read("utilization", nvml.nvmlDeviceGetUtilizationRates, handle)
+    if util is not None:
+        info.utilization_pct = float(util.gpu)
+    temp = read("temperature", _temperature, nvml, handle)
+    if temp is not None:
+        info.temperature_c = float(temp)
+    power = read("power", nvml.nvmlDeviceGetPowerUsage, handle)
+    if power is not None:
+        info.power_w = power / 1000.0  # NVML reports milliwatts
+    limit = read("power limit", nvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+    if limit is not None:
+        info.power_limit_w = limit / 1000.0
+    procs = read("processes", _compute_processes, nvml, handle)
+    if procs is not None:
+        info.processes = procs
+    pci = read("pci", nvml.nvmlDeviceGetPciInfo, handle)
+    if pci is not None:
+        info.pci_bus_id = _text(pci.busId)
+    if errors:
+        info.available, info.error = False, "; ".join(errors)
+    return info
+
+
+def nvml_inventory(nvml: ModuleType | Any | None = None) -> list[DeviceInfo] | None:
+    """Every GPU NVML sees, in its (PCI bus) order; None when NVML cannot start or finds none.
+
+    Sets CUDA_DEVICE_ORDER=PCI_BUS_ID in this process (and so in what it spawns) so that CUDA's
+    numbering agrees with the indices reported here. `nvml` defaults to pynvml; tests pass a
+    stand-in. Never raises.
+    """
+    if nvml is None:
+        try:
+            import pynvml as nvml
+        except ImportError:
+            log.debug("nvidia-ml-py is not installed: no NVML inventory")
+            return None
+    try:
+        nvml.nvmlInit()
+    except Exception as exc:  # no driver library, driver not loaded, no permission...
+        log.debug("NVML did not start: %s", exc)
+        return None
+    os.environ["CUDA_DEVICE_ORDER"] = CUDA_DEVICE_ORDER
+    try:
+        count = nvml.nvmlDeviceGetCount()
+        return [read_device(nvml, i) for i in range(count)] or None
+    except Exception as exc:
+        log.warning("NVML started but could not count GPUs: %s", exc)
+        return None
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception as exc:
+            log.debug("nvmlShutdown failed: %s", exc)
+
+
+# ---------------------------------------------------------------------------------------------
+# Virtual devices: readings from /proc
+
+
+def _clock_ticks() -> int:
+    return os.sysconf("SC_CLK_TCK")
+
+
+def _now_since_boot() -> float:
+    # The clock /proc/<pid>/stat's start time is measured on, so lifetimes can be computed.
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def read_rss(pid: int) -> int | None:
+    """Resident memory of a process in bytes (VmRSS), or None when it is gone or has none."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024  # the kernel reports kB
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def read_cpu_times(pid: int) -> tuple[float, float] | None:
+    """(CPU seconds used, start time in seconds since boot) of a process, or None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+    fields = stat.rpartition(")")[2].split()
+    try:
+        ticks = int(fields[11]) + int(fields[12])  # utime + stime (fields 14 and 15)
+        start = int(fields[19])  # starttime (field 22)
+    except (IndexError, ValueError):
+        return None
+    hz = _clock_ticks()
+    return ticks / hz, start / hz
+
+
+def machine_memory() -> int:
+    """The machine's MemTotal in bytes."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/meminfo has no MemTotal line")
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity), which is what the ranks share."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class CpuSampler:
+    """Measures the CPU used by processes between two calls, from /proc/<pid>/stat.
+
+    It keeps each pid's previous reading. A pid seen for the first time is measured over its
+    whole life so far (from its start time), so even the first call reports a measured figure.
+    """
+
+    def __init__(self) -> None:
+        self._previous: dict[int, tuple[float, float, float]] = {}  # pid -> (cpu_s, start, at)
+
+    def cores_used(self, pids: Iterable[int]) -> float:
+        """How many cores the processes used together since the last call (0 for none)."""
+        now = _now_since_boot()
+        total = 0.0
+        for pid in pids:
+            reading = read_cpu_times(pid)
+            if reading is None:
+                self._previous.pop(pid, None)  # gone: nothing to count
+                continue
+            cpu_s, start = reading
+            before = self._previous.get(pid)
+            if before is None or before[1] != start or before[0] > cpu_s:
+                before = (0.0, start, start)  # new pid (or a reused one): measure since it began
+            self._previous[pid] = (cpu_s, start, now)
+            elapsed = now - before[2]
+            if elapsed > 0:
+                total += (cpu_s - before[0]) / elapsed
+        return total
+
+    def retain(self, pids: Iterable[int]) -> None:
+        """Forget every pid not in `pids`, so the sampler does not grow with finished jobs."""
+        keep = set(pids)
+        for pid in [p for p in self._previous if p not in keep]:
+            del self._previous[pid]
+
+
+def virtual_inventory(count: int, pids_by_device: dict[str, list[int]], sampler: CpuSampler) -> list[DeviceInfo]:
+    """`count` CPU-backed devices, with the measured memory and CPU of the processes on each.
+
+    `pids_by_device` maps a virtual uuid to the pids of the job ranks running on it.
+    """
+    if count < 1:
+        raise UserError(f"the number of virtual GPUs must be at least 1, not {count}")
+    # A virtual device's memory is a share of the machine's RAM, not a physical size: the ranks
+    # of all devices draw from the same RAM, and this is the part a fair split gives each.
+    share_bytes = machine_memory() // count
+    # Utilisation is the CPU the device's processes use, as a percentage of the device's fair
+    # share of the cores (cores / count), capped at 100: "100%" means it uses all it should.
+    share_cores = usable_cores() / count
+    devices = []
+    for i in range(count):
+        uuid = virtual_uuid(i)
+        processes = []
+        for pid in pids_by_device.get(uuid, []):
+            rss = read_rss(pid)
+            if rss is not None:
+                processes.append((pid, rss))
+        used = sum(rss for _, rss in processes)
+        cores = sampler.cores_used([pid for pid, _ in processes])
+        devices.append(DeviceInfo(
+            index=i, uuid=uuid, name=f"Virtual GPU {i} (CPU-backed)", virtual=True, available=True,
+            memory_total=share_bytes, memory_used=used, memory_free=share_bytes - used,
+            utilization_pct=min(100.0, 100.0 * cores / share_cores),
+            temperature_c=None, power_w=None, power_limit_w=None,  # unknown, never invented
+            processes=processes, pci_bus_id=None))
+    sampler.retain(pid for pids in pids_by_device.values() for pid in pids)
+    return devices
+
+
+def virtual_uuid(i: int) -> str:
+    return f"virtual-{i}"
+
+
+def virtual_count() -> int:
+    """How many virtual devices to offer: $SAE_DIST_VIRTUAL_GPUS, else 2."""
+    raw = os.environ.get(VIRTUAL_ENV_VAR)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_VIRTUAL_GPUS
+    try:
+        n = int(raw.strip())
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_VIRTUAL_GPUS:
+        raise UserError(f"{VIRTUAL_ENV_VAR}={raw!r}: give a whole number of virtual GPUs "
+                        f"from 1 to {MAX_VIRTUAL_GPUS}, or unset it for {DEFAULT_VIRTUAL_GPUS}")
+    return n
+
+
+def inventory(pids_by_device: dict[str, list[int]] | None = None, sampler: CpuSampler | None = None,
+              *, virtual: int | None = None) -> list[DeviceInfo]:
+    """The machine's devices: NVML's GPUs when it finds any, else virtual ones.
+
+    `virtual=N`, or SAE_DIST_VIRTUAL_GPUS set explicitly, asks for N virtual devices whatever
+    the hardware (the daemon's flag, tests, trying the product on a GPU machine).
+    Keep one `sampler` across calls for utilisation measured between them.
+    """
+    if virtual is None and os.environ.get(VIRTUAL_ENV_VAR, "").strip():
+        virtual = virtual_count()
+    if virtual is None:
+        gpus = nvml_inventory()
+        if gpus:
+            return gpus
+        virtual = virtual_count()
+    return virtual_inventory(virtual, pids_by_device or {}, sampler or CpuSampler())

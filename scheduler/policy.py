@@ -1,0 +1,260 @@
+"""Which pending job starts now, and on which GPUs: the scheduler's decisions, with no I/O.
+
+The daemon reads the queue and the devices, turns them into `JobView`/`DeviceView` values,
+calls `plan(...)` and applies the result in one transaction. Keeping the decision pure (no
+database, no clock: `now` is an argument) lets it be tested on plain data and replayed.
+
+Order: highest priority first, then submission time, then id. Each pending job is first checked
+for eligibility (hold, dependencies, begin time); eligible jobs are then walked in order.
+
+Backfill (EASY, as in SLURM's sched/backfill with one reservation): every job that fits on the
+free devices starts. The first eligible job that does not fit is the *head*; from the running
+jobs' expected ends (start + time limit) we find its *shadow time*, the earliest moment enough
+devices will be free for it, and the devices it would take then (the *reserved* devices). After
+that, a later job starts now only if it fits on the free devices and either ends (by its time
+limit) no later than the shadow time, or uses no reserved device. A job without a time limit
+never ends for this purpose, so it can only use unreserved devices; a running job without a
+time limit makes the shadow time infinite, and then a job with a time limit may still borrow
+reserved devices (the head's estimate is "never", so nothing it was promised is delayed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Literal
+
+DependencyKind = Literal["afterok", "afterany", "afternotok"]
+DEPENDENCY_KINDS: frozenset[str] = frozenset({"afterok", "afterany", "afternotok"})
+FINAL_STATES: frozenset[str] = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"})
+
+# SLURM's pending-reason names, so `squeue` habits carry over.
+HELD = "JobHeldUser"
+BEGIN_TIME = "BeginTime"
+DEPENDENCY = "Dependency"
+DEPENDENCY_NEVER = "DependencyNeverSatisfied"
+RESOURCES = "Resources"
+PRIORITY = "Priority"
+REASONS: frozenset[str] = frozenset({HELD, BEGIN_TIME, DEPENDENCY, DEPENDENCY_NEVER, RESOURCES, PRIORITY})
+
+DependencyStatus = Literal["ok", "wait", "never"]
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What the policy needs to know about one job (pending or running)."""
+
+    id: int
+    priority: int = 0  # higher runs first; the caller maps SLURM's nice to -nice
+    submitted_at: float = 0.0  # epoch seconds; breaks priority ties (FIFO)
+    gpus: int = 1  # device count wanted
+    gpu_ids: tuple[str, ...] | None = None  # exact device uuids wanted; then gpus == len(gpu_ids)
+    mem_per_gpu: int | None = None  # bytes of free memory needed on each device
+    time_limit_s: float | None = None  # None: unlimited
+    begin_at: float | None = None  # epoch seconds; not eligible before
+    held: bool = False
+    dependencies: tuple[tuple[DependencyKind, int], ...] = ()
+    started_at: float | None = None  # running jobs only
+    devices: tuple[str, ...] = ()  # running jobs only: uuids they hold
+
+    def __post_init__(self) -> None:
+        # Checked here so every helper can trust the shape (e.g. no duplicate uuids to double-book).
+        if self.gpus < 0:
+            raise ValueError(f"job {self.id}: gpus must be >= 0, got {self.gpus}")
+        if self.gpu_ids is not None:
+            if len(self.gpu_ids) != self.gpus:
+                raise ValueError(f"job {self.id}: gpus={self.gpus} but {len(self.gpu_ids)} gpu_ids")
+            if len(set(self.gpu_ids)) != len(self.gpu_ids):
+                raise ValueError(f"job {self.id}: duplicate gpu_ids {self.gpu_ids}")
+        if self.time_limit_s is not None and self.time_limit_s <= 0:
+            raise ValueError(f"job {self.id}: time_limit_s must be > 0, got {self.time_limit_s}")
+        for kind, _ in self.dependencies:
+            if kind not in DEPENDENCY_KINDS:
+                raise ValueError(f"job {self.id}: unknown dependency kind {kind!r}")
+
+
+@dataclass(frozen=True)
+class DeviceView:
+    """One GPU (or virtual device) as the policy sees it."""
+
+    uuid: str
+    index: int  # for people and for tie-breaking; uuids identify devices
+    free: bool  # idle and usable by us now (not allocated, not busy-external, readable)
+    free_memory: int | None = None  # bytes; None = unknown, passes any memory request
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Where and when the head job is expected to start."""
+
+    job_id: int
+    start_at: float  # shadow time; math.inf when it depends on a job that never ends
+    devices: tuple[str, ...]  # the reserved devices
+
+
+@dataclass(frozen=True)
+class Plan:
+    starts: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)  # in start order
+    reasons: dict[int, str] = field(default_factory=dict)  # every pending job that does not start
+    reservation: Reservation | None = None  # the head's, for `queue` to show an expected start
+
+
+def order_key(job: JobView) -> tuple[int, float, int]:
+    return (-job.priority, job.submitted_at, job.id)
+
+
+def dependency_status(job: JobView, finished_states: dict[int, str], known_ids: Iterable[int]) -> DependencyStatus:
+    """"ok" when all dependencies are satisfied, "never" when one cannot be, else "wait".
+
+    `known_ids` are the ids of jobs still pending or running; an id in neither those nor
+    `finished_states` does not exist, so waiting on it would be forever.
+    """
+    known = set(known_ids)
+    waiting = False
+    for kind, dep_id in job.dependencies:
+        if dep_id in finished_states:
+            completed = finished_states[dep_id] == "COMPLETED"
+            if (kind == "afterok" and not completed) or (kind == "afternotok" and completed):
+                return "never"
+        elif dep_id in known and dep_id != job.id:  # a job waiting on itself waits forever
+            waiting = True
+        else:
+            return "never"
+    return "wait" if waiting else "ok"
+
+
+def blocking_reason(job: JobView, finished_states: dict[int, str], known_ids: Iterable[int], now: float) -> str | None:
+    """Why `job` may not be considered at all now (hold, dependencies, begin time), or None."""
+    if job.held:
+        return HELD  # a user hold outranks everything, as in SLURM
+    status = dependency_status(job, finished_states, known_ids)
+    if status == "never":
+        return DEPENDENCY_NEVER
+    if status == "wait":
+        return DEPENDENCY
+    if job.begin_at is not None and job.begin_at > now:
+        return BEGIN_TIME
+    return None
+
+
+def _memory_ok(job: JobView, device: DeviceView) -> bool:
+    return job.mem_per_gpu is None or device.free_memory is None or device.free_memory >= job.mem_per_gpu
+
+
+def _preference(device: DeviceView) -> tuple[bool, int, int]:
+    # Most free memory first; unknown memory after known; then by index for stable choices.
+    return (device.free_memory is None, -(device.free_memory or 0), device.index)
+
+
+def pick_devices(job: JobView, free_devices: Iterable[DeviceView]) -> tuple[str, ...] | None:
+    """The devices `job` would get from `free_devices` (entries with free=False are ignored), or None.
+
+    Exact `gpu_ids` are returned in the order asked; a count is chosen by most free memory and
+    returned in index order, the order CUDA_VISIBLE_DEVICES will list them.
+    """
+    usable = [d for d in free_devices if d.free and _memory_ok(job, d)]
+    if job.gpu_ids is not None:
+        by_uuid = {d.uuid for d in usable}
+        return job.gpu_ids if all(u in by_uuid for u in job.gpu_ids) else None
+    if len(usable) < job.gpus:
+        return None
+    chosen = sorted(usable, key=_preference)[: job.gpus]
+    return tuple(d.uuid for d in sorted(chosen, key=lambda d: d.index))
+
+
+def expected_end(job: JobView, now: float) -> float:
+    """When a running job will have released its devices at the latest; inf without a time limit."""
+    if job.time_limit_s is None:
+        return math.inf
+    started = job.started_at if job.started_at is not None else now
+    # An overdue job is being killed right now; it cannot end in the past.
+    return max(now, started + job.time_limit_s)
+
+
+def shadow_time(head: JobView, running: list[JobView], devices: list[DeviceView], now: float) -> Reservation | None:
+    """The earliest time and devices on which `head` can start, or None if it never fits here.
+
+    Devices come back as running jobs reach their expected end (their free memory is then unknown).
+    Devices not free and held by none of our jobs (external use, unreadable) come back only at
+    infinity, as do those of jobs without a time limit: nothing says when they will be free.
+    """
+    by_uuid = {d.uuid: d for d in devices}
+    pool = {d.uuid: d for d in devices if d.free}
+    releases: dict[float, list[str]] = {}
+    for job in running:
+        for uuid in job.devices:
+            if uuid in by_uuid and uuid not in pool:
+                releases.setdefault(expected_end(job, now), []).append(uuid)
+
+    def released(uuid: str) -> DeviceView:
+        return replace(by_uuid[uuid], free=True, free_memory=None)
+
+    picked = pick_devices(head, pool.values())
+    if picked is not None:
+        return Reservation(head.id, now, picked)
+    for t in sorted(t for t in releases if t != math.inf):
+        pool.update((u, released(u)) for u in releases[t])
+        picked = pick_devices(head, pool.values())
+        if picked is not None:
+            return Reservation(head.id, t, picked)
+    # At infinity everything we know of is back; free devices keep their memory figure.
+    pool.update((u, released(u)) for u in by_uuid if u not in pool)
+    picked = pick_devices(head, pool.values())
+    return Reservation(head.id, math.inf, picked) if picked is not None else None
+
+
+def ends_before(job: JobView, now: float, deadline: float) -> bool:
+    """Whether `job`, started now, is sure to be done by `deadline` (it needs a time limit)."""
+    return job.time_limit_s is not None and now + job.time_limit_s <= deadline
+
+
+def backfill_pick(job: JobView, free: list[DeviceView], reservation: Reservation, now: float) -> tuple[str, ...] | None:
+    """Devices for a job behind the head that cannot delay the head's reservation, or None."""
+    if ends_before(job, now, reservation.start_at):
+        return pick_devices(job, free)  # gone before the head needs anything
+    reserved = set(reservation.devices)
+    return pick_devices(job, [d for d in free if d.uuid not in reserved])
+
+
+def plan(pending: list[JobView], running: list[JobView], devices: list[DeviceView],
+         finished_states: dict[int, str], now: float) -> Plan:
+    """Decide which pending jobs start now and on which devices; give a reason for every other."""
+    known_ids = {j.id for j in pending} | {j.id for j in running}
+    reasons: dict[int, str] = {}
+    eligible: list[JobView] = []
+    for job in sorted(pending, key=order_key):
+        reason = blocking_reason(job, finished_states, known_ids, now)
+        if reason is None:
+            eligible.append(job)
+        else:
+            reasons[job.id] = reason
+
+    starts: list[tuple[int, tuple[str, ...]]] = []
+    taken: set[str] = set()
+    active = list(running)  # running jobs plus those this plan starts, for the shadow time
+    reservation: Reservation | None = None
+
+    def current_devices() -> list[DeviceView]:
+        return [replace(d, free=False) if d.uuid in taken else d for d in devices]
+
+    for job in eligible:
+        now_devices = current_devices()
+        if reservation is None:
+            picked = pick_devices(job, now_devices)
+        else:
+            picked = backfill_pick(job, now_devices, reservation, now)
+        if picked is not None:
+            starts.append((job.id, picked))
+            taken.update(picked)
+            active.append(replace(job, started_at=now, devices=picked))
+            continue
+        if reservation is None:
+            reasons[job.id] = RESOURCES
+            # A job that can never fit on this machine gets no reservation: it must not block others.
+            reservation = shadow_time(job, active, now_devices, now)
+        elif pick_devices(job, now_devices) is not None:
+            reasons[job.id] = PRIORITY  # would fit, but would delay the head
+        else:
+            reasons[job.id] = RESOURCES
+    return Plan(starts=starts, reasons=reasons, reservation=reservation)

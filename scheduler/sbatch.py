@@ -1,0 +1,68 @@
+"""A real SLURM batch script for a queued job: when one machine is not enough, hand it to SLURM.
+
+Training jobs become one `srun` task per node, each running torchrun with a c10d rendezvous on
+the first node of the allocation, so `-m sae_dist train` runs as nodes x GPUs DDP ranks. Other
+commands run once per node under srun. Every argument is shell-quoted: the script never
+evaluates what a job name or an argument contains.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+RDZV_PORT = 29400  # torchrun's documented c10d default; the cluster job owns its nodes
+
+
+def slurm_time(seconds: float) -> str:
+    """SLURM's D-HH:MM:SS (minutes rounded up: a limit is never shortened)."""
+    total = int(-(-seconds // 60)) * 60
+    days, rest = divmod(total, 86400)
+    h, rest = divmod(rest, 3600)
+    m = rest // 60
+    return f"{days}-{h:02d}:{m:02d}:00" if days else f"{h:02d}:{m:02d}:00"
+
+
+def _safe_line(text: str) -> str:
+    """A value for an #SBATCH line: one line, no shell meaning (sbatch reads it, no shell does)."""
+    return re.sub(r"[^A-Za-z0-9._+-]+", "_", text)[:200] or "job"
+
+
+def sbatch_script(job, nodes: int = 1, gpus_per_node: int | None = None) -> str:
+    from sae_dist.errors import UserError
+
+    if nodes < 1:
+        raise UserError(f"--nodes must be at least 1, got {nodes}")
+    gpus = gpus_per_node if gpus_per_node is not None else max(1, job.gpus)
+    if gpus < 1:
+        raise UserError(f"--gpus-per-node must be at least 1, got {gpus}")
+    name = _safe_line(job.name)
+    lines = [
+        "#!/bin/bash",
+        f"# Exported by sae-dist from local job {job.id} ({job.kind}).",
+        f"#SBATCH --job-name={name}",
+        f"#SBATCH --nodes={nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={gpus}",
+        "#SBATCH --output=%x-%j.out",
+    ]
+    if job.time_limit_s:
+        lines.append(f"#SBATCH --time={slurm_time(job.time_limit_s)}")
+    lines += ["", "set -euo pipefail", f"cd {shlex.quote(job.workdir)}", "export CUDA_DEVICE_ORDER=PCI_BUS_ID"]
+    for key, value in json.loads(job.env_json or "{}").items():
+        lines.append(f"export {key}={shlex.quote(value)}")
+    if job.kind == "train":
+        from scheduler.spec import train_argv
+
+        flags = train_argv(json.loads(job.train_config_json), f"cuda:{gpus}")
+        lines += [
+            'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            "srun torchrun --nnodes \"$SLURM_JOB_NUM_NODES\" "
+            f"--nproc-per-node {gpus} --rdzv-backend c10d "
+            f"--rdzv-endpoint \"$head_node:{RDZV_PORT}\" --rdzv-id \"$SLURM_JOB_ID\" \\",
+            "    -m sae_dist train " + " ".join(shlex.quote(f) for f in flags),
+        ]
+    else:
+        lines.append("srun " + " ".join(shlex.quote(a) for a in json.loads(job.argv_json)))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,282 @@
+"""Every read-modify-write on jobs and devices, each one transaction that holds the write lock.
+
+Select-then-update is only safe inside `BEGIN IMMEDIATE` (SQLite) or as one atomic statement
+(DESIGN pitfall 5); the partial unique indexes on allocations and ports make a double allocation
+impossible even if a bug got past that. Functions here take an engine and plain values, and
+return plain values; the daemon, the supervisor, the CLI and the app share them.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import and_, func, insert, or_, select, update
+from sqlalchemy.engine import Connection, Engine
+
+from sae_dist.db import FINAL_JOB_STATES, Allocation, Job, immediate_transaction, utcnow
+from sae_dist.errors import UserError
+
+JOBS = Job.__table__
+ALLOCATIONS = Allocation.__table__
+
+# Rendezvous ports handed to jobs: away from torchrun's default 29500.
+PORT_RANGE = range(29600, 30600)
+
+
+class JobNotFound(UserError):
+    pass
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """The columns of a job at submission (built from a validated scheduler.spec.JobSpec)."""
+
+    name: str
+    kind: str
+    argv: list[str]
+    gpus: int
+    workdir: str
+    train_config: dict | None = None
+    gpu_ids: list[str] | None = None  # device uuids
+    mem_per_gpu: int | None = None
+    priority: int = 0
+    time_limit_s: float | None = None
+    begin_at: datetime | None = None
+    dependencies: tuple[tuple[str, int], ...] = ()
+    held: bool = False
+    requeue: bool = False
+    env: dict[str, str] | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+
+
+def _row(job: NewJob, now: datetime) -> dict:
+    return {
+        "name": job.name, "user": _user(), "kind": job.kind, "argv_json": json.dumps(job.argv),
+        "train_config_json": json.dumps(job.train_config) if job.train_config is not None else None,
+        "state": "PENDING", "reason": "JobHeldUser" if job.held else None, "priority": job.priority,
+        "gpus": job.gpus, "gpu_ids_json": json.dumps(job.gpu_ids) if job.gpu_ids else None,
+        "mem_per_gpu": job.mem_per_gpu, "time_limit_s": job.time_limit_s, "begin_at": job.begin_at,
+        "dependencies_json": json.dumps([list(d) for d in job.dependencies]), "held": job.held,
+        "requeue_on_failure": job.requeue, "requeue_count": 0, "workdir": job.workdir,
+        "env_json": json.dumps(job.env or {}), "stdout_pattern": job.stdout, "stderr_pattern": job.stderr,
+        "cancel_requested": False, "submitted_at": now,
+    }
+
+
+def submit(engine: Engine, job: NewJob, now: datetime | None = None) -> int:
+    """Queue one job; its dependencies must name existing jobs. Returns the job id."""
+    return submit_many(engine, [job], now)[0]
+
+
+def submit_many(engine: Engine, jobs: list[NewJob], now: datetime | None = None) -> list[int]:
+    """Queue several jobs in one transaction (all or none)."""
+    now = now or utcnow()
+    with immediate_transaction(engine) as conn:
+        wanted = {dep_id for job in jobs for _, dep_id in job.dependencies}
+        if wanted:
+            found = set(conn.scalars(select(JOBS.c.id).where(JOBS.c.id.in_(wanted))))
+            missing = sorted(wanted - found)
+            if missing:
+                raise UserError(f"unknown dependency: job {missing[0]} does not exist (see `queue --all`)")
+        return [conn.execute(insert(JOBS).values(**_row(job, now)).returning(JOBS.c.id)).scalar_one()
+                for job in jobs]
+
+
+def get_job(engine_or_conn: Engine | Connection, job_id: int) -> Job:
+    row = _first(engine_or_conn, select(JOBS).where(JOBS.c.id == job_id))
+    if row is None:
+        raise JobNotFound(f"no job {job_id} (see `queue --all`)")
+    return Job.model_validate(row._mapping)
+
+
+def list_jobs(engine: Engine, states: Iterable[str] | None = None, limit: int | None = None,
+              newest_first: bool = False) -> list[Job]:
+    query = select(JOBS)
+    if states is not None:
+        query = query.where(JOBS.c.state.in_(list(states)))
+    query = query.order_by(JOBS.c.id.desc() if newest_first else JOBS.c.id)
+    if limit:
+        query = query.limit(limit)
+    with engine.connect() as conn:
+        return [Job.model_validate(r._mapping) for r in conn.execute(query)]
+
+
+def finished_states(conn: Connection, ids: Iterable[int]) -> dict[int, str]:
+    """Final states of the given jobs (those that ended), for dependency checks."""
+    ids = list(set(ids))
+    if not ids:
+        return {}
+    rows = conn.execute(select(JOBS.c.id, JOBS.c.state).where(
+        and_(JOBS.c.id.in_(ids), JOBS.c.state.in_(list(FINAL_JOB_STATES)))))
+    return {r.id: r.state for r in rows}
+
+
+def active_allocations(conn: Connection) -> dict[str, int]:
+    """device uuid -> job id, for every device held now."""
+    rows = conn.execute(select(ALLOCATIONS.c.device_uuid, ALLOCATIONS.c.job_id)
+                        .where(ALLOCATIONS.c.released_at.is_(None)))
+    return {r.device_uuid: r.job_id for r in rows}
+
+
+# ---- starting and ending jobs ----
+
+def start_jobs(engine: Engine, starts: list[tuple[int, tuple[str, ...]]], reasons: dict[int, str],
+               now: datetime | None = None) -> list[tuple[int, tuple[str, ...], int | None]]:
+    """Apply a scheduling plan: allocate devices and mark jobs RUNNING, in one transaction.
+
+    A job that is no longer PENDING (cancelled or held meanwhile) is skipped; a device that is no
+    longer free makes the unique index refuse the whole transaction, so nothing half-applies.
+    Returns (job id, devices, port) of the jobs started.
+    """
+    now = now or utcnow()
+    started = []
+    with immediate_transaction(engine) as conn:
+        for job_id, reason in reasons.items():
+            conn.execute(update(JOBS).where(and_(JOBS.c.id == job_id, JOBS.c.state == "PENDING",
+                                                 JOBS.c.reason.is_distinct_from(reason)))
+                         .values(reason=reason))
+        used_ports = set(conn.scalars(select(JOBS.c.port).where(
+            and_(JOBS.c.state == "RUNNING", JOBS.c.port.is_not(None)))))
+        for job_id, devices in starts:
+            port = _free_port(used_ports) if devices else None
+            claimed = conn.execute(
+                update(JOBS).where(and_(JOBS.c.id == job_id, JOBS.c.state == "PENDING", JOBS.c.held.is_(False),
+                                        JOBS.c.cancel_requested.is_(False)))
+                .values(state="RUNNING", reason=None, started_at=now, port=port,
+                        devices_json=json.dumps(list(devices)), exit_code=None, signal=None, ended_at=None))
+            if claimed.rowcount != 1:
+                continue
+            if devices:
+                conn.execute(insert(ALLOCATIONS), [{"job_id": job_id, "device_uuid": d, "allocated_at": now}
+                                                   for d in devices])
+            if port is not None:
+                used_ports.add(port)
+            started.append((job_id, tuple(devices), port))
+    return started
+
+
+def _free_port(used: set[int]) -> int:
+    """A port no running job holds and nothing on this machine listens on right now."""
+    for port in PORT_RANGE:
+        if port in used:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free rendezvous port in {PORT_RANGE.start}-{PORT_RANGE.stop - 1}")
+
+
+def record_process(engine: Engine, job_id: int, **fields) -> None:
+    """Store the supervisor's or the job's pid, process group, start time, output paths."""
+    with engine.begin() as conn:
+        conn.execute(update(JOBS).where(JOBS.c.id == job_id).values(**fields))
+
+
+def finish_job(engine: Engine, job_id: int, state: str, exit_code: int | None = None, signal: int | None = None,
+               reason: str | None = None, now: datetime | None = None) -> str:
+    """End a RUNNING job and free its devices, atomically. Returns the state it was left in.
+
+    A job that asked for requeue and did not complete goes back to PENDING (its history keeps
+    the exit code); a job that is not RUNNING any more is left alone (someone ended it first).
+    """
+    now = now or utcnow()
+    with immediate_transaction(engine) as conn:
+        row = conn.execute(select(JOBS.c.state, JOBS.c.requeue_on_failure, JOBS.c.cancel_requested)
+                           .where(JOBS.c.id == job_id)).first()
+        if row is None or row.state != "RUNNING":
+            return row.state if row else "UNKNOWN"
+        requeue = row.requeue_on_failure and state in ("FAILED", "NODE_FAIL", "OUT_OF_MEMORY") \
+            and not row.cancel_requested
+        values = {"exit_code": exit_code, "signal": signal, "ended_at": now, "port": None, "pid": None,
+                  "pgid": None, "supervisor_pid": None}
+        if requeue:
+            values.update(state="PENDING", reason=f"Requeued after {state}", started_at=None,
+                          requeue_count=JOBS.c.requeue_count + 1)
+        else:
+            values.update(state=state, reason=reason)
+        conn.execute(update(JOBS).where(JOBS.c.id == job_id).values(**values))
+        conn.execute(update(ALLOCATIONS).where(and_(ALLOCATIONS.c.job_id == job_id,
+                                                    ALLOCATIONS.c.released_at.is_(None)))
+                     .values(released_at=now))
+        return "PENDING" if requeue else state
+
+
+# ---- user actions ----
+
+def cancel(engine: Engine, job_id: int) -> str:
+    """PENDING -> CANCELLED at once; RUNNING -> cancel requested (the supervisor ends it).
+
+    Returns what happened: "cancelled", "requested", or the final state it already had.
+    """
+    now = utcnow()
+    with immediate_transaction(engine) as conn:
+        job = get_job(conn, job_id)
+        if job.state == "PENDING":
+            conn.execute(update(JOBS).where(JOBS.c.id == job_id)
+                         .values(state="CANCELLED", reason="Cancelled by user", ended_at=now))
+            return "cancelled"
+        if job.state == "RUNNING":
+            conn.execute(update(JOBS).where(JOBS.c.id == job_id).values(cancel_requested=True))
+            return "requested"
+        return job.state
+
+
+def set_held(engine: Engine, job_id: int, held: bool) -> None:
+    with immediate_transaction(engine) as conn:
+        job = get_job(conn, job_id)
+        if job.state != "PENDING":
+            verb = "hold" if held else "release"
+            raise UserError(f"cannot {verb} job {job_id}: it is {job.state}, only PENDING jobs can be")
+        conn.execute(update(JOBS).where(JOBS.c.id == job_id)
+                     .values(held=held, reason="JobHeldUser" if held else None))
+
+
+def requeue(engine: Engine, job_id: int) -> str:
+    """A finished job goes back to PENDING; a running one is cancelled and requeued by its supervisor."""
+    with immediate_transaction(engine) as conn:
+        job = get_job(conn, job_id)
+        if job.state == "PENDING":
+            raise UserError(f"job {job_id} is already PENDING")
+        if job.state == "RUNNING":
+            conn.execute(update(JOBS).where(JOBS.c.id == job_id)
+                         .values(cancel_requested=True, reason="Requeue requested"))
+            return "requested"
+        conn.execute(update(JOBS).where(JOBS.c.id == job_id).values(
+            state="PENDING", reason=None, started_at=None, ended_at=None, exit_code=None, signal=None,
+            cancel_requested=False, requeue_count=JOBS.c.requeue_count + 1))
+        return "requeued"
+
+
+def pending_and_running(conn: Connection) -> tuple[list[Job], list[Job]]:
+    rows = conn.execute(select(JOBS).where(or_(JOBS.c.state == "PENDING", JOBS.c.state == "RUNNING"))
+                        .order_by(JOBS.c.id))
+    jobs = [Job.model_validate(r._mapping) for r in rows]
+    return [j for j in jobs if j.state == "PENDING"], [j for j in jobs if j.state == "RUNNING"]
+
+
+def count_jobs(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(select(func.count()).select_from(JOBS)).scalar_one()
+
+
+def _first(engine_or_conn, query):
+    if isinstance(engine_or_conn, Connection):
+        return engine_or_conn.execute(query).first()
+    with engine_or_conn.connect() as conn:
+        return conn.execute(query).first()
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no passwd entry in some containers
+        return "unknown"

@@ -1,0 +1,183 @@
+"""One small process per running job: starts it on its devices, waits, records how it ended.
+
+The daemon starts `python -m scheduler.supervisor JOB_ID` in a session of its own, so a daemon
+crash (even SIGKILL) leaves jobs running and their supervisors still record the real exit
+status and free the devices. The supervisor is also the job's child subreaper: processes the job
+leaves behind are re-parented to it and cannot escape a cancel.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from sae_dist.db import get_engine, utcnow
+from sae_dist.paths import state_home
+from scheduler import procs
+from scheduler.store import finish_job, get_job, record_process, requeue
+
+log = logging.getLogger(__name__)
+
+KILL_GRACE_S = float(os.environ.get("SAE_DIST_KILL_GRACE_S", "30"))  # SIGTERM -> SIGKILL
+POLL_S = 0.25  # how often the supervisor looks for a cancel request
+VIRTUAL_PREFIX = "virtual-"
+
+
+def job_environment(job, devices: list[str], base: dict[str, str]) -> dict[str, str]:
+    """The job's environment: ours without SLURM_* (other tools would think SLURM runs them)."""
+    env = {k: v for k, v in base.items() if not k.startswith("SLURM_")}
+    virtual = all(d.startswith(VIRTUAL_PREFIX) for d in devices)
+    env.update({
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        # Real GPUs by UUID (indices shift when CUDA_VISIBLE_DEVICES is set); none for virtual ones.
+        "CUDA_VISIBLE_DEVICES": "" if virtual else ",".join(devices),
+        "SAE_DIST_JOB_ID": str(job.id),
+        "SAE_DIST_JOB_NAME": job.name,
+        "SAE_DIST_NUM_GPUS": str(len(devices)),
+        "SAE_DIST_DEVICES": ",".join(devices),
+        "SAE_DIST_VIRTUAL_DEVICES": "1" if virtual and devices else "0",
+    })
+    if job.port:
+        env["SAE_DIST_MASTER_PORT"] = str(job.port)
+    env.update(json.loads(job.env_json or "{}"))
+    return env
+
+
+def job_argv(job, devices: list[str]) -> list[str]:
+    if job.kind == "train":
+        from scheduler.spec import train_argv
+
+        kind = "cpu" if all(d.startswith(VIRTUAL_PREFIX) for d in devices) else "cuda"
+        return [sys.executable, "-m", "sae_dist", "train",
+                *train_argv(json.loads(job.train_config_json), f"{kind}:{max(1, len(devices))}")]
+    return json.loads(job.argv_json)
+
+
+def output_paths(job) -> tuple[Path, Path]:
+    from scheduler.spec import expand_output
+
+    log_dir = state_home() / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    workdir = Path(job.workdir)
+    out = expand_output(job.stdout_pattern, job.id, job.name, log_dir, workdir, default="%j-%x.out")
+    err = expand_output(job.stderr_pattern, job.id, job.name, log_dir, workdir, default="%j-%x.out") \
+        if job.stderr_pattern else out
+    return out, err
+
+
+def classify_exit(returncode: int, cancelled: bool, timed_out: bool, stderr_tail: str) -> tuple[str, int | None, int | None]:
+    """(state, exit code, signal) of an ended job, with SLURM's names."""
+    sig = -returncode if returncode < 0 else None
+    code = returncode if returncode >= 0 else None
+    if timed_out:
+        return "TIMEOUT", code, sig
+    if cancelled:
+        return "CANCELLED", code, sig
+    if returncode == 0:
+        return "COMPLETED", 0, None
+    if "out of memory" in stderr_tail.lower():
+        return "OUT_OF_MEMORY", code, sig
+    return "FAILED", code, sig
+
+
+def supervise(job_id: int) -> int:
+    engine = get_engine()
+    job = get_job(engine, job_id)
+    if job.state != "RUNNING":
+        return 0
+    _become_subreaper()
+    devices = json.loads(job.devices_json or "[]")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # a cancel: end the job, then record it
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        out_path, err_path = output_paths(job)
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        err_path.parent.mkdir(parents=True, exist_ok=True)
+        stdout = open(out_path, "ab")
+        stderr = stdout if err_path == out_path else open(err_path, "ab")
+        proc = subprocess.Popen(job_argv(job, devices), cwd=job.workdir,
+                                env=job_environment(job, devices, dict(os.environ)),
+                                stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, start_new_session=True)
+    except (OSError, ValueError) as e:  # program not found, workdir gone, bad pattern...
+        finish_job(engine, job_id, "FAILED", exit_code=127, reason=f"could not start: {e}")
+        return 1
+    record_process(engine, job_id, pid=proc.pid, pgid=proc.pid, proc_start_ticks=procs.start_ticks(proc.pid),
+                   stdout_path=str(out_path), stderr_path=str(err_path))
+
+    deadline = job.started_at.timestamp() + job.time_limit_s if job.time_limit_s else None
+    cancelled = timed_out = False
+    while proc.poll() is None:
+        if stop.wait(POLL_S) or _cancel_requested(engine, job_id):
+            cancelled = True
+        elif deadline is not None and time.time() >= deadline:
+            timed_out = True
+        if cancelled or timed_out:
+            procs.terminate_tree(proc.pid, proc.pid, KILL_GRACE_S)
+            proc.wait()
+            break
+    # Whatever the job left behind (re-parented to us) goes too: its devices are about to be freed.
+    leftovers = procs.descendants(os.getpid())
+    if leftovers:
+        procs.signal_pids(leftovers, signal.SIGKILL)
+    state, code, sig = classify_exit(proc.returncode, cancelled, timed_out, _tail(err_path))
+    job = get_job(engine, job_id)
+    requeue_asked = cancelled and job.reason == "Requeue requested"
+    finish_job(engine, job_id, state, exit_code=code, signal=sig,
+               reason="Time limit reached" if timed_out else ("Cancelled by user" if cancelled else None))
+    if requeue_asked:
+        requeue(engine, job_id)
+    _poke_daemon()
+    return 0
+
+
+def _cancel_requested(engine, job_id: int) -> bool:
+    from sqlalchemy import select
+
+    from scheduler.store import JOBS
+
+    with engine.connect() as conn:
+        return bool(conn.execute(select(JOBS.c.cancel_requested).where(JOBS.c.id == job_id)).scalar())
+
+
+def _tail(path: Path, size: int = 4096) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _become_subreaper() -> None:
+    """Orphans of the job are re-parented to us (Linux prctl PR_SET_CHILD_SUBREAPER)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1)
+        except OSError:
+            pass
+
+
+def _poke_daemon() -> None:
+    from scheduler.daemon import wake_daemon
+
+    wake_daemon()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor %(message)s")
+    return supervise(int(args[0]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,382 @@
+"""The scheduling policy on plain data: order, device choice, eligibility and EASY backfill."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from scheduler.policy import (
+    BEGIN_TIME, DEPENDENCY, DEPENDENCY_NEVER, HELD, PRIORITY, REASONS, RESOURCES,
+    DeviceView, JobView, Plan, Reservation, blocking_reason, dependency_status, ends_before, order_key,
+    pick_devices, plan, shadow_time,
+)
+
+GiB = 1 << 30
+
+
+def dev(i: int, free: bool = True, mem: int | None = None) -> DeviceView:
+    return DeviceView(uuid=f"GPU-{i}", index=i, free=free, free_memory=mem)
+
+
+def job(id: int, **kw) -> JobView:
+    kw.setdefault("submitted_at", float(id))
+    return JobView(id=id, **kw)
+
+
+def running(id: int, devices: tuple[int, ...], started_at: float = 0.0, limit: float | None = None) -> JobView:
+    return JobView(id=id, gpus=len(devices), devices=tuple(f"GPU-{i}" for i in devices),
+                   started_at=started_at, time_limit_s=limit)
+
+
+def uuids(*indices: int) -> tuple[str, ...]:
+    return tuple(f"GPU-{i}" for i in indices)
+
+
+def run(pending, devices, running_jobs=(), finished=None, now: float = 10.0) -> Plan:
+    return plan(list(pending), list(running_jobs), list(devices), dict(finished or {}), now)
+
+
+# --- order ---------------------------------------------------------------------------------
+
+def test_priority_then_submission_then_id():
+    pending = [job(1, priority=0), job(2, priority=5, submitted_at=3.0), job(3, priority=5, submitted_at=2.0),
+               job(4, priority=0, submitted_at=1.0)]
+    p = run(pending, [dev(0), dev(1), dev(2)])
+    assert [j for j, _ in p.starts] == [3, 2, 1]  # job 4 ties job 1 on time, loses on id
+    assert p.reasons == {4: RESOURCES}
+
+
+def test_order_key_ties_broken_by_id():
+    a, b = job(7, submitted_at=1.0), job(3, submitted_at=1.0)
+    assert sorted([a, b], key=order_key) == [b, a]
+
+
+def test_higher_priority_waits_and_lower_blocked_by_reservation_gets_priority():
+    # Only one device free; the 2-GPU high-priority job is the head, the 1-GPU job behind it
+    # would fit but has no time limit, so it must not take the head's devices.
+    p = run([job(1, priority=9, gpus=2), job(2, gpus=1)], [dev(0), dev(1, free=False)],
+            running_jobs=[running(50, (1,), limit=100)])
+    assert p.starts == []
+    assert p.reasons == {1: RESOURCES, 2: PRIORITY}
+
+
+# --- device choice -------------------------------------------------------------------------
+
+def test_exact_gpu_ids_wait_for_exactly_those():
+    devices = [dev(0, free=False), dev(1), dev(2)]
+    p = run([job(1, gpus=1, gpu_ids=uuids(0))], devices, running_jobs=[running(50, (0,), limit=100)])
+    assert p.starts == [] and p.reasons == {1: RESOURCES}
+
+
+def test_exact_gpu_ids_start_on_those_in_requested_order():
+    p = run([job(1, gpus=2, gpu_ids=uuids(2, 1))], [dev(0), dev(1), dev(2)])
+    assert p.starts == [(1, uuids(2, 1))]
+
+
+def test_memory_filter():
+    devices = [dev(0, mem=10 * GiB), dev(1, mem=30 * GiB)]
+    assert pick_devices(job(1, mem_per_gpu=20 * GiB), devices) == uuids(1)
+    assert pick_devices(job(1, gpus=2, mem_per_gpu=20 * GiB), devices) is None
+    assert pick_devices(job(1, gpus=1, gpu_ids=uuids(0), mem_per_gpu=20 * GiB), devices) is None
+
+
+def test_unknown_free_memory_passes():
+    assert pick_devices(job(1, mem_per_gpu=80 * GiB), [dev(0, mem=None)]) == uuids(0)
+
+
+def test_most_free_memory_first_ties_by_index_result_in_index_order():
+    devices = [dev(0, mem=10 * GiB), dev(1, mem=40 * GiB), dev(2, mem=40 * GiB), dev(3, mem=20 * GiB)]
+    assert pick_devices(job(1, gpus=1), devices) == uuids(1)
+    assert pick_devices(job(1, gpus=3), devices) == uuids(1, 2, 3)
+
+
+def test_pick_ignores_devices_not_free():
+    assert pick_devices(job(1, gpus=1), [dev(0, free=False, mem=99 * GiB), dev(1, mem=GiB)]) == uuids(1)
+
+
+def test_zero_gpu_job_starts_with_no_devices():
+    assert run([job(1, gpus=0)], [dev(0, free=False)]).starts == [(1, ())]
+
+
+def test_two_starts_in_one_plan_never_share_a_device():
+    pending = [job(1, gpus=2), job(2, gpus=1), job(3, gpus=1, gpu_ids=uuids(0)), job(4, gpus=1)]
+    p = run(pending, [dev(0), dev(1), dev(2), dev(3)])
+    used = [u for _, us in p.starts for u in us]
+    assert len(used) == len(set(used))
+    assert [j for j, _ in p.starts] == [1, 2, 4]
+    assert p.reasons == {3: RESOURCES}  # GPU-0 went to job 1
+
+
+# --- eligibility ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind,state,expected", [
+    ("afterok", "COMPLETED", "ok"),
+    ("afterok", "FAILED", "never"),
+    ("afterok", "CANCELLED", "never"),
+    ("afterany", "COMPLETED", "ok"),
+    ("afterany", "TIMEOUT", "ok"),
+    ("afternotok", "FAILED", "ok"),
+    ("afternotok", "NODE_FAIL", "ok"),
+    ("afternotok", "OUT_OF_MEMORY", "ok"),
+    ("afternotok", "COMPLETED", "never"),
+])
+def test_dependency_on_finished_job(kind, state, expected):
+    assert dependency_status(job(2, dependencies=((kind, 1),)), {1: state}, known_ids=[2]) == expected
+
+
+@pytest.mark.parametrize("kind", ["afterok", "afterany", "afternotok"])
+def test_dependency_on_live_job_waits_and_unknown_never(kind):
+    j = job(2, dependencies=((kind, 1),))
+    assert dependency_status(j, {}, known_ids=[1, 2]) == "wait"
+    assert dependency_status(j, {}, known_ids=[2]) == "never"
+
+
+def test_dependency_never_outranks_wait_and_all_must_hold():
+    j = job(3, dependencies=(("afterany", 1), ("afterok", 2)))
+    assert dependency_status(j, {2: "FAILED"}, known_ids=[1, 3]) == "never"
+    assert dependency_status(j, {2: "COMPLETED"}, known_ids=[1, 3]) == "wait"
+    assert dependency_status(j, {1: "FAILED", 2: "COMPLETED"}, known_ids=[3]) == "ok"
+
+
+def test_dependency_on_itself_never_satisfied():
+    assert dependency_status(job(1, dependencies=(("afterany", 1),)), {}, known_ids=[1]) == "never"
+
+
+def test_dependency_reasons_in_plan():
+    pending = [job(2, dependencies=(("afterok", 1),)),  # 1 still running
+               job(3, dependencies=(("afterok", 9),)),  # 9 failed
+               job(4, dependencies=(("afternotok", 9),)),
+               job(5, dependencies=(("afterany", 404),))]  # no such job
+    p = run(pending, [dev(0), dev(1)], running_jobs=[running(1, (), limit=None)], finished={9: "FAILED"})
+    assert p.starts == [(4, uuids(0))]
+    assert p.reasons == {2: DEPENDENCY, 3: DEPENDENCY_NEVER, 5: DEPENDENCY_NEVER}
+
+
+def test_dependency_on_pending_job_waits():
+    p = run([job(1, held=True), job(2, dependencies=(("afterany", 1),))], [dev(0)])
+    assert p.reasons == {1: HELD, 2: DEPENDENCY}
+
+
+def test_held_job_does_not_start_and_hold_outranks_other_reasons():
+    assert run([job(1, held=True)], [dev(0)]).reasons == {1: HELD}
+    j = job(1, held=True, begin_at=99.0, dependencies=(("afterok", 404),))
+    assert blocking_reason(j, {}, [1], now=10.0) == HELD
+
+
+def test_begin_time():
+    assert run([job(1, begin_at=10.5)], [dev(0)], now=10.0).reasons == {1: BEGIN_TIME}
+    assert run([job(1, begin_at=10.0)], [dev(0)], now=10.0).starts == [(1, uuids(0))]
+
+
+def test_ineligible_jobs_do_not_become_the_head():
+    # The held 2-GPU job would otherwise reserve both devices and block the no-limit job.
+    p = run([job(1, priority=9, gpus=2, held=True), job(2, gpus=1)], [dev(0), dev(1, free=False)],
+            running_jobs=[running(50, (1,), limit=100)])
+    assert p.starts == [(2, uuids(0))] and p.reservation is None
+
+
+# --- backfill ------------------------------------------------------------------------------
+
+def _two_devices_one_busy_until_100():
+    # GPU-1 busy until t=100; the 2-GPU head can start at 100 on both devices.
+    return [dev(0), dev(1, free=False)], [running(50, (1,), started_at=0.0, limit=100.0)]
+
+
+def test_backfill_starts_short_job_that_ends_before_shadow_time():
+    devices, live = _two_devices_one_busy_until_100()
+    p = run([job(1, gpus=2), job(2, time_limit_s=50.0)], devices, live, now=10.0)
+    assert p.reservation == Reservation(1, 100.0, uuids(0, 1))
+    assert p.starts == [(2, uuids(0))]
+    assert p.reasons == {1: RESOURCES}
+
+
+def test_backfill_boundary_ending_exactly_at_shadow_time_is_allowed():
+    devices, live = _two_devices_one_busy_until_100()
+    assert run([job(1, gpus=2), job(2, time_limit_s=90.0)], devices, live, now=10.0).starts == [(2, uuids(0))]
+
+
+@pytest.mark.parametrize("limit", [90.5, None])
+def test_backfill_refuses_job_that_would_delay_the_head(limit):
+    devices, live = _two_devices_one_busy_until_100()
+    p = run([job(1, gpus=2), job(2, time_limit_s=limit)], devices, live, now=10.0)
+    assert p.starts == [] and p.reasons == {1: RESOURCES, 2: PRIORITY}
+
+
+def test_job_behind_head_that_does_not_fit_at_all_gets_resources():
+    devices, live = _two_devices_one_busy_until_100()
+    p = run([job(1, gpus=2), job(2, gpus=2, time_limit_s=1.0)], devices, live, now=10.0)
+    assert p.reasons == {1: RESOURCES, 2: RESOURCES}
+
+
+def test_backfill_onto_unreserved_devices_even_without_time_limit():
+    # GPU-0 and GPU-1 busy until 100; the 3-GPU head reserves 0, 1, 2; GPU-3 is left over.
+    devices = [dev(0, free=False), dev(1, free=False), dev(2), dev(3)]
+    live = [running(50, (0, 1), limit=100.0)]
+    p = run([job(1, gpus=3), job(2, gpus=1), job(3, gpus=1)], devices, live, now=10.0)
+    assert p.reservation == Reservation(1, 100.0, uuids(0, 1, 2))
+    assert p.starts == [(2, uuids(3))]
+    assert p.reasons == {1: RESOURCES, 3: PRIORITY}
+
+
+def test_no_backfill_past_infinite_shadow_time_onto_reserved_devices():
+    # The running job has no time limit: the head's shadow time is infinite.
+    devices = [dev(0), dev(1, free=False)]
+    p = run([job(1, gpus=2), job(2, gpus=1)], devices, [running(50, (1,), limit=None)])
+    assert p.reservation == Reservation(1, math.inf, uuids(0, 1))
+    assert p.starts == [] and p.reasons == {1: RESOURCES, 2: PRIORITY}
+
+
+def test_time_limited_job_may_use_reserved_devices_when_shadow_time_is_infinite():
+    devices = [dev(0), dev(1, free=False)]
+    p = run([job(1, gpus=2), job(2, gpus=1, time_limit_s=60.0)], devices, [running(50, (1,), limit=None)])
+    assert p.starts == [(2, uuids(0))]
+
+
+def test_external_busy_device_comes_back_only_at_infinity():
+    # GPU-1 is busy with someone else's process: no job of ours says when it frees up.
+    r = shadow_time(job(1, gpus=2), [], [dev(0), dev(1, free=False)], now=10.0)
+    assert r == Reservation(1, math.inf, uuids(0, 1))
+
+
+def test_shadow_time_takes_earliest_release_that_suffices():
+    devices = [dev(0), dev(1, free=False), dev(2, free=False), dev(3, free=False)]
+    live = [running(50, (1,), limit=300.0), running(51, (2,), limit=100.0), running(52, (3,), limit=None)]
+    assert shadow_time(job(1, gpus=2), live, devices, now=10.0) == Reservation(1, 100.0, uuids(0, 2))
+    assert shadow_time(job(1, gpus=3), live, devices, now=10.0) == Reservation(1, 300.0, uuids(0, 1, 2))
+    assert shadow_time(job(1, gpus=4), live, devices, now=10.0).start_at == math.inf
+    assert shadow_time(job(1, gpus=1, gpu_ids=uuids(3)), live, devices, now=10.0).start_at == math.inf
+
+
+def test_shadow_time_of_overdue_job_is_now():
+    r = shadow_time(job(1, gpus=1), [running(50, (0,), started_at=0.0, limit=5.0)], [dev(0, free=False)], now=10.0)
+    assert r == Reservation(1, 10.0, uuids(0))
+
+
+def test_shadow_time_none_when_job_can_never_fit():
+    assert shadow_time(job(1, gpus=3), [], [dev(0), dev(1)], now=0.0) is None
+    assert shadow_time(job(1, gpus=1, gpu_ids=("GPU-nope",)), [], [dev(0)], now=0.0) is None
+    assert shadow_time(job(1, mem_per_gpu=80 * GiB), [], [dev(0, mem=24 * GiB)], now=0.0) is None
+
+
+def test_job_that_can_never_fit_does_not_block_others():
+    p = run([job(1, gpus=5), job(2, gpus=1)], [dev(0), dev(1)])
+    assert p.starts == [(2, uuids(0))] and p.reasons == {1: RESOURCES} and p.reservation is None
+
+
+def test_jobs_started_earlier_in_the_plan_count_for_the_shadow_time():
+    # Job 1 takes a device until t=30; head 2 needs all three, so its shadow time is 30.
+    pending = [job(1, priority=9, gpus=1, time_limit_s=30.0), job(2, gpus=3),
+               job(3, gpus=1, time_limit_s=20.0), job(4, gpus=1, time_limit_s=40.0)]
+    p = run(pending, [dev(0), dev(1), dev(2)], now=0.0)
+    assert p.reservation == Reservation(2, 30.0, uuids(0, 1, 2))
+    assert [j for j, _ in p.starts] == [1, 3]
+    assert p.reasons == {2: RESOURCES, 4: PRIORITY}
+
+
+def test_only_one_reservation():
+    # Head 1 reserves GPU-0 and GPU-1; job 2 also waits but reserves nothing, so job 3 may take
+    # the devices job 2 would need.
+    devices = [dev(0, free=False), dev(1, free=False), dev(2), dev(3)]
+    pending = [job(1, gpus=2, gpu_ids=uuids(0, 1)), job(2, gpus=3), job(3, gpus=2)]
+    p = run(pending, devices, [running(50, (0, 1), limit=100.0)])
+    assert p.reservation.job_id == 1
+    assert p.starts == [(3, uuids(2, 3))]
+    assert p.reasons == {1: RESOURCES, 2: RESOURCES}
+
+
+# --- validation and determinism ------------------------------------------------------------
+
+@pytest.mark.parametrize("kw", [
+    {"gpus": 2, "gpu_ids": ("GPU-0",)},
+    {"gpus": 2, "gpu_ids": ("GPU-0", "GPU-0")},
+    {"gpus": -1},
+    {"time_limit_s": 0.0},
+    {"dependencies": (("after", 1),)},
+])
+def test_bad_job_views_are_refused(kw):
+    with pytest.raises(ValueError):
+        job(1, **kw)
+
+
+def test_plan_does_not_depend_on_input_order():
+    devices, live = _two_devices_one_busy_until_100()
+    pending = [job(i, gpus=1 + i % 2, priority=i % 3, time_limit_s=None if i % 4 else 30.0) for i in range(1, 9)]
+    expected = run(pending, devices, live)
+    rng = random.Random(0)
+    for _ in range(5):
+        rng.shuffle(pending)
+        assert run(pending, list(reversed(devices)), live) == expected
+
+
+# --- property-style: random queues ---------------------------------------------------------
+
+def _random_case(rng: random.Random):
+    n_dev = rng.randint(1, 6)
+    devices, live, next_id = [], [], 1000
+    for i in range(n_dev):
+        devices.append(dev(i, free=rng.random() < 0.6, mem=rng.choice([None, 8 * GiB, 16 * GiB, 40 * GiB])))
+    busy = [d.index for d in devices if not d.free]
+    rng.shuffle(busy)
+    while busy and rng.random() < 0.8:  # some busy devices are ours, the rest external
+        take = tuple(busy[: rng.randint(1, len(busy))])
+        busy = busy[len(take):]
+        live.append(running(next_id, take, started_at=rng.uniform(0, 50),
+                            limit=rng.choice([None, 10.0, 60.0, 200.0])))
+        next_id += 1
+    finished = {2000 + k: rng.choice(["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"]) for k in range(3)}
+    dep_pool = [j.id for j in live] + list(finished) + [1, 2, 3, 4, 9999]
+    pending = []
+    for jid in range(1, rng.randint(1, 12)):
+        gpus = rng.randint(0, 4)
+        gpu_ids = None
+        if rng.random() < 0.2 and gpus <= n_dev:
+            gpu_ids = tuple(f"GPU-{i}" for i in rng.sample(range(n_dev), gpus))
+        deps = tuple((rng.choice(["afterok", "afterany", "afternotok"]), rng.choice(dep_pool))
+                     for _ in range(rng.choice([0, 0, 0, 1, 2])))
+        pending.append(job(jid, priority=rng.randint(0, 2), submitted_at=rng.uniform(0, 50), gpus=gpus,
+                           gpu_ids=gpu_ids, mem_per_gpu=rng.choice([None, None, 10 * GiB, 30 * GiB]),
+                           time_limit_s=rng.choice([None, 5.0, 30.0, 120.0]),
+                           begin_at=rng.choice([None, None, 40.0, 80.0]), held=rng.random() < 0.1,
+                           dependencies=deps))
+    return pending, live, devices, finished
+
+
+def test_random_queues_keep_the_invariants():
+    rng = random.Random(12345)
+    now = 60.0
+    for _ in range(400):
+        pending, live, devices, finished = _random_case(rng)
+        p = plan(pending, live, devices, finished, now)
+        by_id = {j.id: j for j in pending}
+        free = {d.uuid: d for d in devices if d.free}
+        started = dict(p.starts)
+        known = set(by_id) | {j.id for j in live}
+
+        assert set(started) | set(p.reasons) == set(by_id) and not set(started) & set(p.reasons)
+        assert set(p.reasons.values()) <= REASONS
+        used = [u for us in started.values() for u in us]
+        assert len(used) == len(set(used)), "a device allocated twice"
+        assert set(used) <= set(free) and len(used) <= len(free), "started on a device that was not free"
+        for jid, us in started.items():
+            j = by_id[jid]
+            assert dependency_status(j, finished, known) == "ok"
+            assert not j.held and (j.begin_at is None or j.begin_at <= now)
+            assert len(us) == j.gpus and (j.gpu_ids is None or us == j.gpu_ids)
+            assert all(free[u].free_memory is None or j.mem_per_gpu is None
+                       or free[u].free_memory >= j.mem_per_gpu for u in us)
+
+        # Backfill never delays the head: a later job on a reserved device ends by the shadow time.
+        if p.reservation is not None:
+            head = by_id[p.reservation.job_id]
+            assert p.reasons[head.id] == RESOURCES
+            for jid, us in started.items():
+                if order_key(by_id[jid]) > order_key(head) and set(us) & set(p.reservation.devices):
+                    assert ends_before(by_id[jid], now, p.reservation.start_at)
+
+        # Free devices only shrink during a pass, so "Resources" still means "does not fit".
+        left = [d for d in devices if d.free and d.uuid not in set(used)]
+        for jid, reason in p.reasons.items():
+            if reason == RESOURCES:
+                assert pick_devices(by_id[jid], left) is None
