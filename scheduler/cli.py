@@ -174,7 +174,7 @@ def cmd_submit(args) -> int:
         raise UserError("empty command: put the program and its arguments after --, or use --train run.toml")
     job_spec = S.JobSpec(
         name=args.job_name, kind="train" if args.train else "command", argv=argv, train_config=train_config,
-        gpus=args.gpus if args.gpus is not None else (None if args.gpu_ids else 1),
+        gpus=args.gpus,  # None: from --gpu-ids, the training config's devices, or 1
         gpu_ids=S.parse_gpu_ids(args.gpu_ids) if args.gpu_ids else None,
         mem_per_gpu=parse_memory(args.mem) if args.mem else None, priority=args.priority - args.nice,
         time_limit_s=S.parse_time_limit(args.time) if args.time else None,
