@@ -1,0 +1,264 @@
+"""The scheduler for real: a daemon process, supervisors, jobs, SIGKILLs, 4 virtual devices."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_cli
+from sae_dist.db import Allocation, get_engine
+from scheduler import procs
+from scheduler.store import NewJob, get_job, list_jobs, submit, submit_many
+
+DEVICES = 4
+
+
+@pytest.fixture
+def sched(state_home, monkeypatch):
+    """A state home with 4 virtual devices and a helper to run daemons in it."""
+    monkeypatch.setenv("SAE_DIST_VIRTUAL_GPUS", str(DEVICES))
+    monkeypatch.setenv("SAE_DIST_AUTOSTART", "0")  # tests start their daemon themselves
+    monkeypatch.setenv("SAE_DIST_KILL_GRACE_S", "3")
+    started: list[subprocess.Popen] = []
+
+    class Sched:
+        home = state_home
+
+        def start_daemon(self) -> subprocess.Popen:
+            state_home.mkdir(parents=True, exist_ok=True)
+            log = open(state_home / "daemon-test.log", "ab")
+            proc = subprocess.Popen([sys.executable, "-m", "scheduler", "daemon"], cwd=REPO,
+                                    stdout=log, stderr=log, start_new_session=True)
+            started.append(proc)
+            return proc
+
+    yield Sched()
+    for proc in started:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    # No job of a test outlives it.
+    for job in list_jobs(get_engine(), ("RUNNING",)):
+        for pid, ticks in ((job.supervisor_pid, job.supervisor_start_ticks), (job.pid, job.proc_start_ticks)):
+            if procs.is_alive(pid, ticks):
+                os.kill(pid, signal.SIGKILL)
+
+
+def job(*argv: str, gpus: int = 1, **fields) -> NewJob:
+    return NewJob(name=fields.pop("name", Path(argv[0]).name), kind="command", argv=list(argv), gpus=gpus,
+                  workdir=str(REPO), **fields)
+
+
+def wait_for(predicate, timeout: float = 60, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def state(job_id: int) -> str:
+    return get_job(get_engine(), job_id).state
+
+
+def wait_state(job_id: int, states, timeout: float = 60):
+    states = {states} if isinstance(states, str) else set(states)
+    wait_for(lambda: state(job_id) in states, timeout, f"job {job_id} to be {states} (is {state(job_id)})")
+    return get_job(get_engine(), job_id)
+
+
+def active_devices() -> dict[str, int]:
+    from scheduler.store import active_allocations
+
+    with get_engine().connect() as conn:
+        return active_allocations(conn)
+
+
+def test_eight_concurrent_submitters_lose_nothing(sched):
+    get_engine()  # migrate once, before the crowd
+    code = textwrap.dedent("""
+        import sys
+        from sae_dist.db import get_engine
+        from scheduler.store import NewJob, submit
+        engine = get_engine()
+        ids = [submit(engine, NewJob(name=f"w{sys.argv[1]}-{i}", kind="command", argv=["true"], gpus=1,
+                                     workdir="/", held=True)) for i in range(100)]
+        print(",".join(map(str, ids)))
+    """)
+    workers = [subprocess.Popen([sys.executable, "-c", code, str(w)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+               for w in range(8)]
+    ids = []
+    for w in workers:
+        out, _ = w.communicate(timeout=120)
+        assert w.returncode == 0
+        ids += [int(x) for x in out.strip().split(",")]
+    assert len(ids) == 800 and len(set(ids)) == 800
+    names = {j.name for j in list_jobs(get_engine())}
+    assert names == {f"w{w}-{i}" for w in range(8) for i in range(100)}
+
+
+def test_200_short_jobs_never_share_a_device(sched):
+    rng = random.Random(7)
+    engine = get_engine()
+    ids = submit_many(engine, [job("true", gpus=rng.randint(1, 3), name=f"short{i}") for i in range(200)])
+    sched.start_daemon()
+    wait_for(lambda: all(j.state == "COMPLETED" for j in list_jobs(engine)), 400, "200 jobs to complete")
+    from sqlmodel import Session, select
+
+    with Session(engine) as s:
+        allocations = s.exec(select(Allocation)).all()
+    assert {a.job_id for a in allocations} == set(ids)
+    by_device: dict[str, list[tuple]] = {}
+    for a in allocations:
+        assert a.released_at is not None
+        by_device.setdefault(a.device_uuid, []).append((a.allocated_at, a.released_at, a.job_id))
+    for device, spans in by_device.items():
+        spans.sort()
+        for (_, end, job_a), (start, _, job_b) in zip(spans, spans[1:]):
+            assert start >= end, f"{device}: job {job_b} started before job {job_a} released it"
+    assert all(len(json.loads(j.devices_json)) == j.gpus for j in list_jobs(engine))
+
+
+def test_jobs_survive_a_sigkilled_daemon(sched):
+    engine = get_engine()
+    fail = submit(engine, job("sh", "-c", "sleep 3; exit 3"))
+    ok = submit(engine, job("sleep", "3"))
+    daemon = sched.start_daemon()
+    wait_state(fail, "RUNNING")
+    wait_state(ok, "RUNNING")
+    daemon.send_signal(signal.SIGKILL)
+    daemon.wait()
+    assert state(fail) == "RUNNING"  # the job does not depend on the daemon
+    sched.start_daemon()  # a new daemon adopts what runs
+    failed = wait_state(fail, "FAILED", 30)
+    completed = wait_state(ok, "COMPLETED", 30)
+    assert failed.exit_code == 3 and completed.exit_code == 0
+    assert active_devices() == {}
+
+
+def test_sigkilled_supervisor_is_node_fail_and_frees_devices(sched):
+    engine = get_engine()
+    job_id = submit(engine, job("sleep", "300", gpus=2))
+    sched.start_daemon()
+    running = wait_for(lambda: (j := get_job(engine, job_id)).pid and j, 30, "the job's process")
+    os.kill(running.supervisor_pid, signal.SIGKILL)
+    ended = wait_state(job_id, "NODE_FAIL", 10)
+    assert "supervisor" in ended.reason
+    assert active_devices() == {}
+    assert not procs.is_alive(running.pid, running.proc_start_ticks)  # nothing holds the devices
+
+
+def test_sigkilled_job_is_failed_with_its_signal(sched):
+    engine = get_engine()
+    job_id = submit(engine, job("sleep", "300"))
+    sched.start_daemon()
+    running = wait_for(lambda: (j := get_job(engine, job_id)).pid and j, 30, "the job's process")
+    os.kill(running.pid, signal.SIGKILL)
+    ended = wait_state(job_id, "FAILED", 10)
+    assert ended.signal == signal.SIGKILL and ended.exit_code is None
+    assert active_devices() == {}
+
+
+def test_cancel_two_rank_training_leaves_no_process(sched, tmp_path):
+    (tmp_path / "run.toml").write_text(textwrap.dedent(f"""
+        d_in = 32
+        d_sae = 128
+        k = 8
+        batch_size = 64
+        steps = 1000000
+        log_every = 50
+        checkpoint_every = 0
+        out_dir = "{tmp_path / 'run'}"
+    """))
+    result = run_cli("submit", "--gpus", "2", "--train", str(tmp_path / "run.toml"), "-J", "ddp", module="scheduler")
+    assert result.returncode == 0, result.stderr
+    job_id = int(result.stdout.split()[-1])
+    sched.start_daemon()
+    engine = get_engine()
+    wait_for(lambda: (j := get_job(engine, job_id)).pid and len(procs.descendants(j.pid)) >= 2, 60,
+             "the launcher and its 2 ranks")
+    running = get_job(engine, job_id)
+    tree = [running.pid, *procs.descendants(running.pid)]
+    assert any(b"LOCAL_RANK=1" in Path(f"/proc/{p}/environ").read_bytes() for p in tree)
+    assert json.loads(running.devices_json) == ["virtual-0", "virtual-1"]
+    result = run_cli("cancel", str(job_id), module="scheduler")
+    assert result.returncode == 0, result.stderr
+    ended = wait_state(job_id, "CANCELLED", 30)
+    assert ended.reason == "Cancelled by user"
+    assert procs.wait_gone(tree, 5), f"left running: {[p for p in tree if procs.is_alive(p, None)]}"
+    assert active_devices() == {}
+
+
+def test_dependencies(sched):
+    engine = get_engine()
+    first = submit(engine, job("sh", "-c", "exit 1"))
+    after_ok = submit(engine, job("true", dependencies=(("afterok", first),)))
+    after_not_ok = submit(engine, job("true", dependencies=(("afternotok", first),)))
+    after_any = submit(engine, job("true", dependencies=(("afterany", first),)))
+    sched.start_daemon()
+    assert wait_state(first, "FAILED").exit_code == 1
+    wait_state(after_not_ok, "COMPLETED")
+    wait_state(after_any, "COMPLETED")
+    wait_for(lambda: get_job(engine, after_ok).reason == "DependencyNeverSatisfied", 10, "never satisfied")
+    assert state(after_ok) == "PENDING"
+
+
+def test_hold_release_and_requeue(sched, tmp_path):
+    engine = get_engine()
+    held = submit(engine, job("true", held=True))
+    marker = tmp_path / "tried"
+    # fails the first time, succeeds when requeued
+    flaky = submit(engine, job("sh", "-c", f"test -e {marker} || {{ touch {marker}; exit 4; }}", requeue=True))
+    sched.start_daemon()
+    done = wait_state(flaky, "COMPLETED", 30)
+    assert done.requeue_count == 1 and done.exit_code == 0
+    time.sleep(1.5)
+    assert state(held) == "PENDING" and get_job(engine, held).reason == "JobHeldUser"
+    assert run_cli("release", str(held), module="scheduler").returncode == 0
+    wait_state(held, "COMPLETED", 30)
+    result = run_cli("requeue", str(held), module="scheduler")
+    assert result.returncode == 0 and "requeued" in result.stdout
+    assert wait_state(held, "COMPLETED", 30).requeue_count == 1
+    bad = run_cli("hold", str(held), module="scheduler")
+    assert bad.returncode == 2 and "only PENDING jobs" in bad.stderr
+
+
+def test_time_limit_ends_in_timeout(sched):
+    engine = get_engine()
+    job_id = submit(engine, job("sleep", "300", time_limit_s=2.0))
+    sched.start_daemon()
+    running = wait_for(lambda: (j := get_job(engine, job_id)).pid and j, 30, "the job's process")
+    ended = wait_state(job_id, "TIMEOUT", 20)
+    assert ended.signal == signal.SIGTERM and ended.reason == "Time limit reached"
+    assert not procs.is_alive(running.pid, running.proc_start_ticks)
+    assert (ended.ended_at - ended.started_at).total_seconds() < 10
+
+
+def test_backfill_starts_a_short_job_but_not_one_that_would_delay_the_head(sched):
+    engine = get_engine()
+    long = submit(engine, job("sleep", "120", gpus=3, time_limit_s=120.0, priority=10))
+    sched.start_daemon()
+    wait_state(long, "RUNNING")
+    head = submit(engine, job("sleep", "1", gpus=4, priority=5))  # waits for all 4 devices
+    endless = submit(engine, job("sleep", "60", gpus=1))  # no limit: would hold the head's device
+    short = submit(engine, job("sleep", "1", gpus=1, time_limit_s=30.0))  # done before the head can start
+    wait_state(short, {"RUNNING", "COMPLETED"}, 15)
+    assert get_job(engine, head).reason == "Resources"
+    assert state(endless) == "PENDING" and get_job(engine, endless).reason == "Priority"
+    run_cli("cancel", str(long), module="scheduler")
+    wait_state(head, {"RUNNING", "COMPLETED"}, 30)
+    assert state(endless) == "PENDING"  # after the head, not before it
