@@ -135,15 +135,18 @@ def test_200_short_jobs_never_share_a_device(sched):
 
 def test_jobs_survive_a_sigkilled_daemon(sched):
     engine = get_engine()
-    fail = submit(engine, job("sh", "-c", "sleep 3; exit 3"))
-    ok = submit(engine, job("sleep", "3"))
+    fail = submit(engine, job("sh", "-c", "sleep 5; exit 3"))
+    ok = submit(engine, job("sleep", "5"))
     daemon = sched.start_daemon()
     wait_state(fail, "RUNNING")
     wait_state(ok, "RUNNING")
     daemon.send_signal(signal.SIGKILL)
     daemon.wait()
     assert state(fail) == "RUNNING"  # the job does not depend on the daemon
-    sched.start_daemon()  # a new daemon adopts what runs
+    successor = sched.start_daemon()  # a new daemon adopts what runs (the supervisors hold no lock)
+    time.sleep(1.5)
+    assert successor.poll() is None, (sched.home / "daemon-test.log").read_text()[-2000:]
+    assert state(fail) == "RUNNING"
     failed = wait_state(fail, "FAILED", 30)
     completed = wait_state(ok, "COMPLETED", 30)
     assert failed.exit_code == 3 and completed.exit_code == 0
