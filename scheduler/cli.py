@@ -210,10 +210,15 @@ def _job_row(job, now: float) -> dict[str, Any]:
 
 
 def cmd_queue(args) -> int:
-    from scheduler.store import list_jobs
+    from scheduler.fastread import read_jobs
 
     now = time.time()
-    jobs = list_jobs(_engine(), None if args.all else ("PENDING", "RUNNING"))
+    states = None if args.all else ("PENDING", "RUNNING")
+    jobs = read_jobs(states)
+    if jobs is None:  # not plain SQLite, or not created yet: the regular (migrating) path
+        from scheduler.store import list_jobs
+
+        jobs = list_jobs(_engine(), states)
     jobs.sort(key=lambda j: (STATE_ORDER.get(j.state, 2), -j.priority if j.state == "PENDING" else 0, j.id))
     rows = [_job_row(j, now) for j in jobs]
     if args.json:

@@ -1,0 +1,150 @@
+"""Scheduler benchmark: prints figures measured in one run (a script, not a timed test).
+
+    .venv/bin/python scripts/bench_scheduler.py [--submitters 4] [--jobs-per-submitter 500]
+
+1. Submit throughput: N processes submitting at once, one transaction per job (like N users
+   running sbatch in a loop), through the same `scheduler.store.submit` the CLI calls; plus the
+   wall time of one `python -m scheduler submit` command (process start included).
+2. `queue` with 10,000 jobs in the history: wall time of `python -m scheduler queue` (median of 5).
+3. Submit to RUNNING on an idle device, with a daemon running: median of `started_at -
+   submitted_at` over 20 jobs, and the same from the start of a `submit` command.
+Targets from the issue: > 500 jobs/s (SLURM's documented sustained rate), queue < 0.3 s,
+submit -> RUNNING < 1 s. Everything runs in a throwaway state home on 4 virtual devices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+def run(*args: str) -> float:
+    start = time.perf_counter()
+    subprocess.run([PY, "-m", "scheduler", *args], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def submit_throughput(submitters: int, per: int) -> float:
+    code = textwrap.dedent(f"""
+        import sys, time
+        from sae_dist.db import get_engine
+        from scheduler.store import NewJob, submit
+        engine = get_engine()
+        sys.stdout.write("ready\\n"); sys.stdout.flush(); sys.stdin.readline()
+        for i in range({per}):
+            submit(engine, NewJob(name="bench", kind="command", argv=["true"], gpus=1, workdir="/", held=True))
+    """)
+    procs = [subprocess.Popen([PY, "-c", code], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for _ in range(submitters)]
+    for p in procs:  # imports and connections done before the clock starts
+        assert p.stdout.readline().strip() == "ready"
+    start = time.perf_counter()
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    for p in procs:
+        p.wait()
+        assert p.returncode == 0
+    return submitters * per / (time.perf_counter() - start)
+
+
+def fill_history(n: int) -> None:
+    from sqlalchemy import update
+
+    from sae_dist.db import get_engine, utcnow
+    from scheduler.store import JOBS, NewJob, submit_many
+
+    engine = get_engine()
+    ids = submit_many(engine, [NewJob(name=f"old{i}", kind="command", argv=["true"], gpus=1, workdir="/")
+                               for i in range(n)])
+    with engine.begin() as conn:
+        conn.execute(update(JOBS).where(JOBS.c.id.in_(ids)).values(
+            state="COMPLETED", exit_code=0, started_at=utcnow(), ended_at=utcnow()))
+
+
+def submit_to_running(count: int) -> tuple[float, float]:
+    from sae_dist.db import get_engine
+    from scheduler.daemon import wake_daemon
+    from scheduler.store import NewJob, get_job, submit
+
+    engine = get_engine()
+    scheduler_latency, command_latency = [], []
+    for i in range(count):
+        start = time.time()
+        if i % 2:  # through the command a user types
+            subprocess.run([PY, "-m", "scheduler", "submit", "--", "sleep", "0.1"], cwd=REPO, check=True,
+                           stdout=subprocess.DEVNULL)
+            from scheduler.store import list_jobs
+
+            job_id = list_jobs(engine, newest_first=True, limit=1)[0].id
+        else:
+            job_id = submit(engine, NewJob(name="lat", kind="command", argv=["sleep", "0.1"], gpus=1, workdir="/"))
+            wake_daemon()
+        while (job := get_job(engine, job_id)).started_at is None:
+            time.sleep(0.005)
+        if i % 2:
+            command_latency.append(job.started_at.timestamp() - start)
+        else:
+            scheduler_latency.append((job.started_at - job.submitted_at).total_seconds())
+        while get_job(engine, job_id).state == "RUNNING":
+            time.sleep(0.02)
+    return statistics.median(scheduler_latency), statistics.median(command_latency)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--submitters", type=int, default=4)
+    ap.add_argument("--jobs-per-submitter", type=int, default=500)
+    ap.add_argument("--history", type=int, default=10_000)
+    args = ap.parse_args()
+    home = tempfile.mkdtemp(prefix="sae-dist-bench-")
+    os.environ.update(SAE_DIST_HOME=home, SAE_DIST_VIRTUAL_GPUS="4", SAE_DIST_AUTOSTART="0")
+    print(f"state home {home}, {os.cpu_count()} cores")
+
+    from sae_dist.db import get_engine
+
+    get_engine()
+    rate = submit_throughput(args.submitters, args.jobs_per_submitter)
+    print(f"submit throughput: {rate:,.0f} jobs/s with {args.submitters} concurrent submitters "
+          f"({args.submitters * args.jobs_per_submitter} jobs; target > 500)")
+    one = statistics.median(run("submit", "--hold", "--", "true") for _ in range(5))
+    print(f"`submit` command wall time: {one:.2f} s (median of 5, Python start and imports included)")
+
+    fill_history(args.history)
+    q = statistics.median(run("queue") for _ in range(5))
+    qa = statistics.median(run("queue", "--all") for _ in range(3))
+    print(f"`queue` with {args.history:,} jobs in history: {q:.3f} s (target < 0.3); "
+          f"`queue --all` listing all of them: {qa:.2f} s")
+
+    # Latency needs an empty queue: cancel the held jobs of step 1.
+    from sqlalchemy import update
+
+    from scheduler.store import JOBS
+
+    with get_engine().begin() as conn:
+        conn.execute(update(JOBS).where(JOBS.c.state == "PENDING").values(state="CANCELLED"))
+    daemon = subprocess.Popen([PY, "-m", "scheduler", "daemon"], cwd=REPO, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        time.sleep(2)
+        sched, command = submit_to_running(20)
+        print(f"submit -> RUNNING on an idle device: median {sched * 1000:.0f} ms in the scheduler "
+              f"(submitted_at to started_at); {command:.2f} s from the start of a `submit` command (target < 1 s)")
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(10)
+
+
+if __name__ == "__main__":
+    main()
