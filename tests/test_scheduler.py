@@ -265,3 +265,15 @@ def test_backfill_starts_a_short_job_but_not_one_that_would_delay_the_head(sched
     run_cli("cancel", str(long), module="scheduler")
     wait_state(head, {"RUNNING", "COMPLETED"}, 30)
     assert state(endless) == "PENDING"  # after the head, not before it
+
+
+def test_one_daemon_per_state_directory(sched):
+    first = sched.start_daemon()
+    from scheduler.daemon import daemon_running
+
+    wait_for(daemon_running, 20, "the first daemon")
+    second = run_cli("daemon", module="scheduler", timeout=30)
+    assert second.returncode == 2
+    assert second.stderr.strip().splitlines() == [
+        f"error: a scheduler daemon already runs for {sched.home} (see {sched.home / 'daemon.pid'})"]
+    assert first.poll() is None
