@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 import typing
 from typing import Any
 
@@ -87,8 +88,13 @@ def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
     except UserError as e:
         if rank == "0" or not e.shared:
             print(f"error: {e}" if os.environ.get("WORLD_SIZE") == "1" else f"error: [rank {rank}] {e}",
-                  file=sys.stderr)
-        return USER_ERROR_EXIT
+                  file=sys.stderr, flush=True)
+        elif os.environ.get("WORLD_SIZE", "1") != "1":
+            time.sleep(1.0)  # let rank 0 report the shared error before torchrun stops the job
+        # Straight out: no interpreter teardown racing gloo's threads for a process group
+        # whose peers are leaving too (it can abort with std::terminate).
+        sys.stdout.flush()
+        os._exit(USER_ERROR_EXIT)
     return 0
 
 

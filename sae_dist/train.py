@@ -185,10 +185,11 @@ def _set_threads(ctx: D.DistContext) -> None:
 
 def train(cfg: TrainConfig) -> TrainResult:
     ctx = D.init_distributed()
-    try:
-        return _train(cfg, ctx)
-    finally:
-        D.shutdown()
+    result = _train(cfg, ctx)
+    # Only a run that ended well tears the process group down: after an error a peer may be
+    # gone already, and gloo's teardown then aborts the process (std::terminate).
+    D.shutdown()
+    return result
 
 
 def _train(cfg: TrainConfig, ctx: D.DistContext) -> TrainResult:
