@@ -60,7 +60,7 @@ def runs_overview() -> None:
 
     for run in runs:
         if run["status"] == "RUNNING":
-            st.page_link("pages/1_Training_runs.py", label=f"Watch run {run['id']} ({run['name']})",
+            st.page_link("pages/4_Training_runs.py", label=f"Watch run {run['id']} ({run['name']})",
                          icon=":material/play_circle:", query_params={"run": str(run["id"])})
 
 

@@ -16,7 +16,7 @@ from sae_dist.db import DatabaseMetricsLogger, create_run, get_engine, update_ru
 
 from conftest import REPO
 
-RUNS_PAGE = "pages/1_Training_runs.py"
+RUNS_PAGE = "pages/4_Training_runs.py"
 TIMEOUT = 30  # the first run imports pandas and Altair
 
 

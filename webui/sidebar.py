@@ -8,6 +8,8 @@ pitfall 1).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import streamlit as st
 from sqlalchemy.engine import Engine, make_url
 
@@ -18,8 +20,12 @@ from sae_dist.paths import default_db_url
 # (page file relative to app.py, label, Material icon), in sidebar order.
 PAGES = (
     ("app.py", "Overview", ":material/dashboard:"),
-    ("pages/1_Training_runs.py", "Training runs", ":material/monitoring:"),
+    ("pages/1_Train.py", "Train", ":material/rocket_launch:"),
+    ("pages/2_Monitor.py", "Monitor", ":material/speed:"),
+    ("pages/3_Queue.py", "Queue", ":material/list:"),
+    ("pages/4_Training_runs.py", "Training runs", ":material/monitoring:"),
 )
+APP_ROOT = Path(__file__).resolve().parents[1]
 
 REFRESH_SECONDS = 3
 """How often the live parts of a page (fragments) re-read the database."""
@@ -45,7 +51,8 @@ def sidebar(db_url: str) -> None:
     with st.sidebar:
         st.markdown("### sae-dist")
         for path, label, icon in PAGES:
-            st.page_link(path, label=label, icon=icon, width="stretch")
+            if (APP_ROOT / path).is_file():  # pages arrive one by one; link only those that exist
+                st.page_link(path, label=label, icon=icon, width="stretch")
         st.divider()
         shown = make_url(db_url).render_as_string(hide_password=True)
         st.caption(f"State database: `{shown}`")
