@@ -80,6 +80,40 @@ def start_daemon_detached() -> None:
                          stdout=out, stderr=out, start_new_session=True, cwd=str(state_home()))
 
 
+def stop_daemon(timeout_s: float = 15.0) -> int | None:
+    """SIGTERM the daemon and wait for it to let go of its lock. Returns its pid, None if none ran.
+    Its jobs carry on (their supervisors do not depend on it)."""
+    try:
+        pid, ticks = (int(x) for x in pid_file().read_text().split())
+    except (OSError, ValueError):
+        pid = ticks = None
+    if pid is None or not procs.is_alive(pid, ticks) or not daemon_running():
+        return None
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while daemon_running():
+        if time.monotonic() > deadline:
+            raise UserError(f"the daemon {pid} did not stop within {timeout_s:.0f} s")
+        time.sleep(0.05)
+    return pid
+
+
+AUTOSTART_ENV_VAR = "SAE_DIST_AUTOSTART"
+
+
+def ensure_daemon() -> bool:
+    """After a submit: start a daemon when none runs, else wake it, so a newcomer never has to.
+
+    `SAE_DIST_AUTOSTART=0` (tests, a machine where the daemon is a service) starts none and only
+    wakes one that runs. Shared by the CLI and the app. Returns True when it started one.
+    """
+    if os.environ.get(AUTOSTART_ENV_VAR, "1") != "0" and not daemon_running():
+        start_daemon_detached()
+        return True
+    wake_daemon()
+    return False
+
+
 class Daemon:
     def __init__(self, engine=None):
         self.engine = engine or get_engine()
@@ -169,6 +203,10 @@ class Daemon:
         rather than the ~0.4 s a fresh Python takes to import the database layer."""
         log_path = state_home() / "logs" / "supervisors.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        # No SQLite connection may cross the fork: the child would inherit SQLite's per-process
+        # lock bookkeeping for the file (believing it holds locks only this daemon holds), which
+        # breaks once this daemon dies. Closing the pool here costs one reconnect (~1 ms).
+        self.engine.dispose()
         pid = os.fork()
         if pid == 0:  # the supervisor: a session of its own, so it outlives this daemon
             code = 1
@@ -332,5 +370,5 @@ def main() -> int:
     return 0
 
 
-__all__ = ["Daemon", "daemon_running", "start_daemon_detached", "wake_daemon", "thin_samples", "main"]
+__all__ = ["Daemon", "daemon_running", "ensure_daemon", "start_daemon_detached", "stop_daemon", "wake_daemon", "thin_samples", "main"]
 _ = datetime  # typing only

@@ -153,6 +153,32 @@ def test_jobs_survive_a_sigkilled_daemon(sched):
     assert active_devices() == {}
 
 
+def test_no_sqlite_connection_crosses_the_fork_of_a_supervisor(sched, monkeypatch):
+    """A supervisor forked with the daemon's SQLite connections open inherits SQLite's lock
+    bookkeeping for the file; after a SIGKILLed daemon that left a job RUNNING forever (CI)."""
+    from scheduler.daemon import Daemon
+
+    engine = get_engine()
+    job_id = submit(engine, job("true"))
+    open_at_fork = []
+    real_fork = os.fork
+
+    def fork():
+        targets = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                targets.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                pass
+        open_at_fork.append([t for t in targets if t.startswith(str(sched.home.resolve() / "state.db"))])
+        return real_fork()
+
+    monkeypatch.setattr(os, "fork", fork)
+    assert Daemon(engine).scheduling_pass() == [job_id]
+    assert open_at_fork == [[]]
+    assert wait_state(job_id, "COMPLETED", 30).exit_code == 0
+
+
 def test_sigkilled_supervisor_is_node_fail_and_frees_devices(sched):
     engine = get_engine()
     job_id = submit(engine, job("sleep", "300", gpus=2))
@@ -194,6 +220,18 @@ def test_cancel_two_rank_training_leaves_no_process(sched, tmp_path):
     engine = get_engine()
     wait_for(lambda: (j := get_job(engine, job_id)).pid and len(procs.descendants(j.pid)) >= 2, 60,
              "the launcher and its 2 ranks")
+    from sae_dist.db import StepMetric, TrainingRun
+    from sqlmodel import Session, select
+
+    def run_row(s: Session):
+        return s.exec(select(TrainingRun).where(TrainingRun.job_id == job_id)).first()
+
+    def training_logged() -> bool:  # the ranks are in the training loop, past their start-up
+        with Session(engine) as s:
+            run = run_row(s)
+            return run is not None and s.exec(select(StepMetric).where(StepMetric.run_id == run.id)).first() is not None
+
+    wait_for(training_logged, 90, "the first logged step")
     running = get_job(engine, job_id)
     tree = [running.pid, *procs.descendants(running.pid)]
     assert any(b"LOCAL_RANK=1" in Path(f"/proc/{p}/environ").read_bytes() for p in tree)
@@ -204,6 +242,13 @@ def test_cancel_two_rank_training_leaves_no_process(sched, tmp_path):
     assert ended.reason == "Cancelled by user"
     assert procs.wait_gone(tree, 5), f"left running: {[p for p in tree if procs.is_alive(p, None)]}"
     assert active_devices() == {}
+    # The training says it was stopped, in its log and its run, without a traceback.
+    log = Path(ended.stdout_path).read_text()
+    assert "training stopped by SIGTERM" in log and "Traceback" not in log, log[-3000:]
+    assert log.count("training stopped by SIGTERM") == 1, log[-3000:]
+    with Session(engine) as s:
+        run = run_row(s)
+    assert run.status == "STOPPED" and "SIGTERM" in run.error and run.finished_at is not None
 
 
 def test_dependencies(sched):
@@ -277,3 +322,24 @@ def test_one_daemon_per_state_directory(sched):
     assert second.stderr.strip().splitlines() == [
         f"error: a scheduler daemon already runs for {sched.home} (see {sched.home / 'daemon.pid'})"]
     assert first.poll() is None
+
+
+def test_daemon_detach_and_stop(sched):
+    """`daemon --detach` starts one in the background (once); `daemon --stop` ends it, not its jobs."""
+    from scheduler.daemon import daemon_running
+
+    started = run_cli("daemon", "--detach", module="scheduler", timeout=30)
+    assert started.returncode == 0 and "daemon started" in started.stdout, started.stderr
+    wait_for(daemon_running, 20, "the detached daemon")
+    again = run_cli("daemon", "--detach", module="scheduler", timeout=30)
+    assert again.returncode == 0 and "already runs" in again.stdout
+    job_id = submit(get_engine(), job("sleep", "4"))
+    run_cli("queue", module="scheduler")  # nothing to wait on; the daemon wakes every second anyway
+    wait_state(job_id, "RUNNING", 30)
+    stopped = run_cli("daemon", "--stop", module="scheduler", timeout=30)
+    assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stderr
+    assert not daemon_running()
+    assert state(job_id) == "RUNNING"  # the job carries on without the daemon
+    assert wait_state(job_id, "COMPLETED", 30).exit_code == 0
+    none = run_cli("daemon", "--stop", module="scheduler", timeout=30)
+    assert none.returncode == 0 and "no daemon runs" in none.stdout
