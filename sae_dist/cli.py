@@ -10,7 +10,7 @@ import typing
 from typing import Any
 
 from sae_dist.config import SYNTHETIC_D_IN, TrainConfig, build_config, config_fields, field_types, load_toml
-from sae_dist.errors import USER_ERROR_EXIT, UserError
+from sae_dist.errors import USER_ERROR_EXIT, TrainingStopped, UserError
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -63,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return USER_ERROR_EXIT
+    except TrainingStopped as e:  # one process (one device); torchrun's ranks exit in _train
+        print(f"training stopped by {e.signame}", file=sys.stderr)
+        return 128 + e.signum
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -70,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
-    from sae_dist.launch import die_with_parent, in_worker, launch
+    from sae_dist.launch import OUR_LAUNCHER_ENV, die_with_parent, in_worker, launch
 
     if not in_worker():
         return launch(_preflight(config_from_args(ns)), train_argv)
@@ -85,6 +88,11 @@ def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
         logging.getLogger().setLevel(logging.WARNING)  # rank 0 speaks for the job
     try:
         train(config_from_args(ns))
+    except TrainingStopped as e:
+        if rank == "0" and not os.environ.get(OUR_LAUNCHER_ENV):  # under the user's torchrun
+            print(f"training stopped by {e.signame}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(128 + e.signum)  # as a process killed by the signal would report it
     except UserError as e:
         if rank == "0" or not e.shared:
             print(f"error: {e}" if os.environ.get("WORLD_SIZE") == "1" else f"error: [rank {rank}] {e}",

@@ -25,3 +25,16 @@ class ConfigError(UserError):
 
 class DataError(UserError):
     """The training data cannot be used (missing, empty, corrupt, inconsistent, non-finite)."""
+
+
+class TrainingStopped(BaseException):
+    """SIGTERM or SIGINT reached a training process (a cancel, a time limit, Ctrl-C): it stops,
+    records its run as STOPPED, and exits 128 + the signal without a traceback. A BaseException,
+    so that no `except Exception` on the way swallows it."""
+
+    def __init__(self, signum: int):
+        import signal
+
+        self.signum = signum
+        self.signame = signal.Signals(signum).name
+        super().__init__(f"stopped by {self.signame}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 from sae_dist.config import TrainConfig, parse_devices
@@ -20,6 +21,9 @@ log = logging.getLogger(__name__)
 
 # The scheduler reserves a rendezvous port per job so two jobs never meet on torchrun's 29500.
 PORT_ENV = "SAE_DIST_MASTER_PORT"
+
+
+OUR_LAUNCHER_ENV = "SAE_DIST_OUR_LAUNCHER"
 
 
 def in_worker() -> bool:
@@ -70,6 +74,7 @@ def launch(cfg: TrainConfig, argv: list[str]) -> int:
     """Run the job; argv is the `train` command line, handed unchanged to every rank."""
     kind, n = resolve_devices(cfg.devices)
     os.environ[DEVICE_TYPE_ENV] = kind
+    os.environ[OUR_LAUNCHER_ENV] = "1"  # our ranks leave reporting a stop to this launcher
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     if n == 1:
         from sae_dist.train import train
@@ -79,6 +84,7 @@ def launch(cfg: TrainConfig, argv: list[str]) -> int:
     if kind == "cpu":
         # Each gloo rank gets its share of the cores (torchrun would give each 1 thread).
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -90,11 +96,18 @@ def launch(cfg: TrainConfig, argv: list[str]) -> int:
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
         run(args)
+    except SignalException as e:  # torchrun passed the signal on to the ranks and waited for them
+        print(f"training stopped by {signal.Signals(e.sigval).name}", file=sys.stderr, flush=True)
+        return 128 + int(e.sigval)
     except ChildFailedError as e:
         if any(f.exitcode == USER_ERROR_EXIT for f in e.failures.values()):
             # A rank printed the one line that explains it; the others were stopped after it.
             return USER_ERROR_EXIT
         rank, failure = e.get_first_failure()
+        if failure.exitcode in (128 + signal.SIGTERM, 128 + signal.SIGINT, -signal.SIGTERM, -signal.SIGINT):
+            signum = abs(failure.exitcode) % 128  # the ranks were stopped (not this launcher)
+            print(f"training stopped by {signal.Signals(signum).name}", file=sys.stderr, flush=True)
+            return 128 + signum
         print(f"error: training failed on rank {rank} (exit code {failure.exitcode}); "
               f"its message is above", file=sys.stderr)
         return failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1

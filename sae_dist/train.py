@@ -15,7 +15,9 @@ import os
 import re
 import socket
 import time
-from contextlib import nullcontext
+import signal
+import threading
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from sae_dist import distributed as D
 from sae_dist.checkpoint import checkpoint_world_size, latest_checkpoint, load_checkpoint, save_checkpoint
 from sae_dist.config import SYNTHETIC_D_IN, TrainConfig
-from sae_dist.errors import UserError
+from sae_dist.errors import TrainingStopped, UserError
 from sae_dist.export import export_saelens
 from sae_dist.lr import lr_at
 from sae_dist.memory import PeakMemory, estimate_for_config
@@ -183,9 +185,36 @@ def _set_threads(ctx: D.DistContext) -> None:
     torch.set_num_threads(int(per_rank) if per_rank else max(1, (os.cpu_count() or 1) // local_world))
 
 
+_received_stop: list[int] = []  # signals seen: a peer's error caused by its own stop is a stop too
+
+
+@contextmanager
+def _stop_on_signals():
+    """SIGTERM / SIGINT raise TrainingStopped in the training loop (main thread only), so that
+    rank 0 records why its run ended instead of leaving it RUNNING."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, _frame):
+        # Once: a cancel often signals a rank twice (directly, and via torchrun), and the second
+        # must not interrupt the first one's last database write.
+        if not _received_stop:
+            _received_stop.append(signum)
+            raise TrainingStopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def train(cfg: TrainConfig) -> TrainResult:
     ctx = D.init_distributed()
-    result = _train(cfg, ctx)
+    with _stop_on_signals():
+        result = _train(cfg, ctx)
     # Only a run that ended well tears the process group down: after an error a peer may be
     # gone already, and gloo's teardown then aborts the process (std::terminate).
     D.shutdown()
@@ -208,6 +237,11 @@ def _train(cfg: TrainConfig, ctx: D.DistContext) -> TrainResult:
     try:
         return _loop(cfg, ctx, source, d_sae, autocast, use_bf16, Path(run_dir), record, device_ids)
     except BaseException as e:
+        if isinstance(e, TrainingStopped) or _received_stop:
+            stop = e if isinstance(e, TrainingStopped) else TrainingStopped(_received_stop[0])
+            record.finish(status="STOPPED", error=f"stopped by {stop.signame} (a cancel, a time limit or Ctrl-C)")
+            raise stop from None
+
         record.finish(status="FAILED", error=f"{type(e).__name__}: {e}"[:2000])
         raise
 
