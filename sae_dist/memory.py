@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import torch
-
 GIB = 2**30
 
 
@@ -68,13 +66,16 @@ def estimate_for_config(cfg, world_size: int) -> MemoryEstimate:
 
 
 class PeakMemory:
-    """Peak memory of this process since `reset()`."""
+    """Peak memory of this process since `reset()` (torch is imported here only: the estimate
+    above is used by the app and the scheduler, which must not pay for importing torch)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device):
         self.device = device
         self.baseline = 0
 
     def reset(self) -> None:
+        import torch
+
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
             self.baseline = 0
@@ -83,6 +84,8 @@ class PeakMemory:
             self.baseline = _rss_bytes("VmRSS")
 
     def peak_bytes(self) -> int | None:
+        import torch
+
         if self.device.type == "cuda":
             return int(torch.cuda.max_memory_allocated(self.device))
         peak = _rss_bytes("VmHWM")

@@ -72,11 +72,15 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export-sbatch", help="a SLURM batch script for a job, to run it on a cluster")
     e.add_argument("job_id", type=_job_id)
     e.add_argument("--nodes", type=int, default=1)
-    e.add_argument("--gpus-per-node", type=int)
+    e.add_argument("--gpus-per-node", type=int, help="GPUs (ranks) per node (default: the job's GPU count)")
+    e.add_argument("--cpu", action="store_true", help="run the ranks on CPUs (gloo): no GPU request")
     e.add_argument("-o", "--out", help="write the script here (default: stdout)")
 
     d = sub.add_parser("daemon", help="run the scheduler daemon in the foreground")
-    d.add_argument("--detach", action="store_true", help="start it in the background and return")
+    how = d.add_mutually_exclusive_group()
+    how.add_argument("--detach", action="store_true", help="start it in the background and return")
+    how.add_argument("--stop", action="store_true",
+                     help="stop the running daemon (SIGTERM); running jobs carry on, the queue waits")
     return p
 
 
@@ -107,29 +111,16 @@ def _engine():
 
 def _ensure_daemon() -> None:
     """submit starts a daemon when none runs, so a newcomer never has to (SAE_DIST_AUTOSTART=0: don't)."""
-    from scheduler.daemon import daemon_running, start_daemon_detached, wake_daemon
+    from scheduler.daemon import ensure_daemon
 
-    if os.environ.get("SAE_DIST_AUTOSTART", "1") != "0" and not daemon_running():
-        start_daemon_detached()
-    else:
-        wake_daemon()
+    ensure_daemon()
 
 
 def _devices_now():
     """Live inventory (NVML or virtual) with each device's state; no process sampling."""
-    from scheduler.busy import classify
-    from scheduler.daemon import job_pids, pids_by_device
-    from scheduler.devices import inventory
-    from scheduler.store import active_allocations, pending_and_running
+    from scheduler.status import devices_now
 
-    engine = _engine()
-    with engine.connect() as conn:
-        allocations = active_allocations(conn)
-        _, running = pending_and_running(conn)
-    devices = inventory(pids_by_device(running), None)
-    started = {j.id: j.started_at.timestamp() for j in running if j.started_at}
-    our = {p for j in running for p in job_pids(j)}
-    return devices, classify(devices, allocations, started, our, time.time()), allocations
+    return devices_now(_engine())
 
 
 def _print_table(rows: list[dict], columns: list[tuple[str, str]]) -> None:
@@ -150,6 +141,29 @@ def _duration(seconds: float | None) -> str | None:
     return f"{days}-{h:02d}:{m:02d}:{s:02d}" if days else f"{h:02d}:{m:02d}:{s:02d}"
 
 
+MAX_SQL_INT = 2**63 - 1
+
+
+def _parsed(flag: str, parse, text: str, *more):
+    """A parser's value; a number too large for it (OverflowError) is one error line, not a traceback."""
+    try:
+        return parse(text, *more)
+    except (OverflowError, ValueError):  # UserError is neither: it passes through with its own message
+        raise UserError(f"{flag}: {text!r} is out of range") from None
+
+
+def _parse_memory(text: str, flag: str = "--mem") -> int:
+    from scheduler.recommend import parse_memory
+
+    try:
+        size = _parsed(flag, parse_memory, text)
+    except UserError as e:
+        raise UserError(str(e) if str(e).startswith(flag) else f"{flag}: {e}") from None
+    if size > MAX_SQL_INT:
+        raise UserError(f"{flag}: {text!r} is more memory than any device has")
+    return size
+
+
 def _iso(dt: datetime | None) -> str | None:
     return dt.astimezone(timezone.utc).isoformat(timespec="seconds") if dt else None
 
@@ -158,7 +172,6 @@ def _iso(dt: datetime | None) -> str | None:
 
 def cmd_submit(args) -> int:
     from scheduler import spec as S
-    from scheduler.recommend import parse_memory
     from scheduler.store import NewJob, submit
 
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
@@ -176,12 +189,15 @@ def cmd_submit(args) -> int:
         name=args.job_name, kind="train" if args.train else "command", argv=argv, train_config=train_config,
         gpus=args.gpus,  # None: from --gpu-ids, the training config's devices, or 1
         gpu_ids=S.parse_gpu_ids(args.gpu_ids) if args.gpu_ids else None,
-        mem_per_gpu=parse_memory(args.mem) if args.mem else None, priority=args.priority - args.nice,
-        time_limit_s=S.parse_time_limit(args.time) if args.time else None,
-        begin_at=S.parse_begin(args.begin, now) if args.begin else None,
+        mem_per_gpu=_parse_memory(args.mem) if args.mem else None, priority=args.priority - args.nice,
+        time_limit_s=_parsed("--time", S.parse_time_limit, args.time) if args.time else None,
+        begin_at=_parsed("--begin", S.parse_begin, args.begin, now) if args.begin else None,
         dependencies=S.parse_dependency(args.dependency) if args.dependency else [],
         held=args.hold, requeue=args.requeue, workdir=os.path.abspath(args.chdir or os.getcwd()),
         env=S.parse_env(args.env), stdout=args.output, stderr=args.error)
+    for _, dep_id in job_spec.dependencies:
+        if dep_id > MAX_SQL_INT:  # no job has such an id (and SQLite could not even look it up)
+            raise UserError(f"unknown dependency: job {dep_id} does not exist (see `queue --all`)")
     from scheduler.devices import inventory
 
     uuids = S.resolve_devices(job_spec, [(d.index, d.uuid) for d in inventory({}, None)])
@@ -205,7 +221,7 @@ def _job_row(job, now: float) -> dict[str, Any]:
         "priority": job.priority, "submitted": _iso(job.submitted_at), "start": _iso(job.started_at),
         "end": _iso(job.ended_at), "elapsed_s": (end or now) - start if start else None,
         "time_limit_s": job.time_limit_s, "exit_code": job.exit_code, "signal": job.signal,
-        "kind": job.kind, "held": job.held,
+        "kind": job.kind, "held": bool(job.held),  # the fast SQLite read gives 0/1
     }
 
 
@@ -250,49 +266,27 @@ def _each_job(args, action) -> int:
 
 
 def cmd_cancel(args) -> int:
-    from scheduler.store import cancel, get_job
+    from scheduler import actions
 
-    def act(engine, job_id):
-        outcome = cancel(engine, job_id)
-        if outcome == "requested":
-            _signal_supervisor(get_job(engine, job_id))
-            return f"job {job_id}: cancelling (SIGTERM, SIGKILL after the grace period)"
-        if outcome == "cancelled":
-            return f"job {job_id}: cancelled"
-        return f"job {job_id}: already {outcome}"
-    return _each_job(args, act)
-
-
-def _signal_supervisor(job) -> None:
-    import signal
-
-    from scheduler import procs
-
-    if procs.is_alive(job.supervisor_pid, job.supervisor_start_ticks):
-        os.kill(job.supervisor_pid, signal.SIGTERM)
+    return _each_job(args, actions.cancel)
 
 
 def cmd_hold(args) -> int:
-    from scheduler.store import set_held
+    from scheduler import actions
 
-    return _each_job(args, lambda e, j: (set_held(e, j, True), f"job {j}: held")[1])
+    return _each_job(args, actions.hold)
 
 
 def cmd_release(args) -> int:
-    from scheduler.store import set_held
+    from scheduler import actions
 
-    return _each_job(args, lambda e, j: (set_held(e, j, False), f"job {j}: released")[1])
+    return _each_job(args, actions.release)
 
 
 def cmd_requeue(args) -> int:
-    from scheduler.store import get_job, requeue
+    from scheduler import actions
 
-    def act(engine, job_id):
-        if requeue(engine, job_id) == "requested":
-            _signal_supervisor(get_job(engine, job_id))
-            return f"job {job_id}: stopping, then back in the queue"
-        return f"job {job_id}: requeued"
-    return _each_job(args, act)
+    return _each_job(args, actions.requeue)
 
 
 def cmd_info(args) -> int:
@@ -328,36 +322,31 @@ def cmd_info(args) -> int:
 
 def _latest_samples() -> dict[str, dict]:
     """The newest sample of each device if it is fresh (the daemon samples once a second)."""
-    from sqlalchemy import func, select
+    from scheduler.status import latest_samples
 
-    from sae_dist.db import GpuSample
-
-    t = GpuSample.__table__
-    engine = _engine()
-    with engine.connect() as conn:
-        newest = select(t.c.device_uuid, func.max(t.c.id).label("id")).group_by(t.c.device_uuid).subquery()
-        rows = conn.execute(select(t).join(newest, t.c.id == newest.c.id)).mappings().all()
-    fresh = time.time() - 10
-    return {r["device_uuid"]: dict(r) for r in rows
-            if r["time"] and r["time"].replace(tzinfo=r["time"].tzinfo or timezone.utc).timestamp() > fresh}
+    return latest_samples(_engine())
 
 
 def cmd_acct(args) -> int:
     from scheduler.recommend import format_memory
     from scheduler.store import list_jobs
-    from scheduler.usage import job_usage
+    from scheduler.usage import job_usage, summarize
 
     engine = _engine()
     jobs = list_jobs(engine)
     if args.jobs:
-        wanted = {int(x) for x in args.jobs.split(",") if x.strip().isdigit()}
+        parts = [x.strip() for x in args.jobs.split(",")]
+        if not all(x.isascii() and x.isdigit() for x in parts):
+            raise UserError(f"--jobs: {args.jobs!r} is not a list of job ids; write e.g. 3,5")
+        wanted = {int(x) for x in parts}
         jobs = [j for j in jobs if j.id in wanted]
     now = time.time()
     rows = []
     usage = job_usage(engine, [j.id for j in jobs])
+    no_samples = summarize([])  # every usage key, null: a job without samples has unknown usage
     for j in jobs:
         row = _job_row(j, now)
-        row.update(usage.get(j.id, {}))
+        row.update(usage.get(j.id) or no_samples)
         rows.append(row)
     if args.json:
         print(json.dumps(rows, indent=1))
@@ -377,12 +366,12 @@ def cmd_acct(args) -> int:
 
 
 def cmd_recommend(args) -> int:
-    from scheduler.recommend import format_memory, parse_memory, recommend
+    from scheduler.recommend import format_memory, recommend
 
     if args.count < 1:
         raise UserError(f"--count must be at least 1, got {args.count}")
     devices, states, _ = _devices_now()
-    mem = parse_memory(args.mem) if args.mem else None
+    mem = _parse_memory(args.mem) if args.mem else None
     rec = recommend(devices, states, args.count, mem)
     if args.json:
         print(json.dumps({"chosen": rec.chosen, "passed_over": rec.passed_over, "error": rec.error}, indent=1))
@@ -403,7 +392,8 @@ def cmd_export_sbatch(args) -> int:
     from scheduler.sbatch import sbatch_script
     from scheduler.store import get_job
 
-    script = sbatch_script(get_job(_engine(), args.job_id), nodes=args.nodes, gpus_per_node=args.gpus_per_node)
+    script = sbatch_script(get_job(_engine(), args.job_id), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                           cpu=args.cpu)
     if args.out:
         with open(args.out, "w") as f:
             f.write(script)
@@ -414,14 +404,19 @@ def cmd_export_sbatch(args) -> int:
 
 
 def cmd_daemon(args) -> int:
-    from scheduler.daemon import daemon_running, main as run_daemon, start_daemon_detached
+    from sae_dist.paths import state_home
+    from scheduler.daemon import daemon_running, main as run_daemon, start_daemon_detached, stop_daemon
 
+    if args.stop:
+        pid = stop_daemon()
+        print(f"daemon {pid} stopped" if pid else f"no daemon runs for {state_home()}")
+        return 0
     if args.detach:
         if daemon_running():
-            print("a daemon already runs")
+            print(f"a daemon already runs for {state_home()}")
             return 0
         start_daemon_detached()
-        print("daemon started")
+        print(f"daemon started for {state_home()} (log: {state_home() / 'daemon.log'})")
         return 0
     return run_daemon()
 

@@ -29,14 +29,16 @@ def _safe_line(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]+", "_", text)[:200] or "job"
 
 
-def sbatch_script(job, nodes: int = 1, gpus_per_node: int | None = None) -> str:
+def sbatch_script(job, nodes: int = 1, gpus_per_node: int | None = None, cpu: bool = False) -> str:
+    """The batch script. `cpu=True` runs gpus_per_node gloo ranks per node on CPUs (no GPU request):
+    for CPU partitions, and for trying a job on a small cluster first."""
     from sae_dist.errors import UserError
 
     if nodes < 1:
         raise UserError(f"--nodes must be at least 1, got {nodes}")
-    gpus = gpus_per_node if gpus_per_node is not None else max(1, job.gpus)
-    if gpus < 1:
-        raise UserError(f"--gpus-per-node must be at least 1, got {gpus}")
+    ranks = gpus_per_node if gpus_per_node is not None else max(1, job.gpus)
+    if ranks < 1:
+        raise UserError(f"--gpus-per-node must be at least 1, got {ranks}")
     name = _safe_line(job.name)
     lines = [
         "#!/bin/bash",
@@ -44,24 +46,29 @@ def sbatch_script(job, nodes: int = 1, gpus_per_node: int | None = None) -> str:
         f"#SBATCH --job-name={name}",
         f"#SBATCH --nodes={nodes}",
         "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --gpus-per-node={gpus}",
         "#SBATCH --output=%x-%j.out",
     ]
+    if not cpu:
+        lines.insert(5, f"#SBATCH --gpus-per-node={ranks}")
     if job.time_limit_s:
         lines.append(f"#SBATCH --time={slurm_time(job.time_limit_s)}")
     lines += ["", "set -euo pipefail", f"cd {shlex.quote(job.workdir)}", "export CUDA_DEVICE_ORDER=PCI_BUS_ID"]
+    if cpu:
+        lines.append("export SAE_DIST_DEVICE_TYPE=cpu")
     for key, value in json.loads(job.env_json or "{}").items():
         lines.append(f"export {key}={shlex.quote(value)}")
     if job.kind == "train":
         from scheduler.spec import train_argv
 
-        flags = train_argv(json.loads(job.train_config_json), f"cuda:{gpus}")
+        flags = train_argv(json.loads(job.train_config_json), f"{'cpu' if cpu else 'cuda'}:{ranks}")
         lines += [
+            "# Metrics go to the run directory only: SQLite on a shared (NFS) home is refused. To record",
+            "# them in a shared database, export SAE_DIST_DB_URL=postgresql://... and drop --no-db.",
             'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
             "srun torchrun --nnodes \"$SLURM_JOB_NUM_NODES\" "
-            f"--nproc-per-node {gpus} --rdzv-backend c10d "
+            f"--nproc-per-node {ranks} --rdzv-backend c10d "
             f"--rdzv-endpoint \"$head_node:{RDZV_PORT}\" --rdzv-id \"$SLURM_JOB_ID\" \\",
-            "    -m sae_dist train " + " ".join(shlex.quote(f) for f in flags),
+            "    -m sae_dist train " + " ".join(shlex.quote(f) for f in [*flags, "--no-db"] if f != "--db"),
         ]
     else:
         lines.append("srun " + " ".join(shlex.quote(a) for a in json.loads(job.argv_json)))

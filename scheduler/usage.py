@@ -26,7 +26,9 @@ def summarize(samples: list[tuple[str, float, float | None, int | None, float | 
         by_device[device].append((t, power))
     energy_j, measured = 0.0, False
     for points in by_device.values():
-        points.sort()
+        # By time only (a None power cannot be compared); at one instant a reading without power
+        # goes first, so it never splits a measured interval.
+        points.sort(key=lambda point: (point[0], point[1] is not None))
         for (t0, p0), (t1, p1) in zip(points, points[1:]):
             if p0 is None or p1 is None or t1 - t0 > MAX_GAP_S:
                 continue
