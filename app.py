@@ -1,26 +1,185 @@
-"""Overview: every training run in the state database, refreshed live.
+"""Overview: the machine at a glance: devices, running jobs, the queue, finished jobs, training runs.
 
-Run with `streamlit run app.py`; the state database is `$SAE_DIST_HOME/state.db`
-(or `$SAE_DIST_DB_URL`). Logic lives in `sae_dist.analytics`; this page only lays it out.
+Run with `streamlit run app.py`; the state database is `$SAE_DIST_HOME/state.db` (or
+`$SAE_DIST_DB_URL`). Device and queue data come from `scheduler.status`, formatting from
+`sae_dist.analytics`; this page only lays them out. The live parts are fragments that redraw
+themselves every REFRESH_SECONDS without rerunning the page.
 """
 
 from datetime import datetime, timezone
 
 import streamlit as st
 
+from sae_dist.analytics import devices as dev
+from sae_dist.analytics import format as fmt
 from sae_dist.analytics import queries
 from sae_dist.analytics.format import runs_table
-from webui.sidebar import REFRESH_SECONDS, page_frame
+from sae_dist.errors import UserError
+from scheduler import status
+from scheduler.store import JobNotFound, count_jobs, get_job
+from scheduler.submit import submit_demo
+from webui.sidebar import APP_ROOT, REFRESH_SECONDS, page_frame
 
 engine = page_frame("Overview", ":material/dashboard:")
+MONITOR_PAGE = "pages/2_Monitor.py"
+RUNS_PAGE = "pages/4_Training_runs.py"
+FINISHED_COLORS = {"COMPLETED": "green", "CANCELLED": "gray", "TIMEOUT": "orange"}  # others: red
+
+
+def monitor_link(job_id: int, run_id: int | None, label: str) -> None:
+    """A link to watch a job: the Monitor page once it exists, else its training run's page."""
+    if (APP_ROOT / MONITOR_PAGE).is_file():
+        st.page_link(MONITOR_PAGE, label=label, icon=":material/speed:", query_params={"job": str(job_id)})
+    elif run_id is not None:
+        st.page_link(RUNS_PAGE, label=label, icon=":material/monitoring:", query_params={"run": str(run_id)})
+
+
+def start_demo() -> None:
+    try:
+        job_id, chosen = submit_demo(engine, str(APP_ROOT))
+    except UserError as error:
+        st.session_state["demo_error"] = str(error)
+        return
+    st.session_state["demo_job"] = (job_id, len(chosen) or 1)
+
 
 st.title("Overview", anchor=False)
-st.caption("Sparse autoencoders trained on this machine, newest first; updated every "
-           f"{REFRESH_SECONDS} s.")
+st.caption(f"Devices, jobs and training runs on this machine; updated every {REFRESH_SECONDS} s.")
+
+def demo_active(job_id: int) -> bool:
+    try:
+        return get_job(engine, job_id).state in ("PENDING", "RUNNING")
+    except JobNotFound:
+        return False
+
+
+demo = st.session_state.get("demo_job")
+if demo is not None and demo_active(demo[0]):
+    job_id, n = demo
+    with st.container(border=True):
+        st.success(f"Demo job {job_id} is queued on {n} device{'s' if n > 1 else ''}: synthetic data, "
+                   "3,000 steps, about a minute on CPU. Its curves appear below as it trains.",
+                   title="Demo submitted", icon=":material/rocket_launch:")
+        monitor_link(job_id, None, f"Monitor job {job_id}")
+elif demo is None and count_jobs(engine) == 0 and not queries.list_runs(engine, limit=1):
+    with st.container(border=True, key="demo_card"):
+        st.markdown("**Nothing has run here yet.** Try it with one click: a small sparse autoencoder "
+                    "on synthetic activations (d_in 64, 256 latents, k = 8, 3,000 steps) on up to two "
+                    "free devices. It starts within seconds and finishes in about a minute on CPU.")
+        st.button("Start a demo training", key="demo", type="primary", icon=":material/play_arrow:",
+                  on_click=start_demo)
+        if "demo_error" in st.session_state:
+            st.error(st.session_state["demo_error"], title="The demo could not be queued")
+
+
+@st.fragment(run_every=REFRESH_SECONDS)
+def machine_overview() -> None:
+    now = datetime.now(timezone.utc)
+    devices, states, _ = status.devices_now(engine)
+    rows = status.device_rows(devices, states, status.latest_samples(engine))
+    st.subheader("Devices", anchor=False)
+    if any(r["virtual"] for r in rows):
+        st.caption("No NVIDIA GPU in use here: these are virtual devices, each one CPU-backed "
+                   "training rank. Their memory is a share of the machine's RAM; temperature and "
+                   f"power are not measured ({fmt.MISSING}).")
+    with st.grid(4, gap="small", min_column_width=220):
+        for row in rows:
+            device_card(row)
+
+    queue = status.queue_overview(engine, now)
+    counts = queue["counts"]
+    st.subheader("Jobs", anchor=False)
+    with st.container(horizontal=True):
+        st.metric("Running jobs", counts["RUNNING"], border=True, width=180)
+        st.metric("Pending jobs", counts["PENDING"], border=True, width=180,
+                  help=f"{counts['held']} of them held" if counts["held"] else None)
+    for job in queue["running"]:
+        running_job(job)
+    if queue["pending"]:
+        st.markdown("**Next in the queue**")
+        st.dataframe(
+            [{"Job": j["id"], "Name": j["name"], "GPUs": j["gpus"], "Priority": j["priority"],
+              "Reason": j["reason"] or fmt.MISSING} for j in queue["pending"]],
+            hide_index=True, alt="The first pending jobs, in the order they will start, with why they wait",
+            column_config={"Job": st.column_config.NumberColumn(format="%d", width=60)})
+        if counts["PENDING"] > len(queue["pending"]):
+            st.caption(f"and {counts['PENDING'] - len(queue['pending'])} more pending.")
+    elif not queue["running"]:
+        st.caption("The queue is empty.")
+    if queue["finished"]:
+        st.markdown("**Recently finished**")
+        st.dataframe(
+            [{"Job": j["id"], "Name": j["name"], "State": j["state"],
+              "Exit code": exit_text(j["exit_code"], j["signal"]),
+              "Ended": fmt.fmt_ago((now - j["ended_at"]).total_seconds() if j["ended_at"] else None),
+              "Elapsed": fmt.fmt_duration(j["elapsed_s"]), "Reason": j["reason"] or ""}
+             for j in queue["finished"]],
+            hide_index=True, alt="The last jobs that ended, with their state and exit code",
+            column_config={"Job": st.column_config.NumberColumn(format="%d", width=60)})
+
+
+def device_card(row: dict) -> None:
+    c = dev.card(row)
+    label, color, why = c["badge"]
+    with st.container(border=True, gap="small"):
+        st.markdown(f"**{c['title']}**")
+        with st.container(horizontal=True, vertical_alignment="center", gap="small"):
+            st.badge(label, color=color, help=why)
+            if c["virtual"]:
+                st.badge("virtual", color="gray", icon=":material/memory:", help=dev.VIRTUAL_HELP)
+        if c["memory_fraction"] is None:
+            st.caption(f"Memory {c['memory_text']}")
+        else:
+            st.progress(c["memory_fraction"], text=f"Memory {c['memory_text']}")
+        if c["utilization_fraction"] is None:
+            st.caption(f"Utilisation {c['utilization']}")
+        else:
+            st.progress(c["utilization_fraction"], text=f"Utilisation {c['utilization']}")
+        st.markdown(f":small[Temperature **{c['temperature']}** · Power **{c['power']}**]")
+
+
+def running_job(job: dict) -> None:
+    with st.container(border=True, gap="small"):
+        with st.container(horizontal=True, vertical_alignment="center", gap="small"):
+            st.markdown(f"**Job {job['id']}** · {job['name']}", width="content")
+            st.badge("RUNNING", color="blue")
+            if job["cancel_requested"]:
+                st.badge("cancelling", color="orange")
+            st.caption(f"on {fmt.short_devices(job['devices'])}", width="content")
+        text = progress_text(job)
+        if job["fraction"] is None:
+            st.caption(text)
+        else:
+            st.progress(job["fraction"], text=text)
+        monitor_link(job["id"], job["run_id"], f"Watch job {job['id']}")
+
+
+def progress_text(job: dict) -> str:
+    basis = job["basis"]
+    if basis == "steps":
+        eta = f" · ETA {fmt.fmt_duration(job['eta_s'])}" if job["eta_s"] is not None else ""
+        return f"Step {fmt.fmt_steps(job['step'], job['total_steps'])}{eta}"
+    if basis == "starting":
+        total = f" of {job['total_steps']:,} steps" if job["total_steps"] else ""
+        return f"Starting: no step logged yet{total} · running for {fmt.fmt_duration(job['elapsed_s'])}"
+    if basis == "time":
+        return (f"Elapsed {fmt.fmt_duration(job['elapsed_s'])} of its "
+                f"{fmt.fmt_duration(job['time_limit_s'])} time limit")
+    return f"Elapsed {fmt.fmt_duration(job['elapsed_s'])} · no time limit"
+
+
+def exit_text(code: int | None, signal: int | None) -> str:
+    if signal:
+        return f"signal {signal}"
+    return fmt.MISSING if code is None else str(code)
+
+
+machine_overview()
 
 
 @st.fragment(run_every=REFRESH_SECONDS)
 def runs_overview() -> None:
+    st.subheader("Training runs", anchor=False)
     runs = queries.list_runs(engine)
     if not runs:
         st.info("Start one from a terminal in the repository; it appears here as it starts.",
@@ -30,12 +189,12 @@ def runs_overview() -> None:
 
     statuses = [run["status"] for run in runs]
     with st.container(horizontal=True):
-        for status in ("RUNNING", "COMPLETED", "FAILED"):
-            st.metric(status.capitalize(), statuses.count(status), border=True)
+        for run_status in ("RUNNING", "COMPLETED", "FAILED"):
+            st.metric(run_status.capitalize(), statuses.count(run_status), border=True, width=180)
 
     st.dataframe(
         runs_table(runs, datetime.now(timezone.utc)),
-        hide_index=True,
+        hide_index=True, key="runs_table",
         alt="Training runs with their status, progress and latest metrics",
         column_config={
             "id": st.column_config.NumberColumn("Run", format="%d", width=45),
@@ -60,7 +219,7 @@ def runs_overview() -> None:
 
     for run in runs:
         if run["status"] == "RUNNING":
-            st.page_link("pages/4_Training_runs.py", label=f"Watch run {run['id']} ({run['name']})",
+            st.page_link(RUNS_PAGE, label=f"Watch run {run['id']} ({run['name']})",
                          icon=":material/play_circle:", query_params={"run": str(run["id"])})
 
 

@@ -14,7 +14,6 @@ from webui.sidebar import REFRESH_SECONDS, page_frame
 
 engine = page_frame("Training runs", ":material/monitoring:")
 STALE_AFTER_S = 600  # a RUNNING run silent this long may have died without saying so
-STATUS_COLORS = {"RUNNING": "blue", "COMPLETED": "green", "FAILED": "red"}
 
 
 # Keyed by what changes when new rows land, so a finished run is read once and a live one
@@ -69,7 +68,7 @@ def run_view(run_id: int, live: bool) -> None:
     silent = None if run["last_update"] is None else (now - run["last_update"]).total_seconds()
     with st.container(horizontal=True, vertical_alignment="center"):
         st.subheader(run["name"], anchor=False, width="content")
-        st.badge(run["status"], color=STATUS_COLORS.get(run["status"], "gray"))
+        st.badge(run["status"], color=fmt.RUN_STATUS_COLORS.get(run["status"], "gray"))
     when = (f"last metrics {fmt.fmt_ago(silent)}" if run["status"] == "RUNNING"
             else f"ended {fmt.fmt_time(run['finished_at'])}")
     st.caption(f"Step {fmt.fmt_steps(run['last_step'], run['total_steps'])}"
@@ -79,6 +78,8 @@ def run_view(run_id: int, live: bool) -> None:
         st.progress(run["progress"])
     if run["status"] == "FAILED":
         st.error(run["error"] or "no error message recorded", title="The run failed")
+    elif run["status"] == "STOPPED":
+        st.caption(f"The training {run['error'] or 'was stopped'} at step {run['last_step']:,}.")
     elif run["status"] == "RUNNING" and silent is not None and silent > STALE_AFTER_S:
         st.warning(f"The last metrics arrived {fmt.fmt_ago(silent)}: the training process "
                    "may have stopped without recording it.")

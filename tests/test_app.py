@@ -13,11 +13,22 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from sae_dist.db import DatabaseMetricsLogger, create_run, get_engine, update_run, utcnow
+from scheduler.daemon import daemon_running
+from scheduler.store import finish_job, list_jobs
+from webui.sidebar import PAGES
 
 from conftest import REPO
+from test_status import command_job, running_job, training_run
 
 RUNS_PAGE = "pages/4_Training_runs.py"
 TIMEOUT = 30  # the first run imports pandas and Altair
+
+
+@pytest.fixture(autouse=True)
+def virtual_devices(state_home, monkeypatch):
+    """4 virtual devices whatever the machine; no daemon started by the demo button."""
+    monkeypatch.setenv("SAE_DIST_VIRTUAL_GPUS", "4")
+    monkeypatch.setenv("SAE_DIST_AUTOSTART", "0")
 
 
 def app() -> AppTest:
@@ -67,7 +78,9 @@ def test_overview_empty_database_says_how_to_start(state_home):
     assert at.info[0].proto.title == "No training run yet"
     assert "python -m sae_dist train --devices cpu:2 --steps 200" in at.code[0].value
     labels = [link.value for link in at.page_link]
-    assert labels == ["Overview", "Training runs"]  # the sidebar, drawn by webui.sidebar
+    existing = [label for path, label, _ in PAGES if (REPO / path).is_file()]
+    assert labels == existing  # the sidebar, drawn by webui.sidebar: the pages that exist
+    assert {"Overview", "Train", "Training runs"} <= set(labels)
 
 
 def test_runs_page_empty_database(state_home):
@@ -92,7 +105,8 @@ def test_overview_lists_runs(runs):
     assert by_name.loc["running-run", "steps"] == "30 / 300"
     assert by_name.loc["running-run", "progress"] == pytest.approx(0.1)
     assert by_name.loc["running-run", "devices"] == "cpu:0, cpu:1"
-    assert {m.label: m.value for m in at.metric} == {"Running": "1", "Completed": "1", "Failed": "0"}
+    run_counts = {m.label: m.value for m in at.metric if m.label in ("Running", "Completed", "Failed")}
+    assert run_counts == {"Running": "1", "Completed": "1", "Failed": "0"}
     assert any(link.value == f"Watch run {live} (running-run)" for link in at.page_link)
 
 
@@ -145,3 +159,74 @@ def test_runs_page_shows_a_failed_run_error(state_home):
     assert not at.exception
     assert "RuntimeError: NaN in loss" in at.error[0].value
     assert {m.label: m.value for m in at.metric}["Latest samples/s"] == "—"
+
+
+# ---- the machine: devices, the queue, running and finished jobs, the demo ----
+
+def test_overview_shows_every_device_as_a_card(state_home):
+    at = app().run()
+    assert not at.exception
+    markdown = [m.value for m in at.markdown]
+    for i in range(4):
+        assert f"**{i} · Virtual GPU {i} (CPU-backed)**" in markdown
+    assert markdown.count(":gray-badge[:material/memory: virtual]") == 4
+    assert markdown.count(":green-badge[idle]") == 4
+    readings = [m for m in markdown if "Temperature **" in m]
+    assert len(readings) == 4 and all("Temperature **—** · Power **—**" in m for m in readings)  # never 0
+    assert [p.text for p in at.progress if p.text.startswith("Utilisation")] == ["Utilisation 0%"] * 4
+    bars = [p for p in at.progress if p.text.startswith("Memory ")]
+    assert len(bars) == 4 and all(" / " in p.text and "GiB" in p.text for p in bars)
+
+
+def test_overview_demo_button_queues_a_small_training(state_home):
+    at = app().run()
+    assert [b.label for b in at.button] == ["Start a demo training"]
+    at.button(key="demo").click().run()
+    assert not at.exception
+    jobs = list_jobs(get_engine())
+    assert len(jobs) == 1
+    job = jobs[0]
+    assert (job.kind, job.state, job.gpus) == ("train", "PENDING", 2)
+    assert json.loads(job.gpu_ids_json) == ["virtual-0", "virtual-1"]
+    config = json.loads(job.train_config_json)
+    assert (config["source"], config["d_in"], config["expansion_factor"], config["k"],
+            config["batch_size"], config["steps"]) == ("synthetic", 64, 4, 8, 256, 3000)
+    assert at.success[0].value.startswith(f"Demo job {job.id} is queued on 2 devices")
+    assert not at.button  # offered on an empty database only
+    assert not daemon_running()  # SAE_DIST_AUTOSTART=0
+
+    at = app().run()  # a later visit: the database is no longer empty
+    assert not at.button and {m.label: m.value for m in at.metric}["Pending jobs"] == "1"
+
+
+def test_overview_shows_running_jobs_the_queue_and_finished_jobs(state_home):
+    engine = get_engine()
+    now = utcnow()
+    train = running_job(engine, ["virtual-0", "virtual-1"], kind="train", name="trainer",
+                        started=now - timedelta(seconds=70))
+    t0 = now - timedelta(seconds=60)
+    training_run(engine, train, 3000, [(10, t0), (300, t0 + timedelta(seconds=58))], name="trainer-run")
+    limited = running_job(engine, ["virtual-2"], name="limited", time_limit_s=600.0,
+                          started=now - timedelta(seconds=150))
+    waiting = command_job(engine, "waiting", gpu_ids=["virtual-0"])
+    done = running_job(engine, ["virtual-3"], name="done")
+    finish_job(engine, done, "FAILED", exit_code=3)
+
+    at = app().run()
+    assert not at.exception
+    assert not at.button  # not an empty database: no demo
+    counts = {m.label: m.value for m in at.metric}
+    assert (counts["Running jobs"], counts["Pending jobs"]) == ("2", "1")
+    bars = {p.text: p.value for p in at.progress if not p.text.startswith(("Memory ", "Utilisation "))}
+    step_bar = next(text for text in bars if text.startswith("Step 300 / 3,000 · ETA "))
+    assert bars[step_bar] == 10  # percent
+    time_bar = next(text for text in bars if text.endswith(" of its 10 min 00 s time limit"))
+    assert time_bar.startswith("Elapsed 2 min 3") and bars[time_bar] == 25  # 150 s of 600
+    markdown = [m.value for m in at.markdown]
+    assert f"**Job {train}** · trainer" in markdown and f"**Job {limited}** · limited" in markdown
+    assert f":blue-badge[job {train}]" in markdown  # the cards of its devices
+    pending, finished = at.dataframe[0].value, at.dataframe[1].value
+    assert list(pending["Job"]) == [waiting] and list(pending["Name"]) == ["waiting"]
+    assert list(finished["State"]) == ["FAILED"] and list(finished["Exit code"]) == ["3"]
+    links = [link.value for link in at.page_link]
+    assert f"Watch job {train}" in links  # to its run's page (or the Monitor once it exists)

@@ -107,3 +107,52 @@ def runs_table(runs: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]
             "last update": fmt_ago(None if updated is None else (now - updated).total_seconds()),
         })
     return rows
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """A longer duration (elapsed, ETA, time limit): "45 s", "3 min 05 s", "2 h 07 min",
+    "1 d 04 h"; "—" when unknown."""
+    if _missing(seconds):
+        return MISSING
+    s = int(round(max(0.0, seconds)))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s // 86400} d {s % 86400 // 3600:02d} h"
+
+
+def fmt_celsius(value: float | None) -> str:
+    """A temperature: "64 °C"; "—" when not measured (a virtual device has none)."""
+    return MISSING if _missing(value) else f"{value:.0f} °C"
+
+
+def fmt_watts(value: float | None, limit: float | None = None) -> str:
+    """Power draw: "212 W", or "212 / 300 W" with the card's limit; "—" when not measured."""
+    if _missing(value):
+        return MISSING
+    return f"{value:.0f} W" if _missing(limit) else f"{value:.0f} / {limit:.0f} W"
+
+
+def fmt_util(value: float | None) -> str:
+    """Utilisation in percent (0 to 100): "37%"; "—" when not measured."""
+    return MISSING if _missing(value) else f"{value:.0f}%"
+
+
+def memory_fraction(used: int | None, total: int | None) -> float | None:
+    """used / total clipped to 0..1, for a memory bar; None when either is unknown."""
+    if _missing(used) or _missing(total) or not total:
+        return None
+    return min(1.0, max(0.0, used / total))
+
+
+def fmt_memory_of(used: int | None, total: int | None) -> str:
+    """"1.2 GiB / 80.0 GiB"; an unknown side reads "—"."""
+    return f"{fmt_bytes(used)} / {fmt_bytes(total)}"
+
+
+# A training run's status as a badge colour (the trainer writes RUNNING, COMPLETED, FAILED, and
+# STOPPED when a signal ended it: a cancel, a time limit, Ctrl-C).
+RUN_STATUS_COLORS = {"RUNNING": "blue", "COMPLETED": "green", "FAILED": "red", "STOPPED": "orange"}

@@ -247,3 +247,29 @@ class GpuSample(Base, table=True):
     temperature_c: float | None = None
     power_w: float | None = None
     job_id: int | None = Field(default=None, index=True)  # no FK: samples outlive pruned jobs
+
+
+class GpuMinute(Base, table=True):
+    """One device's samples of one minute, as sums and counts: long windows read these.
+
+    Kept by a database trigger on every insert into gpu_samples (migration 0003), so no writer
+    has to know about it; a day is 1,440 rows a device here against 86,400 samples, which is
+    what lets the app chart 24 h or a week as fast as an hour. Sums and counts (not means) so
+    that minutes add up exactly into wider buckets. A figure nobody measured in a minute has a
+    count of 0 and a NULL sum: unknown, never 0. Thinning old samples leaves these rows alone.
+    A SQLite batch migration that recreates gpu_samples drops the trigger: recreate it there.
+    """
+
+    __tablename__ = "gpu_minutes"
+
+    device_uuid: str = Field(primary_key=True)
+    minute: int = Field(primary_key=True)  # Unix time (UTC) // 60 of the samples
+    samples: int
+    utilization_sum: float | None = None
+    utilization_n: int = 0
+    memory_used_sum: int | None = Field(default=None, sa_type=BigInteger)
+    memory_used_n: int = 0
+    memory_total_max: int | None = Field(default=None, sa_type=BigInteger)
+    temperature_max: float | None = None
+    power_sum: float | None = None
+    power_n: int = 0

@@ -1,0 +1,358 @@
+"""Train: pick devices and queue a sparse-autoencoder training job.
+
+The device table says what each device is doing; a device that is allocated, busy or
+unavailable cannot be picked, and says why. The form is the trainer's own configuration
+(`sae_dist.config.TrainConfig`: labels' help from its fields, validation by `build_config`),
+so the page can only queue a validated training, never a command. Widgets live outside
+`st.form` so that everything follows the form as it changes: the memory estimate, the
+recommended devices (preselected until you pick your own), the selection summary.
+"""
+
+from datetime import datetime
+from pathlib import Path
+
+import streamlit as st
+
+from sae_dist.analytics import devices as dev
+from sae_dist.analytics import format as fmt
+from sae_dist.config import ARCHITECTURES, PRECISIONS, SOURCES, SYNTHETIC_D_IN, build_config, config_fields
+from sae_dist.errors import ConfigError, UserError
+from sae_dist.paths import state_home
+from scheduler import status
+from scheduler.recommend import recommend
+from scheduler.spec import JobSpec, parse_time_limit
+from scheduler.submit import submit_spec
+from webui.sidebar import APP_ROOT, page_frame
+
+engine = page_frame("Train", ":material/rocket_launch:")
+MONITOR_PAGE = "pages/2_Monitor.py"
+HELP = {f.name: f.metadata.get("help") for f in config_fields()}
+DEFAULT = {f.name: f.default for f in config_fields()}
+# Widget keys and their first values (the trainer's defaults), set in one place.
+FORM_DEFAULTS = {
+    "tr_architecture": DEFAULT["architecture"], "tr_source": DEFAULT["source"], "tr_shards_path": "",
+    "tr_d_in": SYNTHETIC_D_IN, "tr_width_by": "expansion", "tr_expansion": DEFAULT["expansion_factor"],
+    "tr_d_sae": SYNTHETIC_D_IN * DEFAULT["expansion_factor"], "tr_k": DEFAULT["k"],
+    "tr_l1": DEFAULT["l1_coefficient"], "tr_l0": DEFAULT["l0_coefficient"], "tr_batch": DEFAULT["batch_size"],
+    "tr_lr": "", "tr_steps": DEFAULT["steps"], "tr_precision": DEFAULT["precision"],
+    "tr_checkpoint_every": DEFAULT["checkpoint_every"], "tr_name": "", "tr_priority": 0, "tr_time": "",
+    "tr_auto": True,  # preselect the recommended devices until the user ticks one
+}
+if st.session_state.pop("tr_clear_name", False):  # a name is for one run: free it after a submit
+    st.session_state["tr_name"] = ""
+for key, value in FORM_DEFAULTS.items():
+    st.session_state.setdefault(key, value)
+WIDTH_BY = {"expansion": "Expansion factor", "d_sae": "d_sae"}
+# Fields of the form that JobSpec checks (its errors name the CLI flag).
+SPEC_FLAGS = {"--job-name": "name", "--nice": "priority", "--time": "time_limit"}
+
+
+def device_key(uuid: str) -> str:
+    return f"tr_dev_{uuid}"
+
+
+def picked_by_hand() -> None:
+    """A device was ticked or unticked: the selection is the user's now; the count follows it."""
+    st.session_state["tr_auto"] = False
+    ticked = sum(bool(st.session_state.get(device_key(u))) for u in st.session_state.get("tr_uuids", []))
+    st.session_state["tr_n_gpus"] = max(1, ticked)
+
+
+def use_recommended() -> None:
+    st.session_state["tr_auto"] = True
+
+
+@st.cache_data(ttl=30, show_spinner=False, max_entries=16)
+def shards_d_in(path: str) -> int:
+    from sae_dist.sources.shards import open_shards
+
+    return open_shards(path).d_in
+
+
+def run_dir_taken(name: str) -> Path | None:
+    """The run directory a named run would write to, when it already holds files (the trainer
+    would refuse to start); None when the name is free."""
+    from sae_dist.train import safe_name
+
+    run_dir = state_home() / "runs" / safe_name(name)
+    return run_dir if run_dir.is_dir() and any(run_dir.iterdir()) else None
+
+
+st.title("Train", anchor=False)
+st.caption("Configure a sparse autoencoder, pick its devices and queue it: the scheduler starts it "
+           "as soon as they are free.")
+devices_box = st.container()
+errors: dict[str, str] = {}  # form field -> message shown under it
+slots = {}
+
+
+def error_slot(field: str) -> None:
+    slots[field] = st.empty()
+
+
+# ---- the SAE form (drawn below the devices, read first: the devices depend on it) ----
+st.subheader("Sparse autoencoder", anchor=False)
+general_error = st.empty()
+model_col, data_col, job_col = st.columns(3, gap="medium")
+with model_col:
+    st.markdown("**Model**")
+    architecture = st.segmented_control("Architecture", ARCHITECTURES, key="tr_architecture",
+                                        required=True, help=HELP["architecture"])
+    error_slot("architecture")
+    width_by = st.segmented_control("Latent count", list(WIDTH_BY), key="tr_width_by", required=True,
+                                    format_func=WIDTH_BY.get, help="Give d_sae directly, or as d_in x a factor")
+    if width_by == "d_sae":
+        d_sae = st.number_input("d_sae (latents)", key="tr_d_sae", step=1024, help=HELP["d_sae"])
+        error_slot("d_sae")
+    else:
+        expansion = st.number_input("Expansion factor", key="tr_expansion", step=1,
+                                    help=HELP["expansion_factor"])
+        error_slot("expansion_factor")
+    if architecture in ("topk", "batchtopk"):
+        k = st.number_input("k (active latents)", key="tr_k", step=1, help=HELP["k"])
+        error_slot("k")
+    elif architecture == "standard":
+        l1 = st.number_input("L1 coefficient", key="tr_l1", step=0.01, format="%.4f",
+                             help=HELP["l1_coefficient"])
+        error_slot("l1_coefficient")
+    else:
+        l0 = st.number_input("L0 coefficient", key="tr_l0", step=0.005, format="%.4f",
+                             help=HELP["l0_coefficient"])
+        error_slot("l0_coefficient")
+    precision = st.segmented_control("Precision", PRECISIONS, key="tr_precision", required=True,
+                                     help=HELP["precision"])
+    error_slot("precision")
+
+with data_col:
+    st.markdown("**Data and optimisation**")
+    source = st.segmented_control("Source", SOURCES, key="tr_source", required=True, help=HELP["source"])
+    error_slot("source")
+    d_in = None
+    shards_path = None
+    if source == "shards":
+        typed = st.text_input("Shards directory", key="tr_shards_path", help=HELP["shards_path"],
+                              placeholder="/data/activations/gpt2-layer6")
+        error_slot("shards_path")
+        if typed.strip():
+            path = Path(typed.strip()).expanduser()
+            shards_path = str(path if path.is_absolute() else (APP_ROOT / path).resolve())
+            try:
+                d_in = shards_d_in(shards_path)
+            except UserError as error:
+                errors["shards_path"] = str(error)
+        else:
+            errors["shards_path"] = "the directory of the activation shards (safetensors files)"
+        st.number_input("d_in (from the shards)", value=d_in, disabled=True,
+                        help="The width of the shards' activations, read from their headers")
+    else:
+        d_in = st.number_input("d_in", key="tr_d_in", step=64,
+                               help=f"Width of the synthetic activations (default {SYNTHETIC_D_IN})")
+        error_slot("d_in")
+    batch = st.number_input("Batch size per device", key="tr_batch", step=256, help=HELP["batch_size"])
+    error_slot("batch_size")
+    lr_text = st.text_input("Learning rate", key="tr_lr", help=HELP["lr"], placeholder="default")
+    error_slot("lr")
+    steps = st.number_input("Steps", key="tr_steps", step=100, help=HELP["steps"])
+    error_slot("steps")
+
+with job_col:
+    st.markdown("**Job**")
+    name = st.text_input("Name", key="tr_name", placeholder="<architecture>-<d_sae>-<time>",
+                         help="The job's and the run's name; blank: one is made up at submit")
+    error_slot("name")
+    checkpoint_every = st.number_input("Checkpoint every (steps)", key="tr_checkpoint_every", step=100,
+                                       help=HELP["checkpoint_every"])
+    error_slot("checkpoint_every")
+    priority = st.number_input("Priority", key="tr_priority", step=1,
+                               help="Higher starts first among pending jobs (SLURM's -nice)")
+    error_slot("priority")
+    time_text = st.text_input("Time limit", key="tr_time", placeholder="UNLIMITED",
+                              help="SLURM's --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM[:SS]; "
+                                   "blank or UNLIMITED for none. The job is stopped (TIMEOUT) after it.")
+    error_slot("time_limit")
+
+# ---- validate: the trainer's own checks; each message goes under the field it names ----
+values = {"architecture": architecture, "source": source, "batch_size": batch, "steps": steps,
+          "precision": precision, "checkpoint_every": checkpoint_every}
+if d_in is not None:
+    values["d_in"] = d_in
+if shards_path is not None:
+    values["shards_path"] = shards_path
+if width_by == "d_sae":
+    values["d_sae"] = d_sae
+else:
+    values["expansion_factor"] = expansion
+if architecture in ("topk", "batchtopk"):
+    values["k"] = k
+elif architecture == "standard":
+    values["l1_coefficient"] = l1
+else:
+    values["l0_coefficient"] = l0
+if lr_text.strip():
+    try:
+        values["lr"] = float(lr_text.strip())
+    except ValueError:
+        errors["lr"] = f"{lr_text.strip()!r} is not a number; write e.g. 2e-4, or leave it blank for the default"
+if name.strip():
+    values["name"] = name.strip()
+
+config = None
+try:
+    config = build_config(values)
+except ConfigError as error:
+    message = str(error)
+    errors.setdefault(error.field, message.removeprefix(f"{error.field}: "))
+time_limit_s = None
+if time_text.strip():
+    try:
+        time_limit_s = parse_time_limit(time_text)
+    except (UserError, OverflowError) as error:
+        errors["time_limit"] = str(error).removeprefix("--time: ")
+if config is not None and config.name and "name" not in errors:
+    taken = run_dir_taken(config.name)
+    if taken is not None:
+        errors["name"] = f"a run named {config.name!r} already exists ({taken}); choose another name"
+
+# ---- devices: what each is doing, which fit the estimate, which are recommended ----
+try:
+    devices, states, _ = status.devices_now(engine)
+except UserError as error:
+    st.error(str(error), title="The devices cannot be read")
+    st.stop()
+rows = status.device_rows(devices, states, status.latest_samples(engine))
+uuids = [r["uuid"] for r in rows]
+st.session_state["tr_uuids"] = uuids
+# How many to recommend: at first every idle device (people train on what is free).
+st.session_state.setdefault("tr_n_gpus", sum(dev.why_not_selectable(r) is None for r in rows))
+st.session_state["tr_n_gpus"] = min(max(1, int(st.session_state["tr_n_gpus"])), max(1, len(rows)))
+wanted = st.session_state["tr_n_gpus"]
+
+estimate = None
+if config is not None and config.d_in is not None:
+    from sae_dist.memory import estimate_for_config
+
+    estimate = estimate_for_config(config, wanted)
+need = estimate.total if estimate is not None else None
+fitting = [r for r in rows if dev.why_not_selectable(r) is None and dev.low_memory(r, need) is None]
+advice = recommend(devices, states, wanted, need)
+recommended = advice.chosen
+if advice.error and fitting:  # fewer fit than wanted: recommend those that do
+    recommended = recommend(devices, states, len(fitting), need).chosen
+if st.session_state["tr_auto"]:
+    for uuid in uuids:
+        st.session_state[device_key(uuid)] = uuid in recommended
+table = dev.selection_rows(rows, need, recommended)
+for row in table:
+    if not row["selectable"]:
+        st.session_state[device_key(row["uuid"])] = False  # a device taken meanwhile drops out
+
+with devices_box:
+    st.subheader("Devices", anchor=False)
+    with st.container(horizontal=True, vertical_alignment="bottom"):
+        st.number_input("GPUs wanted", key="tr_n_gpus", min_value=1, max_value=max(1, len(rows)), step=1,
+                        on_change=use_recommended, width=150,
+                        help="How many devices to recommend: idle ones with room for the estimate, "
+                             "most free memory first")
+        st.button("Use recommended", key="tr_use_recommended", icon=":material/auto_awesome:",
+                  on_click=use_recommended)
+        st.button("Refresh", key="tr_refresh", icon=":material/refresh:",
+                  help="Read the devices' state again")
+    if any(r["virtual"] for r in rows):
+        st.caption("Virtual devices: each is one CPU-backed training rank (no NVIDIA GPU in use here).")
+    widths = [1.2, 2.4, 2.2, 1, 1.2, 3]
+    with st.container(border=True, gap="xsmall"):
+        for col, title in zip(st.columns(widths), ("Device", "Name", "Memory", "Utilisation", "State",
+                                                  "Note")):
+            col.markdown(f"**{title}**")
+        selected = []
+        for row in table:
+            cols = st.columns(widths, vertical_alignment="center")
+            ticked = cols[0].checkbox(f"GPU {row['index']}", key=device_key(row["uuid"]),
+                                      on_change=picked_by_hand, disabled=not row["selectable"],
+                                      help=row["why"] if not row["selectable"] else None)
+            if ticked and row["selectable"]:
+                selected.append(row["uuid"])
+            cols[1].markdown(row["name"] + (" :gray-badge[virtual]" if row["virtual"] else ""))
+            cols[2].markdown(row["memory_text"])
+            cols[3].markdown(row["utilization"])
+            cols[4].badge(row["state_label"], color=row["state_color"])
+            note = row["why"]
+            if row["low_memory"]:
+                note = f":orange-badge[low memory] {note.removeprefix('low memory: ')}"
+            elif not row["selectable"]:
+                note = f":gray[{note}]"
+            if row["recommended"]:
+                note = ":green-badge[recommended] " + note
+            cols[5].markdown(note or " ")
+    effective = len(selected) * batch if isinstance(batch, int) else None
+    st.markdown(f"**Selected: {len(selected)} GPUs | Effective batch size: "
+                f"{effective if effective is not None else fmt.MISSING}**")
+    if estimate is not None:
+        st.caption(f"Estimated memory: {estimate.describe()}.")
+    else:
+        st.caption(f"Estimated memory per device: {fmt.MISSING} (fix the form first).")
+    if not any(r["selectable"] for r in table):
+        st.info("Every device is taken (the State column says by what). Come back when a job ends: "
+                "the Overview shows how far each one is.", title="No device is free now")
+    elif advice.error:
+        short = any(r["selectable"] and r["low_memory"] for r in table)
+        st.warning(f"{len(fitting)} of the {wanted} wanted are idle with room for the estimate; the "
+                   "table says why for the others."
+                   + (" A low-memory device can still be picked by hand if the estimate is too cautious."
+                      if short else ""),
+                   title=f"Fewer than {wanted} devices fit now")
+
+# ---- the job: checked as the scheduler will, then submitted ----
+spec = None
+if config is not None and not errors and selected:
+    try:
+        spec = JobSpec(kind="train", train_config=config.to_dict(), name=config.name or "train",
+                       gpu_ids=selected, priority=int(priority), time_limit_s=time_limit_s,
+                       workdir=str(APP_ROOT))
+    except UserError as error:
+        flag, _, message = str(error).partition(": ")
+        errors[SPEC_FLAGS.get(flag, "general")] = message if flag in SPEC_FLAGS else str(error)
+
+for field, message in errors.items():
+    if field in slots:
+        slots[field].error(message, icon=":material/error:")
+    else:  # a field the form does not show (or a check spanning several): above the form
+        general_error.error(message if field == "general" else f"{field}: {message}",
+                            icon=":material/error:")
+
+st.divider()
+with st.container(horizontal=True, vertical_alignment="center"):
+    clicked = st.button("Submit training job", key="tr_submit", type="primary", icon=":material/send:",
+                        disabled=spec is None)
+    if errors:
+        st.caption("Fix the fields marked in red to submit.")
+    elif not selected:
+        st.caption("Select at least one device to submit.")
+    else:
+        st.caption(f"{config.steps:,} steps on {', '.join(r['label'] for r in table if r['uuid'] in selected)}"
+                   f"{'' if time_limit_s is None else ', time limit ' + fmt.fmt_duration(time_limit_s)}")
+if clicked and spec is not None:
+    if not config.name:  # name the job and its run alike, and uniquely
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        run_name = f"{config.architecture}-{config.resolved_d_sae}-{stamp}"
+        spec = JobSpec(kind="train", train_config={**config.to_dict(), "name": run_name}, name=run_name,
+                       gpu_ids=spec.gpu_ids, priority=spec.priority, time_limit_s=spec.time_limit_s,
+                       workdir=spec.workdir)
+    try:
+        job_id = submit_spec(engine, spec, devices)
+    except UserError as error:
+        st.error(str(error), title="The job was not queued")
+    else:
+        st.session_state["tr_submitted"] = (job_id, spec.name, len(spec.gpu_ids))
+        st.session_state["tr_auto"] = True
+        st.session_state["tr_clear_name"] = True
+        st.rerun()
+if "tr_submitted" in st.session_state:
+    job_id, job_name, n = st.session_state["tr_submitted"]
+    st.success(f"Job {job_id} ({job_name}) is queued on {n} device{'s' if n > 1 else ''}.",
+               title="Submitted", icon=":material/check_circle:")
+    if (APP_ROOT / MONITOR_PAGE).is_file():
+        st.page_link(MONITOR_PAGE, label=f"Monitor job {job_id}", icon=":material/speed:",
+                     query_params={"job": str(job_id)})
+    else:
+        st.caption(f"Job id {job_id}: follow it with `python -m scheduler queue`.")

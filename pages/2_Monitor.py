@@ -1,0 +1,350 @@
+"""Monitor: a job's devices (or all devices) live, and its training curves.
+
+`?job=<id>` opens a job; without it, the latest running job, else all devices. Aggregated
+shows the devices together (memory used of total, mean utilisation, total power, hottest
+temperature), Per-GPU one panel per device. Series are bucketed by the database
+(`sae_dist.analytics.samples`), a few thousand points at most whatever the window. A live
+view redraws itself every 2 s (a fragment: the rest of the page does not rerun); a finished
+job shows its final state and does not refresh.
+"""
+
+import os
+from datetime import datetime, timedelta, timezone
+
+import streamlit as st
+
+from sae_dist.analytics import charts, jobs, queries, samples
+from sae_dist.analytics import format as fmt
+from sae_dist.db import get_engine
+from webui.sidebar import page_frame
+
+engine = page_frame("Monitor", ":material/speed:")
+
+REFRESH_S = 2
+ALL = 0  # the job choice meaning "all devices"
+WINDOWS = {"5 min": 300, "1 h": 3600, "24 h": 86400, "All": None}
+VIEWS = ("Aggregated", "Per-GPU")
+# The view a session starts with: SAE_DIST_MONITOR_VIEW=per-gpu for people who prefer it.
+DEFAULT_VIEW = "Per-GPU" if os.environ.get("SAE_DIST_MONITOR_VIEW", "").lower().replace(
+    "_", "-") in ("per-gpu", "pergpu", "gpu") else "Aggregated"
+# Points a series gets: a half-page chart is some 700 px wide and a sparkline far less, so
+# fewer than the 2,000 the queries allow (turning 2,000 points x 4 charts into a Vega-Lite spec
+# took 0.27 s of each 2 s refresh).
+CHART_POINTS = 600
+PANEL_POINTS = 240
+CURVE_POINTS = 1000
+STALE_S = 15  # a live device without a reading for this long: the daemon is not sampling it
+LIVE_STATES = ("PENDING", "RUNNING")
+TRAIN_CURVES = ("loss", "fvu", "l0", "dead_fraction", "samples_per_s")
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def load_curves(db_url: str, run_id: int, last_step: int, last_update: datetime | None):
+    # Keyed by what changes when rows land: a finished run is read once, a live one per step.
+    return samples.run_curves(get_engine(db_url), run_id,
+                              (*TRAIN_CURVES, "recovery_frac", "recovery_mean_cos"), CURVE_POINTS)
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def load_rank_times(db_url: str, run_id: int, field: str, last_step: int,
+                    last_update: datetime | None):
+    return samples.rank_times(get_engine(db_url), run_id, field)
+
+
+def job_label(job_id: int) -> str:
+    if job_id == ALL:
+        return "All devices"
+    job = by_id[job_id]
+    return f"Job {job_id} · {job['name']} · {job['state']}"
+
+
+def sync_url() -> None:
+    choice = st.session_state["monitor_job"]
+    st.query_params["job"] = str(choice) if choice != ALL else "all"
+
+
+def device_label(device: dict) -> str:
+    kind = "virtual GPU" if device.get("virtual") else "GPU"
+    return f"{kind} {device['index']}" if device.get("index") is not None else device["uuid"]
+
+
+def fmt_memory(used: float | None, total: float | None) -> str:
+    if used is None:
+        return fmt.MISSING
+    return f"{fmt.fmt_bytes(used)} of {fmt.fmt_bytes(total)}" if total else fmt.fmt_bytes(used)
+
+
+def fmt_unit(value: float | None, unit: str, digits: int = 0) -> str:
+    if value is None:
+        return fmt.MISSING
+    return f"{value:.{digits}f}{'' if unit == '%' else ' '}{unit}"
+
+
+def sparkline(values: list) -> list | None:
+    points = [v for v in values if v is not None]
+    return points if len(points) >= 2 else None
+
+
+# ---- which job, which view, which window ------------------------------------------------------
+
+st.title("Monitor", anchor=False)
+job_list = jobs.monitor_jobs(engine)
+by_id = {job["id"]: job for job in job_list}
+requested = st.query_params.get("job", "")
+if requested.isdigit() and int(requested) not in by_id:
+    old = jobs.get_job(engine, int(requested))  # an older job named in a link
+    if old is not None:
+        by_id[old["id"]] = old
+if requested.isdigit() and int(requested) in by_id:
+    st.session_state["monitor_job"] = int(requested)
+elif requested == "all":
+    st.session_state["monitor_job"] = ALL
+elif st.session_state.get("monitor_job") not in (ALL, *by_id):
+    st.session_state["monitor_job"] = jobs.latest_running(job_list) or ALL
+st.session_state.setdefault("monitor_view", DEFAULT_VIEW)
+st.session_state.setdefault("monitor_window", "1 h")
+
+with st.container(horizontal=True, vertical_alignment="bottom"):
+    job_id = st.selectbox("Job", [ALL, *by_id], key="monitor_job", format_func=job_label,
+                          on_change=sync_url, width=420, persist_state="session")
+    view = st.segmented_control("View", VIEWS, key="monitor_view", required=True,
+                                persist_state="session")
+    window_name = st.segmented_control("Window", list(WINDOWS), key="monitor_window",
+                                       required=True, persist_state="session",
+                                       help="How far back the charts go (a job's charts "
+                                            "start when it did).")
+window_s = WINDOWS[window_name or "1 h"]
+selected = by_id.get(job_id)
+live = selected is None or selected["state"] in LIVE_STATES
+
+
+# ---- the live part ----------------------------------------------------------------------------
+
+@st.fragment(run_every=REFRESH_S if live else None)
+def monitor(job_id: int, view: str, window_s: int | None, known_state: str | None) -> None:
+    now = datetime.now(timezone.utc)
+    inventory = {d["uuid"]: d for d in jobs.devices(engine)}
+    job = jobs.get_job(engine, job_id) if job_id != ALL else None
+    if job_id != ALL and job is None:
+        st.warning(f"Job {job_id} is no longer in the database.")
+        return
+    if job is not None and job["state"] != known_state:
+        st.rerun()  # it started or ended: redraw the page once (the choice's label, the timer)
+
+    if job is None:
+        uuids = list(inventory)
+        end = now
+        # From the first reading on, so that a young history fills the charts' width.
+        first = samples.first_sample_time(engine, uuids) or now
+        start = max(first, now - timedelta(seconds=window_s)) if window_s else first
+        if not uuids:
+            st.info("The scheduler daemon records the devices and samples them every second.",
+                    title="No device known yet")
+            st.code("python -m scheduler daemon", language="bash")
+            return
+    else:
+        job_header(job, now)
+        uuids = job["devices"]
+        if job["state"] == "PENDING" or job["started_at"] is None:
+            st.info(f"Job {job['id']} has not started: {jobs.explain_reason(job['reason'])}. "
+                    "Its devices appear here when it starts.", title="Pending")
+            return
+        end = job["ended_at"] or now
+        start = job["started_at"]
+        if window_s:
+            start = max(start, end - timedelta(seconds=window_s))
+        if not uuids:
+            st.caption("This job holds no device.")
+
+    if uuids:
+        since = now - timedelta(seconds=STALE_S) if job is None or job["ended_at"] is None else start
+        latest = samples.latest_samples(engine, uuids, at=end, since=since)
+        devices = [inventory.get(u, {"uuid": u, "index": None, "name": u, "virtual": None})
+                   for u in uuids]
+        silent = [device_label(d) for d in devices if latest[d["uuid"]] is None]
+        if silent and (job is None or job["ended_at"] is None):
+            st.warning(f"No reading in the last {STALE_S} s from {', '.join(silent)}: is the "
+                       "scheduler daemon running (`python -m scheduler daemon`)?")
+        if view == "Per-GPU":
+            per_gpu(devices, latest, start, end, show_jobs=job is None)
+        else:
+            aggregated(devices, latest, start, end)
+        if any(d.get("virtual") for d in devices):
+            st.caption("Virtual GPUs are CPU-backed: their memory is the ranks' resident memory "
+                       "out of a share of the machine's RAM, their utilisation the ranks' CPU "
+                       f"use; they have no temperature or power sensor ({fmt.MISSING}: not "
+                       "measured).")
+    if job is not None:
+        training(job)
+
+
+def job_header(job: dict, now: datetime) -> None:
+    with st.container(horizontal=True, vertical_alignment="center"):
+        st.subheader(f"Job {job['id']} · {job['name']}", anchor=False, width="content")
+        st.badge(job["state"], color=jobs.STATE_COLORS.get(job["state"], "gray"))
+        if job["cancel_requested"] and job["state"] == "RUNNING":
+            st.badge("cancelling", color="orange")
+    parts = [f"{job['gpus']} device{'s' if job['gpus'] != 1 else ''}"]
+    if job["started_at"]:
+        parts.append(f"started {fmt.fmt_time(job['started_at'])}")
+    if job["ended_at"]:
+        parts.append(f"ended {fmt.fmt_time(job['ended_at'])}")
+    parts.append(f"elapsed {jobs.fmt_duration(jobs.elapsed_s(job, now))}")
+    if job["state"] not in LIVE_STATES:
+        code = job["exit_code"] if job["exit_code"] is not None else fmt.MISSING
+        parts.append(f"exit code {code}" + (f", signal {job['signal']}" if job["signal"] else ""))
+    st.caption(" · ".join(parts))
+    if job["state"] not in LIVE_STATES:
+        st.info(f"This job ended ({job['state']}{': ' + job['reason'] if job['reason'] else ''})"
+                ": the figures are its last readings and the charts stop at its end.",
+                title="Final state", icon=":material/flag:")
+
+
+def aggregated(devices: list[dict], latest: dict, start: datetime, end: datetime) -> None:
+    now_totals = samples.current_totals(latest)
+    n = len(devices)
+    with st.container(horizontal=True):
+        st.metric("Memory used", fmt_memory(now_totals["memory_used"], now_totals["memory_total"]),
+                  border=True, help=f"Read on {now_totals['memory_devices']} of {n} devices")
+        st.metric("Mean utilisation", fmt_unit(now_totals["utilization_pct"], "%"), border=True,
+                  help=f"Mean over the {now_totals['devices']} devices with a reading")
+        st.metric("Total power", fmt_unit(now_totals["power_w"], "W"), border=True,
+                  help=f"Measured on {now_totals['power_devices']} of {n} devices")
+        st.metric("Hottest", fmt_unit(now_totals["temperature_c"], "°C"), border=True,
+                  help="The hottest device's temperature")
+    series = samples.total_series(engine, [d["uuid"] for d in devices], start, end,
+                                  max_points=CHART_POINTS)
+    if not len(series):
+        st.info("No reading in this window.")
+        return
+    grid = st.columns(2)
+    for i, field in enumerate(charts.DEVICE_PANELS):
+        with grid[i % 2]:
+            chart = charts.device_history_chart(series.columns, field, series.width_s, total=True)
+            if chart is None:
+                st.caption(f"{charts.TOTAL_TITLES[field]}: not measured on these devices "
+                           f"({fmt.MISSING})")
+            else:
+                st.altair_chart(chart, alt=f"{charts.TOTAL_TITLES[field]} over time")
+
+
+def per_gpu(devices: list[dict], latest: dict, start: datetime, end: datetime,
+            show_jobs: bool) -> None:
+    uuids = [d["uuid"] for d in devices]
+    series = samples.device_series(engine, uuids, start, end, max_points=PANEL_POINTS)
+    with st.grid(2 if len(devices) > 1 else 1, gap="medium"):
+        for device in devices:
+            uuid = device["uuid"]
+            reading = latest[uuid] or {}
+            columns = series[uuid].columns
+            with st.container(border=True, key=f"gpu_panel_{uuid}"):
+                with st.container(horizontal=True, vertical_alignment="center"):
+                    number = f"GPU {device['index']}" if device.get("index") is not None else uuid
+                    st.markdown(f"**{number}** · {device['name']}", width="content")
+                    if device.get("virtual"):
+                        st.badge("virtual", color="violet", icon=":material/memory:")
+                    if show_jobs and reading.get("job_id") is not None:
+                        st.badge(f"job {reading['job_id']}", color="blue")
+                used, total = reading.get("memory_used"), reading.get("memory_total")
+                st.progress(min(used / total, 1.0) if used is not None and total else 0.0,
+                            text=f"Memory {fmt_memory(used, total)}")
+                util = reading.get("utilization_pct")
+                st.progress(min(util / 100, 1.0) if util is not None else 0.0,
+                            text=f"Utilisation {fmt_unit(util, '%')}")
+                with st.container(horizontal=True):
+                    st.metric("Memory", fmt.fmt_bytes(used), chart_type="area",
+                              chart_data=sparkline(columns["memory_used"]))
+                    st.metric("Utilisation", fmt_unit(util, "%"), chart_type="area",
+                              chart_data=sparkline(columns["utilization_pct"]))
+                    st.metric("Temperature", fmt_unit(reading.get("temperature_c"), "°C"),
+                              chart_data=sparkline(columns["temperature_c"]))
+                    st.metric("Power", fmt_unit(reading.get("power_w"), "W"),
+                              chart_data=sparkline(columns["power_w"]))
+    width = next((s.width_s for s in series.values()), 1)
+    st.caption(f"Sparklines: {window_name} window, {charts.span_label(width)} a point. "
+               f"{fmt.MISSING}: not measured.")
+
+
+def training(job: dict) -> None:
+    run_id = jobs.training_run_of(engine, job["id"])
+    st.subheader("Training", anchor=False)
+    if run_id is None:
+        st.caption("A command job: no training metrics." if job["kind"] != "train" else
+                   "No training step logged yet.")
+        return
+    run = queries.get_run_summary(engine, run_id)
+    if run is None:
+        return
+    # A job stopped from outside (cancel, time limit, killed) can leave its run saying RUNNING.
+    orphaned = run["status"] == "RUNNING" and job["state"] not in LIVE_STATES
+    with st.container(horizontal=True, vertical_alignment="center"):
+        st.caption(f"Run {run_id} · {run['name']} · step "
+                   f"{fmt.fmt_steps(run['last_step'], run['total_steps'])} · {run['world_size']} × "
+                   f"{run['backend']}", width="content")
+        if orphaned:
+            st.badge(f"stopped with the job ({job['state']})", color="orange")
+        else:
+            st.badge(run["status"], color=fmt.RUN_STATUS_COLORS.get(run["status"], "gray"))
+        st.page_link("pages/4_Training_runs.py", label="Run details", icon=":material/monitoring:",
+                     query_params={"run": str(run_id)})
+    if run["progress"] is not None:
+        st.progress(run["progress"])
+    if run["status"] == "FAILED":
+        st.error(run["error"] or "no error message recorded", title="The run failed")
+    elif run["status"] == "STOPPED":
+        st.caption(f"The training {run['error'] or 'was stopped'}: the figures below are the last "
+                   "it logged.")
+    elif orphaned:
+        st.caption(f"The job ended ({job['state']}) before the training recorded its end: the "
+                   "figures below are the last it logged.")
+    which = "Final" if run["final"] else "Latest"
+    with st.container(horizontal=True):
+        st.metric(f"{which} loss", fmt.fmt_number(run["loss"]), border=True)
+        st.metric(f"{which} FVU", fmt.fmt_number(run["fvu"]), border=True)
+        st.metric(f"{which} L0", fmt.fmt_number(run["l0"], 3), border=True)
+        st.metric(f"{which} dead latents", fmt.fmt_percent(run["dead_fraction"]), border=True)
+        st.metric(f"{which} samples/s", fmt.fmt_number(run["samples_per_s"], 3), border=True)
+
+    db_url = engine.url.render_as_string(hide_password=False)
+    curves = load_curves(db_url, run_id, run["last_step"], run["last_update"])
+    if not curves["step"]:
+        st.info("No step logged yet.")
+        return
+    grid = st.columns(2)
+    for i, metric in enumerate(TRAIN_CURVES):
+        with grid[i % 2]:
+            chart = charts.binned_curve(curves, metric)
+            if chart is None:
+                st.caption(f"{charts.METRIC_LABELS[metric]}: not measured ({fmt.MISSING})")
+            else:
+                st.altair_chart(chart, alt=f"{charts.METRIC_LABELS[metric]} against step")
+    with grid[len(TRAIN_CURVES) % 2]:
+        # DDP ranks wait for each other every step, so their step times match; the compute time
+        # (before the gradient all-reduce) is where a slow rank shows.
+        field = st.segmented_control(
+            "Rank time", ["step_time_s", "compute_time_s"], default="step_time_s",
+            key="monitor_rank_time", label_visibility="collapsed",
+            format_func={"step_time_s": "Step time", "compute_time_s": "Compute time"}.get)
+        field = field or "step_time_s"
+        times = load_rank_times(db_url, run_id, field, run["last_step"], run["last_update"])
+        chart = charts.binned_rank_time_chart(times, field)
+        if chart is None:
+            st.caption("Time per rank: no per-rank statistics logged yet.")
+        else:
+            st.altair_chart(chart, alt="Time per step of each rank against step, stragglers "
+                                       "marked")
+
+    recovery = charts.binned_curve(curves, "recovery_frac")
+    if run["recovery_frac"] is not None or recovery is not None:
+        st.subheader("Feature recovery", anchor=False)
+        st.caption("Synthetic data plants a known dictionary: how much of it the SAE has found.")
+        with st.container(horizontal=True):
+            st.metric(f"{which} features recovered", fmt.fmt_percent(run["recovery_frac"]),
+                      border=True, help="Planted features with a decoder direction at cosine > 0.9")
+            st.metric(f"{which} mean best cosine", fmt.fmt_number(run["recovery_mean_cos"], 3),
+                      border=True)
+        if recovery is not None:
+            st.altair_chart(recovery, alt="Planted features recovered against step")
+
+
+monitor(job_id, view or DEFAULT_VIEW, window_s, selected["state"] if selected else None)

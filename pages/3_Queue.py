@@ -1,0 +1,247 @@
+"""Queue: pending jobs (and why they wait), running and finished ones; cancel, hold, release or
+requeue a job after a confirmation; the tail of its log.
+
+`?job=<id>` selects a job. The tables and the log redraw themselves every 2 s (fragments);
+actions go through `scheduler.actions`, as the CLI's do (database first, then the job's
+supervisor and the daemon are told).
+"""
+
+from datetime import datetime, timezone
+
+import streamlit as st
+
+from sae_dist.analytics import jobs
+from sae_dist.analytics import format as fmt
+from sae_dist.errors import UserError
+from scheduler import actions
+from webui.sidebar import page_frame
+
+engine = page_frame("Queue", ":material/list:")
+
+REFRESH_S = 2
+FINISHED_SHOWN = 100
+LOG_LINES = (50, 200, 1000)  # choices of how much of the log's end to show
+CONFIRM = "queue_confirm"  # (action, job id) waiting for the person to confirm it
+FLASH = "queue_flash"  # (kind, message) of the last action, shown once
+ACTION_LABELS = {"cancel": ("Cancel", ":material/cancel:"), "hold": ("Hold", ":material/pause:"),
+                 "release": ("Release", ":material/play_arrow:"),
+                 "requeue": ("Requeue", ":material/replay:")}
+CONSEQUENCES = {
+    "cancel": "A pending job is cancelled at once. A running one is sent SIGTERM (SIGKILL after "
+              "the grace period) and its devices are freed; it ends CANCELLED.",
+    "hold": "It stays in the queue but does not start until it is released.",
+    "release": "It can start as soon as enough devices are free.",
+    "requeue": "It goes back to the queue and runs again when devices are free; a running job "
+               "is stopped first.",
+}
+TIME_COLUMN = {"format": "YYYY-MM-DD HH:mm:ss", "timezone": "UTC", "width": 150}
+
+
+def job_option(job_id: int) -> str:
+    job = choices[job_id]
+    return f"{job_id} · {job['name']} · {job['state']}"
+
+
+def sync_url() -> None:
+    st.query_params["job"] = str(st.session_state["queue_job"])
+
+
+def ask(action: str, job_id: int) -> None:
+    st.session_state[CONFIRM] = (action, job_id)
+
+
+def forget() -> None:
+    st.session_state.pop(CONFIRM, None)
+
+
+def perform(action: str, job_id: int) -> None:
+    forget()
+    try:
+        st.session_state[FLASH] = ("success", actions.perform(engine, action, job_id))
+    except UserError as error:  # it changed state meanwhile, or was removed
+        st.session_state[FLASH] = ("error", str(error))
+
+
+@st.dialog("Confirm", on_dismiss=forget)
+def confirm(action: str, job_id: int) -> None:
+    if st.session_state.get(CONFIRM) is None:  # answered: close (a full rerun drops the dialog)
+        st.rerun()
+    job = jobs.get_job(engine, job_id)
+    label, icon = ACTION_LABELS[action]
+    if job is None:
+        st.warning(f"Job {job_id} is no longer in the database.")
+        return
+    st.markdown(f"**{label} job {job_id}** ({job['name']}, {job['state']})?")
+    st.caption(CONSEQUENCES[action])
+    with st.container(horizontal=True):
+        st.button(f"{label} job {job_id}", icon=icon, type="primary", key="confirm_yes",
+                  on_click=perform, args=(action, job_id))
+        st.button("Back", key="confirm_no", on_click=forget)
+
+
+# ---- the tables -------------------------------------------------------------------------------
+
+st.title("Queue", anchor=False)
+st.caption(f"Jobs of the local scheduler, updated every {REFRESH_S} s. The same actions from a "
+           "terminal: `python -m scheduler queue | cancel | hold | release | requeue`.")
+flash = st.session_state.pop(FLASH, None)
+if flash is not None:
+    (st.success if flash[0] == "success" else st.error)(flash[1])
+
+queue_now = jobs.queue(engine, FINISHED_SHOWN)
+choices = {j["id"]: j for part in ("running", "pending", "finished") for j in queue_now[part]}
+
+
+@st.fragment(run_every=REFRESH_S)
+def tables(known: frozenset[int]) -> None:
+    now = datetime.now(timezone.utc)
+    queue = jobs.queue(engine, FINISHED_SHOWN)
+    ids = {j["id"] for part in queue.values() for j in part}
+    if ids - known:
+        st.rerun()  # a new job: redraw the page so that it can be selected
+    with st.container(horizontal=True):
+        st.metric("Running", len(queue["running"]), border=True)
+        st.metric("Pending", len(queue["pending"]), border=True)
+        st.metric("Held", sum(j["held"] for j in queue["pending"]), border=True)
+        st.metric("Finished (shown)", len(queue["finished"]), border=True)
+
+    st.subheader("Running", anchor=False)
+    if queue["running"]:
+        runs = jobs.runs_by_job(engine, [j["id"] for j in queue["running"]])
+        st.dataframe([{
+            "Job": j["id"], "Name": j["name"], "User": j["user"], "GPUs": j["gpus"],
+            "Devices": fmt.short_devices(j["devices"]),
+            "Progress": (min(runs[j["id"]]["last_step"] / runs[j["id"]]["total_steps"], 1.0)
+                         if j["id"] in runs and runs[j["id"]]["total_steps"] else None),
+            "Steps": (fmt.fmt_steps(runs[j["id"]]["last_step"], runs[j["id"]]["total_steps"])
+                      if j["id"] in runs else fmt.MISSING),
+            "Elapsed": jobs.fmt_duration(jobs.elapsed_s(j, now)),
+            "Time limit": jobs.fmt_duration(j["time_limit_s"]) if j["time_limit_s"] else "none",
+            "Started": j["started_at"],
+            "Note": "cancelling" if j["cancel_requested"] else "",
+        } for j in queue["running"]], hide_index=True, key="running_table",
+            alt="Running jobs with their devices, progress and elapsed time",
+            column_config={
+                "Job": st.column_config.NumberColumn(format="%d", width=50),
+                "Progress": st.column_config.ProgressColumn(min_value=0.0, max_value=1.0,
+                                                            format="percent", width=100),
+                "Started": st.column_config.DatetimeColumn("Started (UTC)", **TIME_COLUMN)})
+    else:
+        st.caption("No job is running.")
+
+    st.subheader("Pending", anchor=False)
+    if queue["pending"]:
+        st.dataframe([{
+            "Job": j["id"], "Name": j["name"], "User": j["user"], "GPUs": j["gpus"],
+            "Priority": j["priority"], "Reason": jobs.explain_reason(j["reason"]),
+            "Waiting": jobs.fmt_duration((now - j["submitted_at"]).total_seconds()),
+            "Submitted": j["submitted_at"],
+        } for j in queue["pending"]], hide_index=True, key="pending_table",
+            alt="Pending jobs in the order they would start, with why each waits",
+            column_config={
+                "Job": st.column_config.NumberColumn(format="%d", width=50),
+                "Reason": st.column_config.TextColumn(width="large"),
+                "Submitted": st.column_config.DatetimeColumn("Submitted (UTC)", **TIME_COLUMN)})
+        st.caption("In the order they would start: highest priority first, then oldest.")
+    else:
+        st.caption("Nothing is waiting.")
+
+    st.subheader("Finished", anchor=False)
+    if queue["finished"]:
+        st.dataframe([{
+            "Job": j["id"], "Name": j["name"], "State": j["state"],
+            "Exit": (f"{j['exit_code'] if j['exit_code'] is not None else fmt.MISSING}"
+                     + (f" (signal {j['signal']})" if j["signal"] else "")),
+            "GPUs": j["gpus"], "Elapsed": jobs.fmt_duration(jobs.elapsed_s(j, now)),
+            "Ended": j["ended_at"], "Reason": j["reason"] or "",
+        } for j in queue["finished"]], hide_index=True, key="finished_table",
+            alt="Finished jobs, newest first, with their final state and exit code",
+            column_config={
+                "Job": st.column_config.NumberColumn(format="%d", width=50),
+                "Ended": st.column_config.DatetimeColumn("Ended (UTC)", **TIME_COLUMN)})
+        if len(queue["finished"]) == FINISHED_SHOWN:
+            st.caption(f"The last {FINISHED_SHOWN}; `python -m scheduler acct` lists them all.")
+    else:
+        st.caption("No job has finished yet.")
+
+
+tables(frozenset(choices))
+
+
+# ---- one job: actions and log -----------------------------------------------------------------
+
+st.divider()
+if not choices:
+    st.info("Submit one from the Train page, or from a terminal.", title="The queue is empty")
+    st.code("python -m scheduler submit --gpus 1 --train run.toml", language="bash")
+    st.stop()
+
+requested = st.query_params.get("job", "")
+if requested.isdigit() and int(requested) not in choices:
+    old = jobs.get_job(engine, int(requested))  # older than the finished jobs shown
+    if old is not None:
+        choices[old["id"]] = old
+if requested.isdigit() and int(requested) in choices:
+    st.session_state["queue_job"] = int(requested)
+elif st.session_state.get("queue_job") not in choices:
+    st.session_state["queue_job"] = next(iter(choices))
+
+with st.container(horizontal=True, vertical_alignment="bottom"):
+    job_id = st.selectbox("Job", list(choices), key="queue_job", format_func=job_option,
+                          on_change=sync_url, width=420)
+    job = jobs.get_job(engine, job_id) or choices[job_id]
+    allowed = actions.available(job["state"], job["held"], job["cancel_requested"])
+    for action, (label, icon) in ACTION_LABELS.items():
+        why_not = allowed[action]
+        st.button(label, icon=icon, key=f"ask_{action}", on_click=ask, args=(action, job_id),
+                  disabled=why_not is not None,
+                  help=CONSEQUENCES[action] if why_not is None else f"Not now: {why_not}.")
+    st.page_link("pages/2_Monitor.py", label="Monitor", icon=":material/speed:",
+                 query_params={"job": str(job_id)})
+
+if st.session_state.get(CONFIRM) is not None:
+    confirm(*st.session_state[CONFIRM])
+
+
+@st.fragment(run_every=REFRESH_S if job["state"] in ("PENDING", "RUNNING") else None)
+def job_log(job_id: int, seen: tuple) -> None:
+    job = jobs.get_job(engine, job_id)
+    if job is None:
+        st.warning(f"Job {job_id} is no longer in the database.")
+        return
+    if (job["state"], job["held"], job["cancel_requested"]) != seen:
+        st.rerun()  # it changed (started, ended, ...): redraw the actions and the timer too
+    with st.container(horizontal=True, vertical_alignment="center"):
+        st.subheader(f"Job {job_id} · {job['name']}", anchor=False, width="content")
+        st.badge(job["state"], color=jobs.STATE_COLORS.get(job["state"], "gray"))
+        if job["held"]:
+            st.badge("held", color="gray", icon=":material/pause:")
+    if job["state"] == "PENDING":
+        st.caption(f"Waiting: {jobs.explain_reason(job['reason'])}. Submitted "
+                   f"{fmt.fmt_time(job['submitted_at'])}.")
+    else:
+        st.caption(f"Started {fmt.fmt_time(job['started_at'])} · ended "
+                   f"{fmt.fmt_time(job['ended_at'])} · devices "
+                   f"{fmt.short_devices(job['devices'])} · working directory `{job['workdir']}`")
+    paths = jobs.log_paths(job)
+    if not paths:
+        st.caption("No log yet: it is written once the job starts." if job["state"] == "PENDING"
+                   else "It never started: no log." if job["started_at"] is None
+                   else "This job's output files were not recorded.")
+        return
+    shown = st.segmented_control("Log lines", LOG_LINES, default=LOG_LINES[0], key="log_lines",
+                                 format_func=lambda n: f"last {n:,} lines",
+                                 label_visibility="collapsed") or LOG_LINES[0]
+    for label, path in paths:
+        lines = jobs.tail_lines(path, shown)
+        st.markdown(f"**{label}** · `{path}`" + (f" · last {shown:,} lines"
+                                                  if lines and len(lines) >= shown else ""))
+        if lines is None:
+            st.caption("The file cannot be read (not written yet, or removed).")
+        elif not lines:
+            st.caption("Empty so far.")
+        else:  # no height: the newest line, at the end, is in view without scrolling the box
+            st.code("\n".join(lines), language=None)
+
+
+job_log(job_id, (job["state"], job["held"], job["cancel_requested"]))

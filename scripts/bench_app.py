@@ -1,0 +1,260 @@
+"""How fast the app's pages draw on a full database, through AppTest (no browser).
+
+Fills a fresh state database with 8 devices x 24 h of 1 Hz samples (about 700,000 rows), a
+queue (pending, running and finished jobs) and a 200,000-step training run of the running
+job (step metrics and per-rank stats every `--log-every` steps, the trainer's default 10),
+then runs each page's script through `streamlit.testing.v1.AppTest` and prints how long
+each took: the first run (nothing cached) and the median of the next ones. The Monitor is
+also timed in each of its views and windows. Aim: under 0.5 s a page.
+
+    .venv/bin/python scripts/bench_app.py                 # fills a temporary home
+    .venv/bin/python scripts/bench_app.py --home /tmp/b   # an empty directory, kept after
+
+The samples end at the moment of filling and the pages' windows end now, so a database is
+filled afresh each time (about 15 s): an aged one would leave the short windows empty.
+
+Figures are wall-clock on a shared machine: compare them with each other, within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+GIB = 2**30
+PAGES = ("app.py", "pages/1_Train.py", "pages/2_Monitor.py", "pages/3_Queue.py",
+         "pages/4_Training_runs.py")
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--home", help="an empty state directory to fill (default: a temporary one)")
+    p.add_argument("--devices", type=int, default=8)
+    p.add_argument("--hours", type=float, default=24.0)
+    p.add_argument("--steps", type=int, default=200_000)
+    p.add_argument("--log-every", type=int, default=10, help="steps between logged metrics")
+    p.add_argument("--repeat", type=int, default=5, help="timed runs of each page after the first")
+    return p.parse_args()
+
+
+def fill(engine, args) -> dict:
+    """Write the benchmark's data; returns what was written (counts, ids)."""
+    from sqlalchemy import insert
+
+    from sae_dist.db import Device, Job, create_run
+
+    rng = random.Random(0)
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    start = now - timedelta(hours=args.hours)
+    n_samples = int(args.hours * 3600)
+    uuids = [f"GPU-{i:08x}-bench-0000-0000-{i:012x}" for i in range(args.devices)]
+    job_start = start + timedelta(hours=args.hours / 6)
+    with engine.begin() as conn:
+        conn.execute(insert(Device.__table__), [
+            {"uuid": u, "index": i, "name": "NVIDIA H100 80GB HBM3", "virtual": False,
+             "available": True, "memory_total": 80 * GIB, "pci_bus_id": f"00000000:{i:02X}:00.0",
+             "updated_at": now} for i, u in enumerate(uuids)])
+        jobs = []
+        for i in range(200):  # finished, over the day
+            t0 = start + timedelta(minutes=5 * i)
+            jobs.append(dict(name=f"sweep-{i}", state=("COMPLETED", "FAILED", "CANCELLED")[i % 3],
+                             gpus=1, devices_json=json.dumps([uuids[i % args.devices]]),
+                             submitted_at=t0, started_at=t0, ended_at=t0 + timedelta(minutes=4),
+                             exit_code=0 if i % 3 == 0 else 1))
+        jobs.append(dict(name="big-sae", state="RUNNING", gpus=args.devices,
+                         devices_json=json.dumps(uuids), submitted_at=job_start,
+                         started_at=job_start, port=29600))
+        for i in range(30):
+            jobs.append(dict(name=f"queued-{i}", state="PENDING", gpus=2, submitted_at=now,
+                             reason="Resources" if i else "Priority", priority=i % 3))
+        rows = [{"user": "bench", "kind": "train", "argv_json": "[]", "workdir": "/tmp",
+                 "held": False, "requeue_on_failure": False, "cancel_requested": False,
+                 "dependencies_json": "[]", "env_json": "{}", "priority": 0, "reason": None,
+                 "devices_json": None, "started_at": None, "ended_at": None, "exit_code": None,
+                 "port": None, **j} for j in jobs]
+        conn.execute(insert(Job.__table__), rows)
+        running_id = conn.exec_driver_sql("SELECT id FROM jobs WHERE state = 'RUNNING'").scalar()
+
+    # Samples through the raw DB-API connection: SQLAlchemy's per-row processing would make
+    # filling take minutes. Same text format as SQLAlchemy writes (UTC, microseconds).
+    t_fmt = "%Y-%m-%d %H:%M:%S.%f"
+    raw = engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        cur.execute("BEGIN")
+        batch = []
+        for s in range(n_samples):
+            t = start + timedelta(seconds=s, microseconds=rng.randrange(1000, 900_000))
+            busy = t >= job_start
+            text = t.strftime(t_fmt)
+            for d, uuid in enumerate(uuids):
+                util = min(100.0, max(0.0, rng.gauss(92 if busy else 3, 4)))
+                mem = int((61 + d + rng.random()) * GIB) if busy else int(0.5 * GIB)
+                temp = 35 + 0.4 * util + rng.random() * 3
+                power = 70 + 6 * util + rng.random() * 20
+                batch.append((uuid, text, util, mem, 80 * GIB, temp, power,
+                              running_id if busy else None))
+            if len(batch) >= 50_000:
+                cur.executemany("INSERT INTO gpu_samples (device_uuid, time, utilization_pct, "
+                                "memory_used, memory_total, temperature_c, power_w, job_id) "
+                                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", batch)
+                batch = []
+        if batch:
+            cur.executemany("INSERT INTO gpu_samples (device_uuid, time, utilization_pct, "
+                            "memory_used, memory_total, temperature_c, power_w, job_id) "
+                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", batch)
+        cur.execute("COMMIT")
+
+        run_id = create_run(engine, name="big-sae", status="RUNNING", architecture="topk",
+                            config_json=json.dumps({"architecture": "topk", "source": "synthetic",
+                                                    "steps": args.steps}),
+                            world_size=args.devices, backend="nccl", device_ids=json.dumps(uuids),
+                            host="bench", run_dir="/tmp/bench-run", total_steps=args.steps,
+                            last_step=args.steps, job_id=running_id, started_at=job_start,
+                            created_at=job_start)
+        logged = list(range(args.log_every, args.steps + 1, args.log_every))
+        span = (now - job_start).total_seconds()
+        cur.execute("BEGIN")
+        metrics, ranks = [], []
+        for step in logged:
+            t = (job_start + timedelta(seconds=span * step / args.steps)).strftime(t_fmt)
+            loss = 0.05 + 2.0 / math.sqrt(step) + rng.random() * 0.01
+            recovery = min(1.0, step / (0.6 * args.steps)) if step % 1000 == 0 else None
+            metrics.append((run_id, step, step * 4096, t, loss, loss * 0.8, loss * 0.5, 32.0,
+                            max(0.0, 0.2 - step / args.steps), 4096 * 8 / 0.05,
+                            recovery, None if recovery is None else 0.5 + recovery / 2))
+            for r in range(args.devices):
+                slow = r == 3 and step % 500 == 0
+                step_s = 0.05 + rng.random() * 0.005 + (0.05 if slow else 0)
+                ranks.append((run_id, step, r, uuids[r], step_s, step_s * 0.8, 40 * GIB, slow))
+        cur.executemany("INSERT INTO step_metrics (run_id, step, samples_seen, time, loss, mse, "
+                        "fvu, l0, dead_fraction, samples_per_s, recovery_frac, "
+                        "recovery_mean_cos) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", metrics)
+        cur.executemany("INSERT INTO rank_stats (run_id, step, rank, device, step_time_s, "
+                        "compute_time_s, peak_memory_bytes, is_straggler) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", ranks)
+        cur.execute("COMMIT")
+        cur.execute("ANALYZE")
+    finally:
+        raw.close()
+    return {"samples": n_samples * len(uuids), "step_metrics": len(logged),
+            "rank_stats": len(logged) * args.devices, "jobs": len(rows), "run_id": run_id,
+            "job_id": running_id}
+
+
+def counts(engine) -> dict:
+    with engine.connect() as conn:
+        return {t: conn.exec_driver_sql(f"SELECT count(*) FROM {t}").scalar()
+                for t in ("gpu_samples", "gpu_minutes", "step_metrics", "rank_stats", "jobs")}
+
+
+def timed(at, action=None) -> float:
+    t0 = time.perf_counter()
+    (action(at) if action else at).run()
+    elapsed = time.perf_counter() - t0
+    if at.exception:
+        raise SystemExit(f"the page raised: {at.exception[0].value}")
+    return elapsed
+
+
+def time_page(page: str, repeat: int, action=None) -> tuple[float, float]:
+    """(first run, median of `repeat` more) in seconds for `page` after the overview ran once;
+    `action(at)` sets a widget on an already drawn page (its run is what is timed)."""
+    from streamlit.testing.v1 import AppTest
+
+    runs = []
+    for _ in range(repeat + 1):
+        at = AppTest.from_file(str(REPO / "app.py"), default_timeout=120)
+        if page == "app.py" and action is None:
+            runs.append(timed(at))
+            continue
+        at.run()
+        if page != "app.py":
+            at.switch_page(page)
+            if action is None:
+                runs.append(timed(at))
+                continue
+            at.run()
+        runs.append(timed(at, action))
+    return runs[0], statistics.median(runs[1:]) if len(runs) > 1 else runs[0]
+
+
+def main() -> int:
+    args = parse_args()
+    home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="sae-bench-app-"))
+    os.environ["SAE_DIST_HOME"] = str(home)
+    os.environ.pop("SAE_DIST_DB_URL", None)
+    os.environ.setdefault("SAE_DIST_AUTOSTART", "0")
+    os.environ.setdefault("SAE_DIST_VIRTUAL_GPUS", str(args.devices))
+    sys.path.insert(0, str(REPO))
+    from sae_dist.db import get_engine
+
+    if (home / "state.db").exists():
+        raise SystemExit(f"error: {home} already holds a state database; give an empty --home")
+    engine = get_engine()
+    t0 = time.perf_counter()
+    written = fill(engine, args)
+    print(f"filled {home} in {time.perf_counter() - t0:.1f} s: {written}")
+    size = (home / "state.db").stat().st_size / 2**20
+    print(f"database: {counts(engine)}, {size:.0f} MiB")
+
+    # The queries behind the Monitor, alone (no Streamlit), for each window.
+    from sae_dist.analytics import jobs, samples
+
+    now = datetime.now(timezone.utc)
+    uuids = [d["uuid"] for d in jobs.devices(engine)]
+    print("\nqueries (s)             per device   all devices")
+    for name, seconds in (("5 min", 300), ("1 h", 3600), ("24 h", 86400)):
+        start = now - timedelta(seconds=seconds)
+        t0 = time.perf_counter()
+        series = samples.device_series(engine, uuids, start, now)
+        t1 = time.perf_counter()
+        total = samples.total_series(engine, uuids, start, now)
+        t2 = time.perf_counter()
+        points = max(len(s) for s in series.values())
+        print(f"  {name:<6} {series[uuids[0]].source:>8} {t1 - t0:8.3f} {t2 - t1:12.3f}"
+              f"   ({points} points a device, {len(total)} in all, {total.width_s} s each)")
+
+    # Warm up what is not the pages' own work: AppTest's first run in a process scans the
+    # installed packages for components (~0.5 s), and pandas/Altair import once.
+    import altair  # noqa: F401
+    from streamlit.testing.v1 import AppTest
+
+    AppTest.from_string("import streamlit as st\nst.write('warm-up')").run()
+
+    print(f"\npage timings through AppTest (s): first run (nothing cached), then median of "
+          f"{args.repeat}")
+    worst = 0.0
+    for page in PAGES:
+        if not (REPO / page).is_file():
+            print(f"  {page:<40} (not there yet)")
+            continue
+        first, warm = time_page(page, args.repeat)
+        worst = max(worst, warm)
+        print(f"  {page:<40} {first:6.3f} {warm:8.3f}")
+    monitor = "pages/2_Monitor.py"
+    if (REPO / monitor).is_file():
+        for view in ("Aggregated", "Per-GPU"):
+            for window in ("5 min", "1 h", "24 h", "All"):
+                def action(at, view=view, window=window):
+                    at.segmented_control(key="monitor_view").set_value(view)
+                    return at.segmented_control(key="monitor_window").set_value(window)
+                first, warm = time_page(monitor, args.repeat, action)
+                print(f"  {'Monitor ' + view + ', ' + window:<40} {first:6.3f} {warm:8.3f}")
+    print(f"\nslowest page (median): {worst:.3f} s (aim: under 0.5 s)")
+    print(f"state directory: {home}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

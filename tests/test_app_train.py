@@ -1,0 +1,216 @@
+"""The Train page with AppTest: a real SQLite database in a temporary home, 4 virtual devices,
+SAE_DIST_AUTOSTART=0 so that submitting starts no daemon (jobs stay PENDING)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from conftest import REPO
+from sae_dist.db import get_engine
+from sae_dist.sources.shards import write_shards
+from scheduler.daemon import daemon_running
+from scheduler.store import list_jobs
+from test_status import running_job
+
+TRAIN_PAGE = "pages/1_Train.py"
+TIMEOUT = 30
+UUIDS = [f"virtual-{i}" for i in range(4)]
+
+
+@pytest.fixture(autouse=True)
+def virtual_devices(state_home, monkeypatch):
+    monkeypatch.setenv("SAE_DIST_VIRTUAL_GPUS", "4")
+    monkeypatch.setenv("SAE_DIST_AUTOSTART", "0")
+
+
+def train_page() -> AppTest:
+    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=TIMEOUT).run()
+    at.switch_page(TRAIN_PAGE).run()
+    assert not at.exception
+    return at
+
+
+def device(at: AppTest, uuid: str):
+    return at.checkbox(key=f"tr_dev_{uuid}")
+
+
+def ticked(at: AppTest) -> list[str]:
+    return [u for u in UUIDS if device(at, u).value]
+
+
+def summary(at: AppTest) -> str:
+    lines = [m.value for m in at.markdown if "Selected:" in m.value]
+    assert len(lines) == 1, lines
+    return lines[0].strip("*")
+
+
+def field_errors(at: AppTest) -> list[str]:
+    return [e.value for e in at.error]
+
+
+def pick(at: AppTest, wanted: list[str]) -> AppTest:
+    """Tick exactly `wanted`, one click at a time as a person would."""
+    for uuid in UUIDS:
+        box = device(at, uuid)
+        if box.value != (uuid in wanted):
+            box.set_value(uuid in wanted)
+            at.run()
+            assert not at.exception
+    return at
+
+
+def test_the_page_preselects_every_free_device_and_says_so():
+    at = train_page()
+    assert ticked(at) == UUIDS  # recommended: all 4 idle, room for the estimate
+    assert summary(at) == "Selected: 4 GPUs | Effective batch size: 16384"  # 4 x 4096
+    assert not at.error
+    assert at.button(key="tr_submit").disabled is False
+    assert any("Estimated memory:" in c.value and "per device" in c.value for c in at.caption)
+    assert any("virtual" in m.value for m in at.markdown)
+    assert "Train" in [link.value for link in at.page_link]  # the sidebar links the page
+
+
+def test_the_summary_follows_the_selection_and_the_batch():
+    at = pick(train_page(), ["virtual-1", "virtual-3"])
+    assert summary(at) == "Selected: 2 GPUs | Effective batch size: 8192"
+    assert at.number_input(key="tr_n_gpus").value == 2  # the count follows a hand-made pick
+    at.number_input(key="tr_batch").set_value(256).run()
+    assert ticked(at) == ["virtual-1", "virtual-3"]  # a form change keeps the pick
+    assert summary(at) == "Selected: 2 GPUs | Effective batch size: 512"
+    at.number_input(key="tr_n_gpus").set_value(1).run()  # asking for a count: recommended again
+    assert not at.exception and len(ticked(at)) == 1
+    assert summary(at) == "Selected: 1 GPUs | Effective batch size: 256"
+    pick(at, [])
+    assert summary(at) == "Selected: 0 GPUs | Effective batch size: 0"
+    assert at.button(key="tr_submit").disabled
+    at.button(key="tr_use_recommended").click().run()
+    assert len(ticked(at)) == 1
+
+
+def test_submit_queues_a_pending_training_on_exactly_the_chosen_devices():
+    at = pick(train_page(), ["virtual-0", "virtual-2"])
+    at.number_input(key="tr_steps").set_value(200)
+    at.number_input(key="tr_batch").set_value(512)
+    at.text_input(key="tr_lr").set_value("3e-4")
+    at.text_input(key="tr_name").set_value("pick-two")
+    at.text_input(key="tr_time").set_value("1:30:00")
+    at.number_input(key="tr_priority").set_value(7).run()
+    assert not at.error
+    at.button(key="tr_submit").click().run()
+    assert not at.exception
+
+    jobs = list_jobs(get_engine())
+    assert len(jobs) == 1
+    job = jobs[0]
+    assert (job.state, job.kind, job.name, job.gpus) == ("PENDING", "train", "pick-two", 2)
+    assert json.loads(job.gpu_ids_json) == ["virtual-0", "virtual-2"]
+    assert json.loads(job.argv_json) == []  # a training config, never a command
+    assert (job.priority, job.time_limit_s) == (7, 5400.0)
+    config = json.loads(job.train_config_json)
+    assert (config["steps"], config["batch_size"], config["lr"], config["name"]) == (200, 512, 3e-4, "pick-two")
+    assert (config["architecture"], config["source"], config["d_in"]) == ("topk", "synthetic", 512)
+    assert at.success[0].value.startswith(f"Job {job.id} (pick-two) is queued on 2 devices")
+    assert at.text_input(key="tr_name").value == ""  # a name is for one run
+    assert any(link.value == f"Monitor job {job.id}" for link in at.page_link) or \
+        any(f"Job id {job.id}" in c.value for c in at.caption)
+    assert not daemon_running()  # SAE_DIST_AUTOSTART=0 is honoured
+
+
+def test_a_blank_name_gets_one_shared_by_the_job_and_its_run():
+    at = pick(train_page(), ["virtual-3"])
+    at.button(key="tr_submit").click().run()
+    job = list_jobs(get_engine())[0]
+    config = json.loads(job.train_config_json)
+    assert job.name == config["name"] and job.name.startswith("topk-4096-")
+    assert json.loads(job.gpu_ids_json) == ["virtual-3"]
+
+
+def test_an_allocated_device_cannot_be_chosen_and_says_which_job():
+    job_id = running_job(get_engine(), ["virtual-1"])
+    at = train_page()
+    box = device(at, "virtual-1")
+    assert box.disabled and box.value is False
+    assert box.proto.help == f"allocated to job {job_id}"
+    assert ticked(at) == ["virtual-0", "virtual-2", "virtual-3"]
+    assert summary(at) == "Selected: 3 GPUs | Effective batch size: 12288"
+    texts = [m.value for m in at.markdown]
+    assert f":blue-badge[job {job_id}]" in texts
+    assert any(f"allocated to job {job_id}" in t for t in texts)
+    with pytest.raises(Exception):  # AppTest refuses to tick a disabled box, as a browser does
+        box.check()
+
+
+def test_with_every_device_taken_nothing_can_be_submitted():
+    job_id = running_job(get_engine(), UUIDS)
+    at = train_page()
+    assert all(device(at, u).disabled for u in UUIDS) and ticked(at) == []
+    assert at.info[0].proto.title == "No device is free now"
+    assert summary(at) == "Selected: 0 GPUs | Effective batch size: 0"
+    assert at.button(key="tr_submit").disabled
+    assert sum(f"allocated to job {job_id}" in m.value for m in at.markdown) == 4
+
+
+@pytest.mark.parametrize("change, field_message", [
+    ({"tr_width_by": "d_sae", "tr_d_sae": 16, "tr_k": 32}, "k = 32 is more than d_sae = 16"),
+    ({"tr_lr": "0"}, "must be positive, got 0.0"),
+    ({"tr_lr": "fast"}, "'fast' is not a number"),
+    ({"tr_steps": 0}, "must be positive, got 0"),
+    ({"tr_time": "soon"}, "'soon' is not a time limit"),
+])
+def test_an_invalid_value_shows_its_message_at_the_field_and_submits_nothing(change, field_message):
+    at = train_page()
+    for key, value in change.items():
+        if key == "tr_width_by":
+            at.segmented_control(key=key).set_value(value).run()
+        elif key in ("tr_lr", "tr_time"):
+            at.text_input(key=key).set_value(value)
+        else:
+            at.number_input(key=key).set_value(value)
+    at.run()
+    assert not at.exception
+    assert [m for m in field_errors(at) if field_message in m], field_errors(at)
+    assert at.button(key="tr_submit").disabled
+    assert list_jobs(get_engine()) == []
+
+
+def test_the_error_sits_under_the_field_it_names():
+    at = train_page()
+    at.text_input(key="tr_lr").set_value("0").run()
+    form = [c for c in at.columns if c.text_input or c.number_input or c.segmented_control]
+    assert len(form) == 3  # model / data and optimisation / job
+    assert [[e.value for e in c.error] for c in form] == [[], ["must be positive, got 0.0"], []]
+    column = form[1]
+    lr_at = next(i for i, node in enumerate(column.children.values()) if getattr(node, "key", None) == "tr_lr")
+    after = list(column.children.values())[lr_at + 1]  # the slot right under the learning rate
+    assert after.type == "error" and after.value == "must be positive, got 0.0"
+
+
+def test_devices_short_of_memory_are_marked_and_not_recommended():
+    at = train_page()
+    at.number_input(key="tr_batch").set_value(10_000_000).run()  # ~800 GB of activations per device
+    assert not at.exception
+    assert sum("low memory" in m.value for m in at.markdown) == 4
+    assert ticked(at) == []
+    assert at.warning and "Fewer than 4 devices fit now" in at.warning[0].proto.title
+    device(at, "virtual-0").check().run()  # still allowed by hand: the estimate may be pessimistic
+    assert summary(at) == "Selected: 1 GPUs | Effective batch size: 10000000"
+
+
+def test_shards_source_reads_d_in_from_the_shards(tmp_path):
+    write_shards(tmp_path / "acts", [torch.randn(64, 48), torch.randn(32, 48)])
+    at = train_page()
+    at.segmented_control(key="tr_source").set_value("shards").run()
+    assert not at.exception
+    assert any("directory of the activation shards" in e for e in field_errors(at))
+    at.text_input(key="tr_shards_path").set_value(str(tmp_path / "nowhere")).run()
+    assert any("does not exist" in e for e in field_errors(at))
+    at.text_input(key="tr_shards_path").set_value(str(tmp_path / "acts")).run()
+    assert not at.error
+    assert [n.value for n in at.number_input if n.label == "d_in (from the shards)"] == [48]
+    pick(at, ["virtual-0"]).button(key="tr_submit").click().run()
+    config = json.loads(list_jobs(get_engine())[0].train_config_json)
+    assert (config["source"], config["shards_path"], config["d_in"]) == ("shards", str(tmp_path / "acts"), 48)
