@@ -41,3 +41,18 @@ if [ "${1:-}" = "--test" ] && [ "${SAE_DIST_SKIP_SAELENS:-0}" != 1 ] && [ ! -f .
     .venv-saelens/bin/python -m pip --disable-pip-version-check -q install torch==2.13.0 sae-lens
     touch .venv-saelens/.installed
 fi
+
+# System packages for two tests, from Debian where they can be installed (as root, with apt):
+# chromium for the app's end-to-end test (Playwright drives it; `playwright install` cannot
+# download here) and slurm-wlm for export-sbatch on a real one-node SLURM. Elsewhere the SLURM test
+# is skipped and says why; the end-to-end test fails and names the missing browser.
+if [ "${1:-}" = "--test" ]; then
+    missing=""
+    [ -x /usr/bin/chromium ] || missing="$missing chromium"
+    command -v slurmctld >/dev/null 2>&1 || missing="$missing slurm-wlm"
+    if [ -n "$missing" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "setup: installing$missing (Debian packages, for the browser and SLURM tests)"
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing; } >/dev/null 2>&1 \
+            || echo "setup: could not install$missing; the tests that need them will say so"
+    fi
+fi
