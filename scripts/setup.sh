@@ -26,8 +26,9 @@ fi
 # The project itself, re-installed only when its dependency list changed.
 extras=""
 [ "${1:-}" = "--test" ] && extras="[dev]"
-stamp="$VENV/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)${extras:+-dev}"
-if [ ! -f "$stamp" ]; then
+stamp="$VENV/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)"
+[ -n "$extras" ] && stamp="$stamp-dev"
+if [ ! -f "$stamp" ] && [ ! -f "$stamp-dev" ]; then  # the test install holds the plain one too
     echo "setup: installing sae-dist$extras and its dependencies"
     $pip install -e ".$extras"
     touch "$stamp"
