@@ -1,4 +1,4 @@
-"""`python -m sae_dist ...`: train, estimate-memory. User mistakes are one line on stderr."""
+"""`python -m sae_dist ...`: train, estimate-memory, bench, report. User mistakes are one line on stderr."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ from sae_dist.config import SYNTHETIC_D_IN, TrainConfig, build_config, config_fi
 from sae_dist.errors import USER_ERROR_EXIT, TrainingStopped, UserError
 
 
-def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+def _add_config_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
     """One flag per config field, with the field's help; unset flags leave the TOML/default alone."""
     parser.add_argument("--config", help="TOML file with the same keys as the flags (flags win)")
     types = field_types()
     for f in config_fields():
+        if f.name in skip:
+            continue
         flag = "--" + f.name.replace("_", "-")
         help_text = f.metadata.get("help", "") + (f" (default: {f.default})" if f.default is not None else "")
         annotation = types[f.name]
@@ -47,6 +49,33 @@ def _parser() -> argparse.ArgumentParser:
     _add_config_flags(train)
     est = sub.add_parser("estimate-memory", help="memory per device for a training config")
     _add_config_flags(est)
+    bench = sub.add_parser(
+        "bench", help="measure how training scales with the device count",
+        description="Measure throughput, speedup and efficiency on 1 and N devices (DDP), against "
+                    "ideal and against N independent processes (the no-communication ceiling).")
+    bench.add_argument("--devices", default="1,2", help="device counts, e.g. 1,2,4 (1 is always measured)")
+    bench.add_argument("--mode", default="strong", choices=("strong", "weak"),
+                       help="strong: the global batch (--batch-size) is split over the devices; "
+                            "weak: each device keeps --batch-size")
+    bench.add_argument("--steps", type=int, default=30, dest="timed_steps",
+                       help="steps timed per point, after the warm-up (default 30)")
+    bench.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
+    bench.add_argument("--repeats", type=int, default=1, help="measure every point this often (default 1)")
+    bench.add_argument("--no-queue", action="store_true",
+                       help="run the points here, not as scheduler jobs (the devices must be free)")
+    bench.add_argument("--device-kind", choices=("cuda", "cpu"), help="default: cuda where visible, else cpu")
+    bench.add_argument("--name", dest="bench_name", help="a name for the benchmark (default from the config)")
+    _add_config_flags(bench, skip=("devices", "steps", "name"))
+    point = sub.add_parser("bench-point", help=argparse.SUPPRESS)
+    point.add_argument("spec")
+    point.add_argument("result")
+    report = sub.add_parser("report", help="write a benchmark's report (md, csv or html)")
+    report.add_argument("bench_id", type=int, metavar="RUN_ID", help="the benchmark's id (bench prints it)")
+    report.add_argument("--format", default="md", choices=("md", "csv", "html"))
+    report.add_argument("-o", "--out", help="the file to write (default: bench-RUN_ID.FORMAT here)")
+    report.add_argument("--link", default="pcie4",
+                        help="link for the projection: pcie4, pcie5, nvlink3, nvlink4, or a measured "
+                             "all-reduce bandwidth in GB/s (e.g. 18.5)")
     return parser
 
 
@@ -60,6 +89,18 @@ def main(argv: list[str] | None = None) -> int:
             return _train(ns, argv[argv.index("train") + 1:])
         if ns.command == "estimate-memory":
             return _estimate(ns)
+        if ns.command == "bench":
+            return _bench(ns)
+        if ns.command == "bench-point":
+            from sae_dist.bench.measure import point
+
+            return point(ns.spec, ns.result)
+        if ns.command == "report":
+            from sae_dist.bench.report import write_report
+
+            path = write_report(ns.bench_id, ns.format, ns.out, ns.link)
+            print(f"wrote {path}")
+            return 0
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return USER_ERROR_EXIT
@@ -103,6 +144,19 @@ def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
         # whose peers are leaving too (it can abort with std::terminate).
         sys.stdout.flush()
         os._exit(USER_ERROR_EXIT)
+    return 0
+
+
+def _bench(ns: argparse.Namespace) -> int:
+    from sae_dist.bench.run import parse_counts, run_benchmark
+
+    counts = parse_counts(ns.devices)
+    ns.devices = "auto"  # the config's own device field: each point sets its own
+    cfg = _with_source_d_in(config_from_args(ns))
+    bench_id = run_benchmark(cfg, counts, mode=ns.mode, steps=ns.timed_steps, warmup=ns.warmup,
+                             repeats=ns.repeats, queued=not ns.no_queue, name=ns.bench_name,
+                             kind=ns.device_kind)
+    print(f"benchmark {bench_id} done: python -m sae_dist report {bench_id} --format md")
     return 0
 
 

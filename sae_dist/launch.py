@@ -70,13 +70,17 @@ def resolve_devices(spec: str) -> tuple[str, int]:
     return kind, count or 1
 
 
-def launch(cfg: TrainConfig, argv: list[str]) -> int:
-    """Run the job; argv is the `train` command line, handed unchanged to every rank."""
+def launch(cfg: TrainConfig, argv: list[str], command: str = "train", in_process=None) -> int:
+    """Run the job; argv is the `command` line (train, bench-point), handed unchanged to every
+    rank. One device runs in this process: `in_process()` (default: train(cfg))."""
     kind, n = resolve_devices(cfg.devices)
     os.environ[DEVICE_TYPE_ENV] = kind
     os.environ[OUR_LAUNCHER_ENV] = "1"  # our ranks leave reporting a stop to this launcher
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     if n == 1:
+        if in_process is not None:
+            in_process()
+            return 0
         from sae_dist.train import train
 
         train(cfg)
@@ -92,7 +96,7 @@ def launch(cfg: TrainConfig, argv: list[str]) -> int:
     rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"] if port else ["--standalone"]
     args = get_args_parser().parse_args(
         [*rdzv, "--nnodes", "1", "--nproc-per-node", str(n), "--max-restarts", "0",
-         "--module", "sae_dist", "train", *argv])
+         "--module", "sae_dist", command, *argv])
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
         run(args)

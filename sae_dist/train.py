@@ -176,7 +176,7 @@ def _device_label(ctx: D.DistContext) -> str:
     return f"cpu:{ctx.rank}"
 
 
-def _set_threads(ctx: D.DistContext) -> None:
+def set_threads(ctx: D.DistContext) -> None:
     if ctx.device.type != "cpu":
         return
     # torchrun defaults OMP_NUM_THREADS to 1; CPU ranks share the cores instead.
@@ -211,6 +211,15 @@ def _stop_on_signals():
             signal.signal(sig, handler)
 
 
+def build_sae(cfg: TrainConfig, device) -> SparseAutoencoder:
+    """The SAE a config describes (d_in already resolved from the source)."""
+    return SparseAutoencoder(
+        cfg.d_in, cfg.resolved_d_sae, cfg.architecture, cfg.k, l1_coefficient=cfg.l1_coefficient,
+        l0_coefficient=cfg.l0_coefficient, auxk_coefficient=cfg.auxk_coefficient,
+        auxk_k=cfg.resolved_auxk_k, jumprelu_init_threshold=cfg.jumprelu_init_threshold,
+        jumprelu_bandwidth=cfg.jumprelu_bandwidth, seed=cfg.seed, device=device)
+
+
 def train(cfg: TrainConfig) -> TrainResult:
     ctx = D.init_distributed()
     with _stop_on_signals():
@@ -222,7 +231,7 @@ def train(cfg: TrainConfig) -> TrainResult:
 
 
 def _train(cfg: TrainConfig, ctx: D.DistContext) -> TrainResult:
-    _set_threads(ctx)
+    set_threads(ctx)
     torch.manual_seed(cfg.seed)
     source = make_source(cfg, ctx)
     cfg = cfg.with_d_in(source_d_in(source))
@@ -250,11 +259,7 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
     main = ctx.is_main
     peak = PeakMemory(ctx.device)
     peak.reset()
-    sae = SparseAutoencoder(
-        cfg.d_in, d_sae, cfg.architecture, cfg.k, l1_coefficient=cfg.l1_coefficient,
-        l0_coefficient=cfg.l0_coefficient, auxk_coefficient=cfg.auxk_coefficient,
-        auxk_k=cfg.resolved_auxk_k, jumprelu_init_threshold=cfg.jumprelu_init_threshold,
-        jumprelu_bandwidth=cfg.jumprelu_bandwidth, seed=cfg.seed, device=ctx.device)
+    sae = build_sae(cfg, ctx.device)
     opt = torch.optim.Adam(sae.parameters(), lr=cfg.resolved_lr, betas=(0.9, 0.999),
                            **({"fused": True} if ctx.device.type == "cuda" else {"foreach": True}))
 

@@ -24,6 +24,7 @@ PAGES = (
     ("pages/2_Monitor.py", "Monitor", ":material/speed:"),
     ("pages/3_Queue.py", "Queue", ":material/list:"),
     ("pages/4_Training_runs.py", "Training runs", ":material/monitoring:"),
+    ("pages/5_Benchmarks.py", "Benchmarks", ":material/bar_chart:"),
 )
 APP_ROOT = Path(__file__).resolve().parents[1]
 

@@ -62,7 +62,7 @@ class Base(SQLModel, registry=registry(metadata=metadata)):
     """Base of our tables: our own MetaData (naming convention), not sqlmodel's global one."""
 
 
-RUN_STATUSES = ("RUNNING", "COMPLETED", "FAILED")
+RUN_STATUSES = ("RUNNING", "COMPLETED", "FAILED", "STOPPED")
 
 
 class TrainingRun(Base, table=True):
@@ -273,3 +273,52 @@ class GpuMinute(Base, table=True):
     temperature_max: float | None = None
     power_sum: float | None = None
     power_n: int = 0
+
+
+class BenchmarkRun(Base, table=True):
+    """One scaling benchmark: a config measured on several device counts, and where it ran."""
+
+    __tablename__ = "benchmark_runs"
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str
+    status: str = "RUNNING"  # RUNNING, COMPLETED, FAILED
+    mode: str  # "strong" (global batch fixed) or "weak" (per-device batch fixed)
+    device_counts: str  # JSON list, e.g. [1, 2, 4]
+    config_json: str  # the training config measured (its batch_size: see mode)
+    steps: int  # timed steps per point (after warm-up)
+    warmup_steps: int
+    repeats: int
+    queued: bool  # each point ran as a scheduler job (False: --no-queue)
+    device_kind: str  # "cuda" or "cpu"
+    device_names: str  # JSON list of the device names used
+    virtual: bool  # CPU-backed (virtual) devices: the figures are the CPU's
+    backend: str  # "nccl" or "gloo"
+    torch_version: str
+    link: str | None = None  # interconnect between the devices where NVML tells it
+    host: str
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    error: str | None = None
+
+
+class BenchmarkPoint(Base, table=True):
+    """One measurement: N devices, one repeat, DDP or the no-communication ceiling."""
+
+    __tablename__ = "benchmark_points"
+
+    id: int | None = Field(default=None, primary_key=True)
+    bench_id: int = Field(foreign_key="benchmark_runs.id", ondelete="CASCADE", index=True)
+    devices: int
+    repeat: int
+    kind: str  # "ddp" (one job over N devices) or "ceiling" (N independent single-device processes)
+    per_device_batch: int
+    samples_per_s: float  # global throughput, from the median timed step
+    step_s: float  # median step time (the slowest rank's, for DDP)
+    step_no_comm_s: float | None = None  # median step time under no_sync (no gradient all-reduce)
+    comm_share: float | None = None  # (step - step_no_comm) / step
+    peak_memory: int | None = Field(default=None, sa_type=BigInteger)  # bytes, the largest rank
+    grad_bytes: int | None = Field(default=None, sa_type=BigInteger)  # all-reduced per step
+    mean_utilization_pct: float | None = None  # from the daemon's samples; NULL if none were taken
+    job_id: int | None = None  # the scheduler job that ran it
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)

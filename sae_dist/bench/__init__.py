@@ -1,0 +1,1 @@
+"""Scaling benchmarks: measure how training scales with the device count, keep the reports."""

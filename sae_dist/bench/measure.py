@@ -1,0 +1,165 @@
+"""One benchmark point, measured inside the ranks: training steps timed with and without DDP's
+gradient all-reduce. Runs as `python -m sae_dist bench-point SPEC RESULT` (torchrun's ranks for
+DDP, or N independent single-device processes for the ceiling); rank 0 writes the result JSON.
+
+The step is the trainer's (same model, optimizer, data source, decoder maintenance), without
+logging, checkpoints or the database: what is timed is what training costs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from sae_dist import distributed as D
+from sae_dist.distributed import DEVICE_TYPE_ENV
+from sae_dist.config import TrainConfig, build_config
+from sae_dist.memory import PeakMemory
+
+
+def measure(cfg: TrainConfig, warmup: int, steps: int, start_at: float | None = None) -> dict | None:
+    """Time `steps` steps with the all-reduce, then `steps` under no_sync, after `warmup` steps.
+
+    Returns rank 0's summary (None on the other ranks): medians of the slowest rank, peak memory
+    of the largest rank, the bytes all-reduced per step. start_at (Unix time) lines up the
+    independent processes of a ceiling measurement.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from sae_dist.train import build_sae, make_source, set_threads, source_d_in
+
+    ctx = D.init_distributed()
+    set_threads(ctx)
+    torch.manual_seed(cfg.seed)
+    source = make_source(cfg, ctx)
+    cfg = cfg.with_d_in(source_d_in(source))
+    sae = build_sae(cfg, ctx.device)
+    opt = torch.optim.Adam(sae.parameters(), lr=cfg.resolved_lr,
+                           **({"fused": True} if ctx.device.type == "cuda" else {"foreach": True}))
+    model = sae
+    if ctx.world_size > 1:
+        model = DDP(sae, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
+                    gradient_as_bucket_view=True)
+    use_bf16 = cfg.precision == "bf16" or (
+        cfg.precision == "auto" and ctx.device.type == "cuda" and torch.cuda.is_bf16_supported())
+    autocast = torch.autocast(ctx.device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+
+    def step(sync: bool) -> float:
+        t0 = time.perf_counter()
+        x = source.next_batch(ctx.device)
+        with (nullcontext() if sync or ctx.world_size == 1 else model.no_sync()):
+            with autocast:
+                out = model(x)
+            out.loss.backward()
+        sae.remove_parallel_gradient()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sae.normalize_decoder()
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        return time.perf_counter() - t0
+
+    if start_at is not None:
+        time.sleep(max(0.0, start_at - time.time()))
+    peak = PeakMemory(ctx.device)
+    peak.reset()
+    for _ in range(warmup):
+        step(True)
+    D.barrier()
+    synced = [step(True) for _ in range(steps)]
+    D.barrier()
+    unsynced = [step(False) for _ in range(steps)] if ctx.world_size > 1 else None
+    D.barrier()
+    mine = {"step_s": statistics.median(synced),
+            "step_no_comm_s": statistics.median(unsynced) if unsynced else None,
+            "peak_memory": peak.peak_bytes()}
+    ranks = D.gather_objects(mine)
+    if not ctx.is_main:
+        return None
+    step_s = max(r["step_s"] for r in ranks)  # DDP moves at the slowest rank's pace
+    no_comm = [r["step_no_comm_s"] for r in ranks if r["step_no_comm_s"] is not None]
+    memory = [r["peak_memory"] for r in ranks if r["peak_memory"] is not None]
+    return {
+        "world_size": ctx.world_size, "backend": ctx.backend, "device_type": ctx.device.type,
+        "per_device_batch": cfg.batch_size, "step_s": step_s,
+        "step_no_comm_s": max(no_comm) if no_comm else None,
+        "samples_per_s": cfg.batch_size * ctx.world_size / step_s,
+        "peak_memory": max(memory) if memory else None,
+        # DDP all-reduces every trainable parameter's gradient once per step.
+        "grad_bytes": sum(p.numel() * p.element_size() for p in sae.parameters() if p.requires_grad),
+        "started": time.time(),
+    }
+
+
+def run_point(spec_path: str, result_path: str) -> None:
+    """Entry of `bench-point` in each rank: read the spec, measure, rank 0 writes the result."""
+    spec = json.loads(Path(spec_path).read_text())
+    cfg = build_config(spec["config"])
+    result = measure(cfg, spec["warmup"], spec["steps"], spec.get("start_at"))
+    if result is not None:
+        tmp = Path(result_path).with_suffix(".tmp")
+        tmp.write_text(json.dumps(result))
+        os.replace(tmp, result_path)
+
+
+def point(spec_path: str, result_path: str) -> int:
+    """`bench-point`: a DDP point through torchrun's launcher (or in this process for one device),
+    a ceiling as N independent single-device processes started together."""
+    from sae_dist.launch import in_worker, launch
+
+    spec = json.loads(Path(spec_path).read_text())
+    if in_worker() or spec["kind"] == "member":
+        run_point(spec_path, result_path)
+        return 0
+    cfg = build_config(spec["config"])
+    if spec["kind"] == "ddp":
+        return launch(cfg, [spec_path, result_path], command="bench-point",
+                      in_process=lambda: run_point(spec_path, result_path))
+    return _ceiling(spec, spec_path, result_path)
+
+
+def _ceiling(spec: dict, spec_path: str, result_path: str) -> int:
+    import subprocess
+    import sys
+
+    from sae_dist.errors import UserError
+
+    n = spec["devices"]
+    kind = spec["config"]["devices"].split(":")[0]
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d] or [str(i) for i in range(n)]
+    start_at = time.time() + 6.0  # after every process has imported torch
+    procs, results = [], []
+    for i in range(n):
+        member = {**spec, "kind": "member", "config": {**spec["config"], "devices": f"{kind}:1"}, "start_at": start_at}
+        member_spec, member_result = f"{spec_path}.{i}", f"{result_path}.{i}"
+        Path(member_spec).write_text(json.dumps(member))
+        env = {**os.environ, DEVICE_TYPE_ENV: kind}
+        if kind == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = visible[i]
+        else:  # the share of the cores a DDP rank gets on n devices
+            threads = str(max(1, (os.cpu_count() or 1) // n))
+            env.update(OMP_NUM_THREADS=threads, SAE_DIST_THREADS_PER_RANK=threads)
+        procs.append(subprocess.Popen([sys.executable, "-m", "sae_dist", "bench-point", member_spec, member_result],
+                                      env=env, stderr=subprocess.PIPE, text=True))
+        results.append(member_result)
+    failed = []
+    for i, proc in enumerate(procs):
+        _, err = proc.communicate()
+        if proc.returncode != 0:
+            failed.append(f"process {i}: exit code {proc.returncode}: {err.strip()[-500:]}")
+    if failed:
+        raise UserError("ceiling measurement failed: " + "; ".join(failed))
+    members = [json.loads(Path(r).read_text()) for r in results]
+    memory = [m["peak_memory"] for m in members if m["peak_memory"] is not None]
+    summary = {**members[0], "world_size": n, "kind": "ceiling",
+               "samples_per_s": sum(m["samples_per_s"] for m in members),
+               "step_s": max(m["step_s"] for m in members), "step_no_comm_s": None,
+               "peak_memory": max(memory) if memory else None}
+    Path(result_path).write_text(json.dumps(summary))
+    return 0

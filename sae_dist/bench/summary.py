@@ -1,0 +1,90 @@
+"""A benchmark's points turned into its table: one row per device count. Pure functions over
+plain dicts (the benchmark_points rows), so the app, the report and the tests share them."""
+
+from __future__ import annotations
+
+from sae_dist.bench import scaling
+
+PROJECTED_COUNTS = (2, 4, 8)
+
+
+def summarize(points: list[dict]) -> list[dict]:
+    """Per device count: median DDP throughput over repeats (and its spread), speedup and
+    efficiency against the 1-device median, the ceiling's median and the efficiency against it,
+    the median communication share, the largest peak memory, the mean utilisation."""
+    by_n: dict[int, dict[str, list[dict]]] = {}
+    for p in points:
+        by_n.setdefault(p["devices"], {}).setdefault(p["kind"], []).append(p)
+    base = by_n.get(1, {}).get("ddp")
+    base_tp = scaling.median([p["samples_per_s"] for p in base]) if base else None
+    rows = []
+    for n in sorted(by_n):
+        ddp = by_n[n].get("ddp", [])
+        if not ddp:
+            continue
+        tp = [p["samples_per_s"] for p in ddp]
+        throughput = scaling.median(tp)
+        # One device has no communication: it is its own ceiling (the same measurement).
+        ceiling_points = by_n[n].get("ceiling") or (ddp if n == 1 else [])
+        ceiling = scaling.median([p["samples_per_s"] for p in ceiling_points]) if ceiling_points else None
+        speedup = scaling.speedup(throughput, base_tp) if base_tp else None
+        shares = [p["comm_share"] for p in ddp if p.get("comm_share") is not None]
+        memory = [p["peak_memory"] for p in ddp if p.get("peak_memory") is not None]
+        util = [p["mean_utilization_pct"] for p in ddp if p.get("mean_utilization_pct") is not None]
+        rows.append({
+            "devices": n, "repeats": len(ddp), "per_device_batch": ddp[0]["per_device_batch"],
+            "samples_per_s": throughput, "spread": scaling.spread(tp),
+            "step_s": scaling.median([p["step_s"] for p in ddp]),
+            "speedup": speedup,
+            "efficiency": scaling.efficiency(speedup, n) if speedup is not None else None,
+            "ceiling_samples_per_s": ceiling,
+            "ceiling_speedup": scaling.speedup(ceiling, base_tp) if ceiling and base_tp else None,
+            "efficiency_vs_ceiling": scaling.efficiency_vs_ceiling(throughput, ceiling) if ceiling else None,
+            "comm_share": scaling.median(shares) if shares else None,
+            "peak_memory": max(memory) if memory else None,
+            "mean_utilization_pct": sum(util) / len(util) if util else None,
+            "grad_bytes": ddp[0].get("grad_bytes"),
+            "target_speedup": scaling.TARGET_SPEEDUP.get(n),
+        })
+    return rows
+
+
+def link_bandwidth(link: str) -> tuple[str, float]:
+    """(label, bytes/s) of a preset name, or of a measured bandwidth given in GB/s."""
+    if link in scaling.LINKS:
+        return scaling.LINKS[link]
+    try:
+        gbps = float(link)
+    except ValueError:
+        raise ValueError(f"link {link!r}: choose one of {', '.join(scaling.LINKS)} or give a "
+                         "measured all-reduce bandwidth in GB/s, e.g. 18.5") from None
+    if gbps <= 0:
+        raise ValueError(f"link {link!r}: the bandwidth must be positive")
+    return f"measured all-reduce bandwidth {gbps:g} GB/s", gbps * 1e9
+
+
+def projection_rows(rows: list[dict], mode: str, bandwidth: float,
+                    counts: tuple[int, ...] = PROJECTED_COUNTS) -> list[dict]:
+    """Expected speedup on `counts` devices from the 1-device row (step time, gradient size,
+    batch): a model, not a measurement. Empty without a 1-device row."""
+    one = next((r for r in rows if r["devices"] == 1), None)
+    if one is None or not one.get("grad_bytes"):
+        return []
+    out = []
+    for n in counts:
+        p = scaling.project(one["step_s"], one["grad_bytes"], bandwidth, n, mode)
+        out.append({"devices": n, "speedup_no_overlap": p.speedup_no_overlap,
+                    "speedup_overlap": p.speedup_overlap, "step_no_overlap_s": p.step_no_overlap_s,
+                    "step_overlap_s": p.step_overlap_s,
+                    "allreduce_s": scaling.allreduce_time(n, one["grad_bytes"], bandwidth),
+                    "break_even_batch": scaling.break_even_batch(one["step_s"], one["per_device_batch"],
+                                                                 one["grad_bytes"], bandwidth, n)})
+    return out
+
+
+MODEL_TEXT = ("Projection (a model, not a measurement): ring all-reduce time = 2(N-1)/N x gradient "
+              "bytes / bandwidth; step time = compute + all-reduce without overlap, max(compute, "
+              "all-reduce) with full overlap of the backward pass; compute per device = the measured "
+              "1-device step / N for strong scaling, unchanged for weak scaling. Break-even batch: "
+              "the per-device batch at which compute equals the all-reduce (compute taken as "
+              "proportional to the batch); below it, communication dominates the step.")
