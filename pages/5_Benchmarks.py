@@ -11,7 +11,7 @@ from sae_dist.bench import summary as S
 from webui.sidebar import page_frame
 
 engine = page_frame("Benchmarks", ":material/bar_chart:")
-LINK_CHOICES = [*scaling.LINKS, "measured"]
+LINK_CHOICES = ["here", *scaling.LINKS, "measured"]
 
 
 def bench_label(bench_id: int) -> str:
@@ -40,13 +40,14 @@ with st.container(horizontal=True, vertical_alignment="bottom"):
                          format_func=lambda i: "—" if i is None else bench_label(i), width=420)
     link = st.segmented_control("Projection link", LINK_CHOICES, default="pcie4", key="bench_link",
                                 format_func=lambda k: scaling.LINKS[k][0].split(" (")[0] if k in scaling.LINKS
-                                else "Measured GB/s") or "pcie4"
+                                else {"here": "Measured here", "measured": "Your GB/s"}[k],
+                                help="Measured here: the all-reduce bandwidth the benchmark timed between "
+                                     "its devices") or "pcie4"
     if link == "measured":
         gbps = st.number_input("All-reduce GB/s", min_value=0.01, value=10.0, key="bench_gbps", width=150,
                                help="An all-reduce bandwidth measured on your machine (e.g. nccl-tests' busbw)")
         link = str(gbps)
 st.query_params["bench"] = str(bench_id)
-link_label, bandwidth = S.link_bandwidth(link)
 
 
 def show(bench_id: int, compact: bool) -> None:
@@ -61,6 +62,11 @@ def show(bench_id: int, compact: bool) -> None:
     if not rows:
         st.info("No point measured yet.")
         return
+    try:
+        link_label, bandwidth = S.link_bandwidth(link, rows)
+    except ValueError as error:
+        st.warning(str(error), title="Projected for PCIe 4 instead")
+        link_label, bandwidth = S.link_bandwidth("pcie4")
     projection = S.projection_rows(rows, run["mode"], bandwidth)
     st.altair_chart(charts.speedup_chart(rows, projection, title=f"Speedup ({run['mode']} scaling)"),
                     alt="Measured speedup against device count, with the ideal line, targets and projection")

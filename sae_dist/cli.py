@@ -74,8 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--format", default="md", choices=("md", "csv", "html"))
     report.add_argument("-o", "--out", help="the file to write (default: bench-RUN_ID.FORMAT here)")
     report.add_argument("--link", default="pcie4",
-                        help="link for the projection: pcie4, pcie5, nvlink3, nvlink4, or a measured "
-                             "all-reduce bandwidth in GB/s (e.g. 18.5)")
+                        help="link for the projection: pcie4, pcie5, nvlink3, nvlink4, here (the "
+                             "all-reduce bandwidth the benchmark measured), or GB/s (e.g. 18.5)")
     return parser
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,3 +26,14 @@ def run_cli(*args: str, timeout: float = 240, env: dict | None = None, module: s
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def wait_for(predicate, timeout: float = 30, what: str = "condition"):
+    """predicate()'s first truthy value, polled every 0.1 s; an AssertionError after timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

@@ -56,6 +56,10 @@ def test_projection_from_the_one_device_row():
         S.link_bandwidth("fast")
     with pytest.raises(ValueError, match="positive"):
         S.link_bandwidth("-3")
+    with pytest.raises(ValueError, match="measured no all-reduce"):
+        S.link_bandwidth("here", rows)
+    two_rows = [*rows, {"devices": 2, "allreduce_bytes_per_s": 3e9}, {"devices": 4, "allreduce_bytes_per_s": 2e9}]
+    assert S.link_bandwidth("here", two_rows)[1] == 2e9  # the largest device count's
     assert S.projection_rows([], "strong", bandwidth) == []
 
 
@@ -78,6 +82,7 @@ def test_direct_benchmark_writes_rows_reports_and_page(tmp_path):
     assert 0 <= by[(2, "ddp")]["comm_share"] <= 1 and by[(1, "ddp")]["comm_share"] is None
     assert by[(2, "ddp")]["grad_bytes"] == (32 * 128 * 2 + 128 + 32) * 4  # W_enc, W_dec, b_enc, b_dec
     assert all(p["samples_per_s"] > 0 and p["mean_utilization_pct"] is None for p in points)
+    assert by[(2, "ddp")]["allreduce_bytes_per_s"] > 0 and by[(1, "ddp")]["allreduce_bytes_per_s"] is None
 
     # csv: the figures of the database, per device count
     out = run_cli("report", "1", "--format", "csv", "-o", str(tmp_path / "r.csv"))
@@ -96,6 +101,9 @@ def test_direct_benchmark_writes_rows_reports_and_page(tmp_path):
     assert run_cli("report", "1", "--format", "html", "-o", str(tmp_path / "r.html"), "--link", "25").returncode == 0
     page = (tmp_path / "r.html").read_text()
     assert "vegaEmbed(\"#speedup\"" in page and "measured all-reduce bandwidth 25 GB/s" in page
+    assert run_cli("report", "1", "-o", str(tmp_path / "here.md"), "--link", "here").returncode == 0
+    gbps = by[(2, "ddp")]["allreduce_bytes_per_s"] / 1e9
+    assert f"all-reduce measured here on 2 devices ({gbps:.2f} GB/s)" in (tmp_path / "here.md").read_text()
 
     # the app's page renders it, alone and side by side, with a measured link
     from streamlit.testing.v1 import AppTest
@@ -107,6 +115,8 @@ def test_direct_benchmark_writes_rows_reports_and_page(tmp_path):
     assert any("Benchmark 1 (" in c.value for c in at.caption)
     at.segmented_control(key="bench_link").set_value("measured").run()
     assert not at.exception and any("Break-even" in c.value for c in at.caption)
+    at.segmented_control(key="bench_link").set_value("here").run()
+    assert not at.exception and any("measured here on 2 devices" in m.value for m in at.markdown)
 
 
 @pytest.mark.slow

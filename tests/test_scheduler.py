@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, wait_for
 from sae_dist.db import Allocation, get_engine
 from scheduler import procs
 from scheduler.store import NewJob, get_job, list_jobs, submit, submit_many
@@ -59,16 +59,6 @@ def sched(state_home, monkeypatch):
 def job(*argv: str, gpus: int = 1, **fields) -> NewJob:
     return NewJob(name=fields.pop("name", Path(argv[0]).name), kind="command", argv=list(argv), gpus=gpus,
                   workdir=str(REPO), **fields)
-
-
-def wait_for(predicate, timeout: float = 60, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def state(job_id: int) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, wait_for
 from sae_dist.db import get_engine
 from scheduler import procs
 from scheduler.store import count_jobs, get_job, list_jobs
@@ -56,16 +56,6 @@ def processes_of(home: Path) -> list[int]:
         if needle in environ and state != "Z":
             found.append(int(entry))
     return found
-
-
-def wait_for(predicate, timeout: float = 30, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def stop_and_reap(home: Path, daemons: list[subprocess.Popen]) -> list[int]:

@@ -76,6 +76,7 @@ def measure(cfg: TrainConfig, warmup: int, steps: int, start_at: float | None = 
     D.barrier()
     unsynced = [step(False) for _ in range(steps)] if ctx.world_size > 1 else None
     D.barrier()
+    bandwidth = _allreduce_bandwidth(sae, ctx) if ctx.world_size > 1 else None
     mine = {"step_s": statistics.median(synced),
             "step_no_comm_s": statistics.median(unsynced) if unsynced else None,
             "peak_memory": peak.peak_bytes()}
@@ -93,8 +94,31 @@ def measure(cfg: TrainConfig, warmup: int, steps: int, start_at: float | None = 
         "peak_memory": max(memory) if memory else None,
         # DDP all-reduces every trainable parameter's gradient once per step.
         "grad_bytes": sum(p.numel() * p.element_size() for p in sae.parameters() if p.requires_grad),
+        "allreduce_bytes_per_s": bandwidth,
         "started": time.time(),
     }
+
+
+def _allreduce_bandwidth(sae, ctx, repeats: int = 5) -> float:
+    """The ring all-reduce bandwidth between these ranks, measured on a buffer the size of the
+    gradients: 2 (N - 1) / N x bytes / median time (NCCL's "bus bandwidth")."""
+    import torch.distributed as dist
+
+    numel = sum(p.numel() for p in sae.parameters() if p.requires_grad)
+    buf = torch.ones(numel, dtype=torch.float32, device=ctx.device)
+    times = []
+    for i in range(repeats + 2):
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        D.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(buf)
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        if i >= 2:  # two warm-up rounds
+            times.append(time.perf_counter() - t0)
+    n = ctx.world_size
+    return 2 * (n - 1) / n * numel * 4 / statistics.median(times)
 
 
 def run_point(spec_path: str, result_path: str) -> None:

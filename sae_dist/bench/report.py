@@ -72,6 +72,8 @@ def measured_table(rows: list[dict]) -> list[dict[str, str]]:
         "Peak memory/device": fmt_bytes(r["peak_memory"]),
         "Mean utilisation": _num(r["mean_utilization_pct"], ".0f") + ("%" if r["mean_utilization_pct"] is not None else ""),
         "Gradient all-reduced/step": fmt_bytes(r["grad_bytes"]),
+        "All-reduce bandwidth": (MISSING if r["allreduce_bytes_per_s"] is None
+                                 else f"{r['allreduce_bytes_per_s'] / 1e9:.2f} GB/s"),
     } for r in rows]
 
 
@@ -123,7 +125,7 @@ def _html_table(rows: list[dict[str, str]]) -> str:
 def render(run: dict, points: list[dict], fmt: str, link: str = "pcie4") -> str:
     rows = S.summarize(points)
     try:
-        link_label, bandwidth = S.link_bandwidth(link)
+        link_label, bandwidth = S.link_bandwidth(link, rows)
     except ValueError as e:
         raise UserError(f"--link: {e}") from None
     projection = S.projection_rows(rows, run["mode"], bandwidth)

@@ -194,7 +194,8 @@ def _point_row(bench_id: int, n: int, repeat: int, what: str, result: dict, job_
                          per_device_batch=result["per_device_batch"], samples_per_s=result["samples_per_s"],
                          step_s=result["step_s"], step_no_comm_s=result.get("step_no_comm_s"),
                          comm_share=share, peak_memory=result.get("peak_memory"),
-                         grad_bytes=result.get("grad_bytes"), job_id=job_id)
+                         grad_bytes=result.get("grad_bytes"), job_id=job_id,
+                         allreduce_bytes_per_s=result.get("allreduce_bytes_per_s"))
     with Session(engine) as s:
         s.add(row)
         s.commit()

@@ -44,19 +44,34 @@ def summarize(points: list[dict]) -> list[dict]:
             "peak_memory": max(memory) if memory else None,
             "mean_utilization_pct": sum(util) / len(util) if util else None,
             "grad_bytes": ddp[0].get("grad_bytes"),
+            "allreduce_bytes_per_s": _median_known([p.get("allreduce_bytes_per_s") for p in ddp]),
             "target_speedup": scaling.TARGET_SPEEDUP.get(n),
         })
     return rows
 
 
-def link_bandwidth(link: str) -> tuple[str, float]:
-    """(label, bytes/s) of a preset name, or of a measured bandwidth given in GB/s."""
+def _median_known(values: list) -> float | None:
+    known = [v for v in values if v is not None]
+    return scaling.median(known) if known else None
+
+
+def link_bandwidth(link: str, rows: list[dict] | None = None) -> tuple[str, float]:
+    """(label, bytes/s) of a preset name, of `here` (the all-reduce bandwidth this benchmark
+    measured on its largest device count), or of a bandwidth given in GB/s."""
     if link in scaling.LINKS:
         return scaling.LINKS[link]
+    if link == "here":
+        measured = [r for r in rows or [] if r.get("allreduce_bytes_per_s")]
+        if not measured:
+            raise ValueError("link 'here': this benchmark measured no all-reduce (it needs a point on "
+                             "2 or more devices)")
+        top = max(measured, key=lambda r: r["devices"])
+        return (f"all-reduce measured here on {top['devices']} devices "
+                f"({top['allreduce_bytes_per_s'] / 1e9:.2f} GB/s)", top["allreduce_bytes_per_s"])
     try:
         gbps = float(link)
     except ValueError:
-        raise ValueError(f"link {link!r}: choose one of {', '.join(scaling.LINKS)} or give a "
+        raise ValueError(f"link {link!r}: choose one of {', '.join(scaling.LINKS)}, here, or give a "
                          "measured all-reduce bandwidth in GB/s, e.g. 18.5") from None
     if gbps <= 0:
         raise ValueError(f"link {link!r}: the bandwidth must be positive")

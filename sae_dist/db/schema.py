@@ -319,6 +319,7 @@ class BenchmarkPoint(Base, table=True):
     comm_share: float | None = None  # (step - step_no_comm) / step
     peak_memory: int | None = Field(default=None, sa_type=BigInteger)  # bytes, the largest rank
     grad_bytes: int | None = Field(default=None, sa_type=BigInteger)  # all-reduced per step
+    allreduce_bytes_per_s: float | None = None  # measured ring all-reduce (bus) bandwidth, DDP N > 1
     mean_utilization_pct: float | None = None  # from the daemon's samples; NULL if none were taken
     job_id: int | None = None  # the scheduler job that ran it
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)

@@ -52,6 +52,7 @@ def upgrade() -> None:
     sa.Column('comm_share', sa.Float(), nullable=True),
     sa.Column('peak_memory', sa.BigInteger(), nullable=True),
     sa.Column('grad_bytes', sa.BigInteger(), nullable=True),
+    sa.Column('allreduce_bytes_per_s', sa.Float(), nullable=True),
     sa.Column('mean_utilization_pct', sa.Float(), nullable=True),
     sa.Column('job_id', sa.Integer(), nullable=True),
     sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
