@@ -16,6 +16,7 @@ import streamlit as st
 from sae_dist.analytics import charts, jobs, queries, samples
 from sae_dist.analytics import format as fmt
 from sae_dist.db import get_engine
+from webui.widgets import run_metrics
 from webui.sidebar import page_frame
 
 engine = page_frame("Monitor", ":material/speed:")
@@ -298,12 +299,7 @@ def training(job: dict) -> None:
         st.caption(f"The job ended ({job['state']}) before the training recorded its end: the "
                    "figures below are the last it logged.")
     which = "Final" if run["final"] else "Latest"
-    with st.container(horizontal=True):
-        st.metric(f"{which} loss", fmt.fmt_number(run["loss"]), border=True)
-        st.metric(f"{which} FVU", fmt.fmt_number(run["fvu"]), border=True)
-        st.metric(f"{which} L0", fmt.fmt_number(run["l0"], 3), border=True)
-        st.metric(f"{which} dead latents", fmt.fmt_percent(run["dead_fraction"]), border=True)
-        st.metric(f"{which} samples/s", fmt.fmt_number(run["samples_per_s"], 3), border=True)
+    run_metrics(run)
 
     db_url = engine.url.render_as_string(hide_password=False)
     curves = load_curves(db_url, run_id, run["last_step"], run["last_update"])

@@ -10,6 +10,7 @@ import streamlit as st
 from sae_dist.analytics import charts, queries
 from sae_dist.analytics import format as fmt
 from sae_dist.db import get_engine
+from webui.widgets import run_metrics
 from webui.sidebar import REFRESH_SECONDS, page_frame
 
 engine = page_frame("Training runs", ":material/monitoring:")
@@ -84,13 +85,7 @@ def run_view(run_id: int, live: bool) -> None:
         st.warning(f"The last metrics arrived {fmt.fmt_ago(silent)}: the training process "
                    "may have stopped without recording it.")
 
-    which = "Final" if run["final"] else "Latest"
-    with st.container(horizontal=True):
-        st.metric(f"{which} loss", fmt.fmt_number(run["loss"]), border=True)
-        st.metric(f"{which} FVU", fmt.fmt_number(run["fvu"]), border=True)
-        st.metric(f"{which} L0", fmt.fmt_number(run["l0"], 3), border=True)
-        st.metric(f"{which} dead latents", fmt.fmt_percent(run["dead_fraction"]), border=True)
-        st.metric(f"{which} samples/s", fmt.fmt_number(run["samples_per_s"], 3), border=True)
+    run_metrics(run)
     if run["recovery_frac"] is not None or run["recovery_mean_cos"] is not None:
         st.caption(f"Planted features recovered (cosine > 0.9): {fmt.fmt_percent(run['recovery_frac'])}"
                    f" · mean best cosine {fmt.fmt_number(run['recovery_mean_cos'], 3)}")
