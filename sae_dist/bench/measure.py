@@ -127,7 +127,7 @@ def run_point(spec_path: str, result_path: str) -> None:
     cfg = build_config(spec["config"])
     result = measure(cfg, spec["warmup"], spec["steps"], spec.get("start_at"))
     if result is not None:
-        tmp = Path(result_path).with_suffix(".tmp")
+        tmp = Path(f"{result_path}.tmp")  # beside it, unique per result (members: .0, .1, ...)
         tmp.write_text(json.dumps(result))
         os.replace(tmp, result_path)
 
@@ -140,6 +140,10 @@ def point(spec_path: str, result_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     if in_worker() or spec["kind"] == "member":
         run_point(spec_path, result_path)
+        # Tear the process group down while every rank is here: left to interpreter exit, gloo's
+        # teardown can abort the process (std::terminate) after the result is written.
+        D.barrier()
+        D.shutdown()
         return 0
     cfg = build_config(spec["config"])
     if spec["kind"] == "ddp":
