@@ -39,7 +39,7 @@ def speedup_frame(rows: list[dict], projection: list[dict] | None = None) -> pd.
 def speedup_chart(rows: list[dict], projection: list[dict] | None = None, title: str = "Speedup") -> alt.Chart:
     data = speedup_frame(rows, projection)
     color = alt.Color("series:N", scale=alt.Scale(domain=SERIES_ORDER, range=SERIES_COLORS),
-                      legend=alt.Legend(title=None, orient="bottom", columns=2))
+                      legend=alt.Legend(title=None, orient="right"))
     base = alt.Chart(data).encode(
         x=alt.X("devices:Q", title="Devices", scale=alt.Scale(nice=False), axis=alt.Axis(tickMinStep=1)),
         y=alt.Y("speedup:Q", title="Speedup over 1 device"), color=color,
