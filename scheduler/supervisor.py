@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from sae_dist.db import get_engine, utcnow
+from sae_dist.db import get_engine
 from sae_dist.paths import state_home
 from scheduler import procs
 from scheduler.store import finish_job, get_job, record_process, requeue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -37,3 +38,21 @@ def wait_for(predicate, timeout: float = 30, what: str = "condition"):
             return value
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def start_daemon(log_path: Path) -> subprocess.Popen:
+    """A real scheduler daemon for this test's state home, in a session of its own."""
+    log = open(log_path, "ab")
+    return subprocess.Popen([sys.executable, "-m", "scheduler", "daemon"], cwd=REPO,
+                            stdout=log, stderr=log, start_new_session=True)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
+    """SIGTERM, then SIGKILL after timeout; nothing if it already ended."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

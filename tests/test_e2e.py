@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, start_daemon, stop_process
 from sae_dist.db import get_engine
 from scheduler import procs
 from scheduler.store import get_job, list_jobs
@@ -56,16 +55,6 @@ def wait_http(url: str, timeout: float) -> None:
     raise AssertionError(f"{url} did not answer within {timeout} s")
 
 
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture
 def app_url(state_home, monkeypatch, tmp_path):
     """The daemon and `streamlit run app.py` on 127.0.0.1:<free port>, in this test's state home."""
@@ -77,10 +66,9 @@ def app_url(state_home, monkeypatch, tmp_path):
     monkeypatch.setenv("SAE_DIST_KILL_GRACE_S", "5")
     state_home.mkdir(parents=True, exist_ok=True)
     get_engine()  # migrate once, before the daemon and the app race to
-    logs = {name: open(tmp_path / f"{name}.log", "wb") for name in ("daemon", "app")}
+    logs = {"app": open(tmp_path / "app.log", "wb")}
     port = free_port()
-    daemon = subprocess.Popen([sys.executable, "-m", "scheduler", "daemon"], cwd=REPO,
-                              stdout=logs["daemon"], stderr=subprocess.STDOUT, start_new_session=True)
+    daemon = start_daemon(tmp_path / "daemon.log")
     app = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
                             "--server.address", "127.0.0.1", "--server.headless", "true"],
                            cwd=REPO, stdout=logs["app"], stderr=subprocess.STDOUT, start_new_session=True)
@@ -88,8 +76,8 @@ def app_url(state_home, monkeypatch, tmp_path):
         wait_http(f"http://127.0.0.1:{port}/_stcore/health", 60)
         yield f"http://127.0.0.1:{port}"
     finally:
-        stop(app)
-        stop(daemon)
+        stop_process(app, 15)
+        stop_process(daemon, 15)
         for job in list_jobs(get_engine(), ("RUNNING",)):  # no job outlives the test
             for pid, ticks in ((job.supervisor_pid, job.supervisor_start_ticks), (job.pid, job.proc_start_ticks)):
                 if procs.is_alive(pid, ticks):

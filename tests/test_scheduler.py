@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli, wait_for
+from conftest import REPO, run_cli, start_daemon, stop_process, wait_for
 from sae_dist.db import Allocation, get_engine
 from scheduler import procs
 from scheduler.store import NewJob, get_job, list_jobs, submit, submit_many
@@ -35,20 +35,13 @@ def sched(state_home, monkeypatch):
 
         def start_daemon(self) -> subprocess.Popen:
             state_home.mkdir(parents=True, exist_ok=True)
-            log = open(state_home / "daemon-test.log", "ab")
-            proc = subprocess.Popen([sys.executable, "-m", "scheduler", "daemon"], cwd=REPO,
-                                    stdout=log, stderr=log, start_new_session=True)
+            proc = start_daemon(state_home / "daemon-test.log")
             started.append(proc)
             return proc
 
     yield Sched()
     for proc in started:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_process(proc)
     # No job of a test outlives it.
     for job in list_jobs(get_engine(), ("RUNNING",)):
         for pid, ticks in ((job.supervisor_pid, job.supervisor_start_ticks), (job.pid, job.proc_start_ticks)):

@@ -10,14 +10,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli, wait_for
+from conftest import REPO, run_cli, start_daemon, stop_process, wait_for
 from sae_dist.db import get_engine
 from scheduler import procs
 from scheduler.store import count_jobs, get_job, list_jobs
@@ -61,12 +59,7 @@ def processes_of(home: Path) -> list[int]:
 def stop_and_reap(home: Path, daemons: list[subprocess.Popen]) -> list[int]:
     """Stop daemons, end any job or supervisor of this test; returns what had to be killed."""
     for proc in daemons:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_process(proc)
     pid_file = home / "daemon.pid"
     if pid_file.exists():  # a daemon started by `submit` itself
         try:
@@ -108,9 +101,7 @@ def sched(state_home, monkeypatch, tmp_path):
 
         def start_daemon(self) -> subprocess.Popen:
             state_home.mkdir(parents=True, exist_ok=True)
-            log = open(tmp_path / "daemon-test.log", "ab")  # outside the home: see the file checks
-            proc = subprocess.Popen([sys.executable, "-m", "scheduler", "daemon"], cwd=REPO,
-                                    stdout=log, stderr=log, start_new_session=True)
+            proc = start_daemon(tmp_path / "daemon-test.log")  # outside the home: see the file checks
             started.append(proc)
             return proc
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import run_cli
 
 pytestmark = pytest.mark.skipif(shutil.which("slurmctld") is None or os.geteuid() != 0,
                                 reason="needs Debian's slurm-wlm and root (scripts/test.sh installs it)")
