@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -140,11 +141,13 @@ def point(spec_path: str, result_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     if in_worker() or spec["kind"] == "member":
         run_point(spec_path, result_path)
-        # Tear the process group down while every rank is here: left to interpreter exit, gloo's
-        # teardown can abort the process (std::terminate) after the result is written.
+        # Every rank is done once all reach here; then straight out. Gloo's teardown (by
+        # destroy_process_group or at interpreter exit) sometimes aborts a rank with
+        # std::terminate after its result is written, failing a good measurement.
         D.barrier()
-        D.shutdown()
-        return 0
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     cfg = build_config(spec["config"])
     if spec["kind"] == "ddp":
         return launch(cfg, [spec_path, result_path], command="bench-point",
