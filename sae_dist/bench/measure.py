@@ -157,7 +157,6 @@ def point(spec_path: str, result_path: str) -> int:
 
 def _ceiling(spec: dict, spec_path: str, result_path: str) -> int:
     import subprocess
-    import sys
 
     from sae_dist.errors import UserError
 

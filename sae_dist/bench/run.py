@@ -30,13 +30,12 @@ from sqlmodel import Session, select
 
 from sae_dist.bench import scaling
 from sae_dist.config import TrainConfig
-from sae_dist.db import BenchmarkPoint, BenchmarkRun, GpuSample, Job, get_engine, utcnow
+from sae_dist.db import FINAL_JOB_STATES, BenchmarkPoint, BenchmarkRun, GpuSample, Job, get_engine, utcnow
 from sae_dist.errors import UserError
 
 POINT_TIMEOUT_S = 3600.0
 # The daemon writes its device samples every 5 s: wait that long before averaging them.
 SAMPLE_FLUSH_WAIT_S = 6.0
-FINAL_JOB_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
 
 def parse_counts(text: str) -> list[int]:
