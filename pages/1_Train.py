@@ -34,6 +34,7 @@ FORM_DEFAULTS = {
     "tr_d_in": SYNTHETIC_D_IN, "tr_width_by": "expansion", "tr_expansion": DEFAULT["expansion_factor"],
     "tr_d_sae": SYNTHETIC_D_IN * DEFAULT["expansion_factor"], "tr_k": DEFAULT["k"],
     "tr_l1": DEFAULT["l1_coefficient"], "tr_l0": DEFAULT["l0_coefficient"], "tr_batch": DEFAULT["batch_size"],
+    "tr_grad_accum": DEFAULT["grad_accum"],
     "tr_lr": "", "tr_steps": DEFAULT["steps"], "tr_precision": DEFAULT["precision"],
     "tr_checkpoint_every": DEFAULT["checkpoint_every"], "tr_name": "", "tr_priority": 0, "tr_time": "",
     "tr_auto": True,  # preselect the recommended devices until the user ticks one
@@ -150,6 +151,8 @@ with data_col:
         error_slot("d_in")
     batch = st.number_input("Batch size per device", key="tr_batch", step=256, help=HELP["batch_size"])
     error_slot("batch_size")
+    grad_accum = st.number_input("Micro-batches per step", key="tr_grad_accum", step=1, help=HELP["grad_accum"])
+    error_slot("grad_accum")
     lr_text = st.text_input("Learning rate", key="tr_lr", help=HELP["lr"], placeholder="default")
     error_slot("lr")
     steps = st.number_input("Steps", key="tr_steps", step=100, help=HELP["steps"])
@@ -172,8 +175,8 @@ with job_col:
     error_slot("time_limit")
 
 # ---- validate: the trainer's own checks; each message goes under the field it names ----
-values = {"architecture": architecture, "source": source, "batch_size": batch, "steps": steps,
-          "precision": precision, "checkpoint_every": checkpoint_every}
+values = {"architecture": architecture, "source": source, "batch_size": batch, "grad_accum": grad_accum,
+          "steps": steps, "precision": precision, "checkpoint_every": checkpoint_every}
 if d_in is not None:
     values["d_in"] = d_in
 if shards_path is not None:
@@ -284,7 +287,7 @@ with devices_box:
             if row["recommended"]:
                 note = ":green-badge[recommended] " + note
             cols[5].markdown(note or " ")
-    effective = len(selected) * batch if isinstance(batch, int) else None
+    effective = len(selected) * batch * grad_accum if isinstance(batch, int) and isinstance(grad_accum, int) else None
     st.markdown(f"**Selected: {len(selected)} GPUs | Effective batch size: "
                 f"{effective if effective is not None else fmt.MISSING}**")
     if estimate is not None:

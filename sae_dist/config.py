@@ -22,6 +22,7 @@ SYNTHETIC_D_IN = 512  # width of synthetic activations when d_in is not given
 ARCHITECTURES = ("topk", "batchtopk", "standard", "jumprelu")
 SOURCES = ("synthetic", "shards")
 PRECISIONS = ("auto", "fp32", "bf16")
+COMPRESSIONS = ("none", "bf16", "fp16")
 # Accepted spellings that people bring from other tools.
 ARCHITECTURE_ALIASES = {"relu": "standard", "batch_topk": "batchtopk", "jump_relu": "jumprelu"}
 
@@ -55,13 +56,18 @@ class TrainConfig:
     synthetic_noise: float = _f(0.01, "Gaussian noise std per dimension (synthetic)")
     seed: int = _f(0, "random seed for initialisation and data")
     # --- optimisation ---
-    batch_size: int = _f(4096, "samples per device per step; the global batch is this x devices")
+    batch_size: int = _f(4096, "samples per device per micro-batch; the global batch is this x devices x grad_accum")
     lr: float | None = _f(None, "Adam learning rate for the global batch; default 2e-4 / sqrt(d_sae / 16384)")
     lr_warmup_steps: int = _f(0, "linear learning-rate warm-up steps")
     lr_decay_fraction: float = _f(0.0, "linear decay to 0 over this final fraction of the steps")
     steps: int = _f(1000, "optimizer steps")
     precision: Literal["auto", "fp32", "bf16"] = _f(
         "auto", "auto: bf16 autocast on GPUs that support it, fp32 on CPU")
+    grad_accum: int = _f(1, "micro-batches of batch_size per device in each optimizer step; one all-reduce per step")
+    ddp_bucket_mb: float | None = _f(
+        None, "DDP gradient bucket size in MiB; default: the decoder's gradient is a bucket of its own")
+    ddp_compress: Literal["none", "bf16", "fp16"] = _f(
+        "none", "all-reduce the gradients in bf16 or fp16 (half the bytes, rounded gradients)")
     # --- the run ---
     devices: str = _f("auto", "auto (every visible GPU, else 1 CPU rank), cpu:N, or cuda:N")
     name: str | None = _f(None, "run name; default <architecture>-<d_sae>-<time>")
@@ -110,17 +116,18 @@ class TrainConfig:
         choice("architecture", ARCHITECTURES)
         choice("source", SOURCES)
         choice("precision", PRECISIONS)
-        for name in ("expansion_factor", "k", "batch_size", "steps", "log_every", "keep_checkpoints",
+        choice("ddp_compress", COMPRESSIONS)
+        for name in ("expansion_factor", "k", "batch_size", "grad_accum", "steps", "log_every", "keep_checkpoints",
                      "dead_after_samples", "synthetic_features", "jumprelu_init_threshold",
                      "jumprelu_bandwidth"):
             positive(name)
-        for name in ("d_in", "d_sae", "auxk_k", "lr"):
+        for name in ("d_in", "d_sae", "auxk_k", "lr", "ddp_bucket_mb"):
             positive(name, allow_none=True)
         for name in ("l1_coefficient", "l0_coefficient", "auxk_coefficient", "lr_warmup_steps",
                      "checkpoint_every", "synthetic_noise", "synthetic_power_law", "synthetic_active",
                      "seed"):
             positive(name, allow_zero=True)
-        for name in ("expansion_factor", "k", "batch_size", "steps", "log_every", "d_in", "d_sae",
+        for name in ("expansion_factor", "k", "batch_size", "grad_accum", "steps", "log_every", "d_in", "d_sae",
                      "auxk_k", "synthetic_features", "lr_warmup_steps", "checkpoint_every", "seed"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, int):

@@ -35,15 +35,36 @@ def format_bytes(n: int) -> str:
     return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
 
 
+CPU_ENCODE_BLOCK_ELEMENTS = 1 << 22  # 16 MB of fp32 pre-activations: stays in a CPU's cache
+
+
+def encoder_rows_at_once(batch_size: int, d_sae: int, device_type: str) -> int:
+    """Rows of the pre-activation matrix that the TopK encoder holds at once: a block on a CPU
+    (the product and its top-k stay in cache), the whole batch on a GPU (one big product)."""
+    if device_type != "cpu":
+        return batch_size
+    return min(batch_size, max(64, CPU_ENCODE_BLOCK_ELEMENTS // d_sae))
+
+
 def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = "topk", k: int = 32,
                     world_size: int = 1, param_bytes: int = 4, act_bytes: int = 4,
-                    auxk: bool = True) -> MemoryEstimate:
+                    device_type: str = "cuda") -> MemoryEstimate:
     """Peak bytes per device of one training step (fp32 weights, Adam, DDP with bucket views).
 
-    Activations count the tensors of width d_sae alive at the peak: TopK keeps the
-    pre-activations and their gradient (plus a transient for top-k and one for AuxK's masked
-    copy); the dense architectures keep pre-activations, activations, a mask and two gradients.
-    Tensors of width d_in (input, reconstruction, error and their gradients) add ~8 x B x d_in.
+    Activations count the tensors of width d_sae alive at the peak. TopK / BatchTopK run through
+    sparse_ops: the pre-activations exist once, during the encoder's forward (AuxK masks them in
+    place; on a CPU only a block of rows at a time), plus half of that again for top-k's working
+    space; BatchTopK's top-k over the flattened batch takes ~4.5 x more (measured on a CPU: it
+    copies the values and their int64 indices). Nothing of width d_sae is kept for the backward,
+    whose sparse weight-gradient products take twice a weight's size (measured: MKL's copy and
+    the result). The dense architectures keep about 4.5 (standard) and 7.5 (JumpReLU) matrices of
+    batch x d_sae at their peak (measured: pre-activations, activations, masks, gradients). Tensors of width d_in (input, reconstruction, error and their gradients) add
+    ~8 x B x d_in.
+
+    This counts tensors. On a CPU the measured peak is resident memory, which glibc's heap can
+    push higher: freed blocks under its 32 MiB mmap ceiling stay in the heap (measured: TopK's
+    CPU peak 10-50% over this estimate, run to run; with MALLOC_MMAP_THRESHOLD_=1048576 it
+    matches, at a 20% cost in speed from the page faults, so that is not the default).
     """
     n_params = 2 * d_in * d_sae + d_sae + d_in + (d_sae if architecture == "jumprelu" else 0)
     params = n_params * param_bytes
@@ -52,17 +73,23 @@ def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = 
     # With gradient_as_bucket_view the buckets are the gradients; DDP still keeps a copy of the
     # largest bucket in flight, bounded by its bucket cap (25 MiB by default).
     ddp_buckets = min(25 * 2**20, n_params * param_bytes) if world_size > 1 else 0
-    wide = {"topk": 3.0, "batchtopk": 7.0, "standard": 6.5, "jumprelu": 10.5}[architecture]
-    if auxk and architecture in ("topk", "batchtopk"):
-        wide += 1
-    activations = int(batch_size * (wide * d_sae + 8 * d_in) * act_bytes)
-    return MemoryEstimate(params, grads, optimizer, ddp_buckets, activations)
+    if architecture in ("topk", "batchtopk"):
+        rows = encoder_rows_at_once(batch_size, d_sae, device_type) if architecture == "topk" else batch_size
+        wide = (1.5 if architecture == "topk" else 5.5) * rows * d_sae * act_bytes
+        wide += 2 * d_in * d_sae * param_bytes  # the backward's sparse weight-gradient product
+    else:
+        wide = {"standard": 4.5, "jumprelu": 7.5}[architecture] * batch_size * d_sae * act_bytes
+    activations = wide + 8 * batch_size * d_in * act_bytes
+    return MemoryEstimate(params, grads, optimizer, ddp_buckets, int(activations))
 
 
-def estimate_for_config(cfg, world_size: int) -> MemoryEstimate:
-    """The estimate for a TrainConfig whose d_in is known (the trainer, the CLI and the app agree)."""
+def estimate_for_config(cfg, world_size: int, device_type: str | None = None) -> MemoryEstimate:
+    """The estimate for a TrainConfig whose d_in is known (the trainer, the CLI and the app agree).
+    Without a device type, `devices = cpu...` means CPU and anything else a GPU."""
+    if device_type is None:
+        device_type = "cpu" if str(cfg.devices).strip().lower().startswith("cpu") else "cuda"
     return estimate_memory(cfg.d_in, cfg.resolved_d_sae, cfg.batch_size, cfg.architecture, cfg.k, world_size,
-                           auxk=cfg.auxk_coefficient > 0)
+                           device_type=device_type)
 
 
 class PeakMemory:

@@ -11,8 +11,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from sae_dist.sparse_ops import sparse_decode, sparse_encode
 
 
 @dataclass
@@ -129,71 +130,54 @@ class SparseAutoencoder(nn.Module):
 
     # ---- training forward ----
     def forward(self, x: Tensor, dead_mask: Tensor | None = None) -> SaeOutput:
+        if self.architecture in ("topk", "batchtopk"):
+            return self._forward_sparse(x, dead_mask)
         pre = self.pre_acts(x)
-        zero = pre.new_zeros(())
-        sparsity = zero
-        if self.architecture == "topk":
-            vals, idx = pre.topk(self.k, dim=-1, sorted=False)
-            vals = vals.relu()
-            # Sparse decode: a gather-sum of k decoder rows per sample, not a dense product.
-            x_hat = F.embedding_bag(idx, self.W_dec, per_sample_weights=vals, mode="sum") + self.b_dec
-            active = vals > 0
-            fired = torch.zeros(self.d_sae, device=x.device, dtype=pre.dtype).index_add_(
-                0, idx.flatten(), active.flatten().to(pre.dtype))
-            l0 = active.sum(-1).to(pre.dtype).mean()
-        else:
-            if self.architecture == "batchtopk":
-                acts = self._batch_topk(pre.relu())
-            elif self.architecture == "standard":
-                acts = pre.relu()
-                sparsity = acts.sum(-1).mean()  # decoder rows have unit norm, so plain L1
-            else:  # jumprelu
-                threshold = self.log_threshold.exp()
-                acts = _JumpReLU.apply(pre.relu(), threshold, self.bandwidth)
-                sparsity = _Step.apply(pre.relu(), threshold, self.bandwidth).sum(-1).mean()
-            x_hat = acts @ self.W_dec + self.b_dec
-            active = acts > 0
-            fired = active.sum(0).to(pre.dtype)
-            l0 = active.sum(-1).to(pre.dtype).mean()
+        if self.architecture == "standard":
+            acts = pre.relu()
+            sparsity = acts.sum(-1).mean()  # decoder rows have unit norm, so plain L1
+        else:  # jumprelu
+            threshold = self.log_threshold.exp()
+            acts = _JumpReLU.apply(pre.relu(), threshold, self.bandwidth)
+            sparsity = _Step.apply(pre.relu(), threshold, self.bandwidth).sum(-1).mean()
+        x_hat = acts @ self.W_dec + self.b_dec
+        active = acts > 0
+        mse = (x_hat - x).pow(2).sum(-1).mean()
+        coef = self.l1_coefficient if self.architecture == "standard" else self.l0_coefficient
+        return SaeOutput(x_hat=x_hat, loss=mse + coef * sparsity, mse=mse, sparsity_loss=sparsity,
+                         auxk_loss=pre.new_zeros(()), l0=active.sum(-1).to(pre.dtype).mean(),
+                         fired=active.sum(0).to(pre.dtype))
 
-        err = x_hat - x
-        mse = err.pow(2).sum(-1).mean()
-        auxk = zero
-        if dead_mask is not None and self.auxk_coefficient > 0 and self.architecture in ("topk", "batchtopk"):
-            auxk = self._auxk_loss(pre, (x - x_hat).detach(), dead_mask)  # residual e = x - x_hat
-        coef = {"standard": self.l1_coefficient, "jumprelu": self.l0_coefficient}.get(self.architecture, 0.0)
-        loss = mse + coef * sparsity + self.auxk_coefficient * auxk
-        return SaeOutput(x_hat=x_hat, loss=loss, mse=mse, sparsity_loss=sparsity, auxk_loss=auxk,
-                         l0=l0, fired=fired)
+    def _forward_sparse(self, x: Tensor, dead_mask: Tensor | None) -> SaeOutput:
+        """TopK / BatchTopK through sparse_ops: one dense product, everything else on the k latents."""
+        num_dead = int(dead_mask.sum()) if dead_mask is not None and self.auxk_coefficient > 0 else 0
+        enc = sparse_encode(x, self.b_dec, self.W_enc, self.b_enc, self.k,
+                            batch_level=self.architecture == "batchtopk",
+                            dead_mask=dead_mask if num_dead else None, k_aux=min(self.auxk_k, num_dead))
+        x_hat = sparse_decode(enc.acts, self.W_dec, enc.pattern) + self.b_dec
+        active = (enc.acts > 0).to(enc.acts.dtype)
+        if self.architecture == "batchtopk" and self.training:
+            self._update_threshold(enc.acts.detach())
+        mse = (x_hat - x).pow(2).sum(-1).mean()
+        auxk = x_hat.new_zeros(())
+        if num_dead:
+            # AuxK (Gao et al. 2024): predict the residual e = x - x_hat from the top dead latents,
+            # normalised by the residual's variance, scaled down while fewer than auxk_k are dead.
+            residual = (x - x_hat).detach()
+            e_hat = sparse_decode(enc.aux_acts, self.W_dec, enc.aux_pattern)
+            total_variance = (residual - residual.mean(0)).pow(2).sum().clamp_min(1e-12)
+            auxk = min(num_dead / self.auxk_k, 1.0) * (e_hat - residual).pow(2).sum() / total_variance
+        return SaeOutput(x_hat=x_hat, loss=mse + self.auxk_coefficient * auxk, mse=mse,
+                         sparsity_loss=x_hat.new_zeros(()), auxk_loss=auxk, l0=active.sum() / x.shape[0],
+                         fired=enc.pattern.column_sums(active))
 
-    def _batch_topk(self, acts: Tensor) -> Tensor:
-        """Keep the k x batch largest activations of the whole batch (Bussmann et al. 2024)."""
-        flat = acts.flatten()
-        vals, idx = flat.topk(min(self.k * acts.shape[0], flat.numel()), sorted=False)
-        out = torch.zeros_like(flat).scatter(0, idx, vals).view_as(acts)
-        if self.training:
-            with torch.no_grad():
-                kept = vals[vals > 0]
-                if kept.numel():
-                    self.topk_threshold.lerp_(kept.min().to(self.topk_threshold.dtype), 0.01)
-        return out
-
-    def _auxk_loss(self, pre: Tensor, residual: Tensor, dead_mask: Tensor) -> Tensor:
-        """Predict the reconstruction error from the top dead latents (Gao et al. 2024).
-
-        Normalised by the residual's variance and scaled down while fewer latents are dead
-        than auxk_k, as in the paper and sparsify. Dead latents get gradient; live ones do not.
-        """
-        num_dead = int(dead_mask.sum())
-        if num_dead == 0:
-            return pre.new_zeros(())
-        k_aux = min(self.auxk_k, num_dead)
-        masked = pre.masked_fill(~dead_mask, float("-inf"))
-        vals, idx = masked.topk(k_aux, dim=-1, sorted=False)
-        e_hat = F.embedding_bag(idx, self.W_dec, per_sample_weights=vals.relu(), mode="sum")
-        total_variance = (residual - residual.mean(0)).pow(2).sum().clamp_min(1e-12)
-        scale = min(num_dead / self.auxk_k, 1.0)
-        return scale * (e_hat - residual).pow(2).sum() / total_variance
+    @torch.no_grad()
+    def _update_threshold(self, kept: Tensor) -> None:
+        """BatchTopK's inference threshold: running mean of the smallest kept positive activation
+        (SAELens' rule); exported as a JumpReLU threshold, since batch-level top-k needs a batch."""
+        kept = kept[kept > 0]
+        if kept.numel():
+            self.topk_threshold.lerp_(kept.min().to(self.topk_threshold.dtype), 0.01)
 
     # ---- decoder constraint ----
     @torch.no_grad()

@@ -17,14 +17,13 @@ import socket
 import time
 import signal
 import threading
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from sae_dist import distributed as D
 from sae_dist.checkpoint import checkpoint_world_size, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -36,6 +35,7 @@ from sae_dist.memory import PeakMemory, estimate_for_config
 from sae_dist.metrics import IDX, SUMS, find_stragglers, window_metrics
 from sae_dist.sae import SparseAutoencoder
 from sae_dist.sources.synthetic import SyntheticSource, dictionary_recovery
+from sae_dist.step import autocast_for, make_optimizer, train_step, use_bf16, wrap_ddp
 
 log = logging.getLogger(__name__)
 
@@ -236,15 +236,14 @@ def _train(cfg: TrainConfig, ctx: D.DistContext) -> TrainResult:
     source = make_source(cfg, ctx)
     cfg = cfg.with_d_in(source_d_in(source))
     d_sae = cfg.resolved_d_sae
-    use_bf16 = cfg.precision == "bf16" or (
-        cfg.precision == "auto" and ctx.device.type == "cuda" and torch.cuda.is_bf16_supported())
-    autocast = torch.autocast(ctx.device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+    bf16 = use_bf16(cfg, ctx.device)
+    autocast = autocast_for(cfg, ctx.device)
 
     name, run_dir = _on_main(ctx, _prepare_run_dir, cfg)
     device_ids = D.gather_objects(_device_label(ctx))
     record = _RunRecord(cfg, ctx, name, run_dir, device_ids)
     try:
-        return _loop(cfg, ctx, source, d_sae, autocast, use_bf16, Path(run_dir), record, device_ids)
+        return _loop(cfg, ctx, source, d_sae, autocast, bf16, Path(run_dir), record, device_ids)
     except BaseException as e:
         if isinstance(e, TrainingStopped) or _received_stop:
             stop = e if isinstance(e, TrainingStopped) else TrainingStopped(_received_stop[0])
@@ -260,15 +259,14 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
     peak = PeakMemory(ctx.device)
     peak.reset()
     sae = build_sae(cfg, ctx.device)
-    opt = torch.optim.Adam(sae.parameters(), lr=cfg.resolved_lr, betas=(0.9, 0.999),
-                           **({"fused": True} if ctx.device.type == "cuda" else {"foreach": True}))
+    opt = make_optimizer(sae, cfg.resolved_lr)
 
     # Dead-latent bookkeeping is global (all-reduced), so it is identical on every rank.
     since_fired = torch.zeros(d_sae, dtype=torch.float64, device=ctx.device)
     fire_total = torch.zeros(d_sae, dtype=torch.float64, device=ctx.device)
     samples_total = 0
     step = 0
-    first_batch = None
+    first_batches: list[torch.Tensor] | None = None
 
     latest = latest_checkpoint(run_dir) if cfg.resume else None
     if latest is not None:
@@ -290,24 +288,20 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
     else:
         # b_dec starts at the data mean (all-reduced), so the first latents explain variation,
         # not the offset. The batch is then trained on like any other.
-        first_batch = source.next_batch(ctx.device)
+        first_batches = [source.next_batch(ctx.device) for _ in range(cfg.grad_accum)]
         with torch.no_grad():
-            total = D.all_reduce_sum(torch.cat([first_batch.sum(0), first_batch.new_tensor([len(first_batch)])]))
+            local = torch.cat(first_batches)
+            total = D.all_reduce_sum(torch.cat([local.sum(0), local.new_tensor([len(local)])]))
             sae.b_dec.copy_(total[:-1] / total[-1])
 
-    model = sae
-    if ctx.world_size > 1:
-        # gradient_as_bucket_view: gradients live in the all-reduce buckets (no second copy).
-        # The only buffer (BatchTopK's threshold) follows rank 0, DDP's default.
-        model = DDP(sae, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
-                    gradient_as_bucket_view=True)
+    model = wrap_ddp(sae, ctx, cfg)
 
     true_features = source.dictionary if isinstance(source, SyntheticSource) else None
-    estimate = estimate_for_config(cfg, ctx.world_size)
+    estimate = estimate_for_config(cfg, ctx.world_size, ctx.device.type)
     if main:
         log.info("run %s: %s SAE d_in=%d d_sae=%d on %d x %s (%s), global batch %d, lr %.2e%s",
                  record.run_id if record.run_id is not None else "(no db)", cfg.architecture, cfg.d_in,
-                 d_sae, ctx.world_size, ctx.device.type, ctx.backend, cfg.batch_size * ctx.world_size,
+                 d_sae, ctx.world_size, ctx.device.type, ctx.backend, cfg.batch_size * ctx.world_size * cfg.grad_accum,
                  cfg.resolved_lr, ", bf16 autocast" if use_bf16 else "")
         log.info("memory estimate: %s", estimate.describe())
         log.info("run directory: %s", run_dir)
@@ -321,6 +315,7 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
     window_start = time.perf_counter()
     final: dict[str, Any] = {}
     last_metrics: dict[str, Any] = {}
+    step_peak: int | None = None
 
     while step < cfg.steps:
         step += 1
@@ -331,33 +326,29 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
             group["lr"] = lr
 
         t0 = time.perf_counter()
-        x = first_batch if first_batch is not None else source.next_batch(ctx.device)
-        first_batch = None
-        with autocast:
-            out = model(x, dead_mask if any_dead else None)
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize(ctx.device)
-        t_compute = time.perf_counter() - t0  # data + forward: no collective involved yet
-        out.loss.backward()
-        sae.remove_parallel_gradient()
-        grad_norm = _grad_norm(sae) if report else None
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        sae.normalize_decoder()
+        batches = first_batches or [source.next_batch(ctx.device) for _ in range(cfg.grad_accum)]
+        first_batches = None
+        result = train_step(model, sae, opt, batches, dead_mask if any_dead else None, autocast,
+                            grad_norm=report)
+        t_compute = result.forward_done - t0  # data + forward: no collective involved yet
 
         with torch.no_grad():
-            b = x.shape[0]
-            acc[IDX["loss"]] += out.loss.detach().double() * b
-            acc[IDX["mse"]] += out.mse.detach().double() * b
-            acc[IDX["x_sq"]] += x.double().pow(2).sum()
-            acc[IDX["l0"]] += out.l0.detach().double() * b
-            acc[IDX["auxk"]] += out.auxk_loss.detach().double() * b
-            acc[IDX["sparsity"]] += out.sparsity_loss.detach().double() * b
-            acc[IDX["samples"]] += b
-            acc[IDX["bad_data"]] += (~torch.isfinite(x)).any().double()
-            acc[IDX["bad_loss"]] += (~torch.isfinite(out.loss.detach())).double()
-            acc[len(SUMS):] += x.double().sum(0)
-            fired_window += out.fired.detach().double()
+            for x, out in zip(batches, result.outputs):
+                b = x.shape[0]
+                flat = x.reshape(-1)
+                x_sq = torch.dot(flat, flat).double()  # not finite when x has a NaN or an inf
+                acc[IDX["loss"]] += out.loss.detach().double() * b
+                acc[IDX["mse"]] += out.mse.detach().double() * b
+                acc[IDX["x_sq"]] += x_sq
+                acc[IDX["l0"]] += out.l0.detach().double() * b
+                acc[IDX["auxk"]] += out.auxk_loss.detach().double() * b
+                acc[IDX["sparsity"]] += out.sparsity_loss.detach().double() * b
+                acc[IDX["samples"]] += b
+                acc[IDX["bad_data"]] += (~torch.isfinite(x_sq)).double()
+                acc[IDX["bad_loss"]] += (~torch.isfinite(out.loss.detach())).double()
+                acc[len(SUMS):] += x.sum(0, dtype=torch.float64)
+                fired_window += out.fired.detach().double()
+        grad_norm = result.grad_norm
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
         step_times.append(time.perf_counter() - t0)
@@ -382,8 +373,9 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
         dead_mask = since_fired >= cfg.dead_after_samples
         any_dead = bool(dead_mask.any())
         elapsed = time.perf_counter() - window_start
+        step_peak = peak.peak_bytes()  # read before this report's checkpoint adds its own copies
         rank_row = torch.tensor([sum(step_times) / len(step_times), sum(compute_times) / len(compute_times),
-                                 float(peak.peak_bytes() or 0)], dtype=torch.float64, device=ctx.device)
+                                 float(step_peak or 0)], dtype=torch.float64, device=ctx.device)
         per_rank = D.all_gather_rows(rank_row).cpu().tolist()
         stragglers = find_stragglers([r[1] for r in per_rank])
         recovery = None
@@ -419,7 +411,7 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
     if main:
         density = fire_total / max(samples_total, 1)
         export_saelens(sae, export_dir, density, metadata={"run_name": run_dir.name})
-        peak_bytes = peak.peak_bytes()
+        peak_bytes = step_peak  # of the training steps; the last checkpoint and export come after
         final = {
             "final_loss": last_metrics.get("loss"), "final_mse": last_metrics.get("mse"),
             "final_fvu": last_metrics.get("fvu"), "final_l0": last_metrics.get("l0"),
@@ -443,11 +435,6 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
     D.barrier()
     return TrainResult(run_dir=run_dir, run_id=record.run_id, export_dir=export_dir if main else None,
                        step=step, final=final)
-
-
-def _grad_norm(sae: SparseAutoencoder) -> float:
-    grads = [p.grad for p in sae.parameters() if p.grad is not None]
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
 
 
 def _checkpoint(cfg, ctx, sae, opt, source, since_fired, fire_total, samples_total, step, run_dir) -> None:

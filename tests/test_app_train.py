@@ -84,6 +84,8 @@ def test_the_summary_follows_the_selection_and_the_batch():
     at.number_input(key="tr_n_gpus").set_value(1).run()  # asking for a count: recommended again
     assert not at.exception and len(ticked(at)) == 1
     assert summary(at) == "Selected: 1 GPUs | Effective batch size: 256"
+    at.number_input(key="tr_grad_accum").set_value(3).run()  # micro-batches multiply it
+    assert summary(at) == "Selected: 1 GPUs | Effective batch size: 768"
     pick(at, [])
     assert summary(at) == "Selected: 0 GPUs | Effective batch size: 0"
     assert at.button(key="tr_submit").disabled
@@ -159,6 +161,7 @@ def test_with_every_device_taken_nothing_can_be_submitted():
     ({"tr_lr": "0"}, "must be positive, got 0.0"),
     ({"tr_lr": "fast"}, "'fast' is not a number"),
     ({"tr_steps": 0}, "must be positive, got 0"),
+    ({"tr_grad_accum": 0}, "must be positive, got 0"),
     ({"tr_time": "soon"}, "'soon' is not a time limit"),
 ])
 def test_an_invalid_value_shows_its_message_at_the_field_and_submits_nothing(change, field_message):

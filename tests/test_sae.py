@@ -17,8 +17,10 @@ from sae_dist.sae import SparseAutoencoder
 
 PARAMS = ("W_enc", "b_enc", "W_dec", "b_dec")
 
-# (batch, d_in, d_sae, k): odd sizes, a single sample, k = 1, k close to d_sae
-SHAPES = [(1, 8, 32, 4), (7, 16, 64, 8), (33, 12, 48, 1), (64, 32, 128, 16), (5, 6, 20, 17)]
+# (batch, d_in, d_sae, k): odd sizes, a single sample, k = 1, k close to d_sae, and batches that
+# the CPU encoder takes in row blocks (d_sae 4096: blocks of 1024 rows; 8192: 512).
+SHAPES = [(1, 8, 32, 4), (7, 16, 64, 8), (33, 12, 48, 1), (64, 32, 128, 16), (5, 6, 20, 17),
+          (1500, 16, 4096, 32), (1100, 8, 8192, 5)]
 
 
 def assert_rel_close(actual: torch.Tensor, expected: torch.Tensor, tol: float = 1e-5, what: str = "") -> None:
@@ -134,6 +136,38 @@ def test_sparse_forward_matches_dense(arch, batch, d_in, d_sae, k, n_dead):
     assert out.l0.item() == pytest.approx(active.sum(-1).float().mean().item())
     if arch == "topk":
         assert (active.sum(-1) <= k).all()
+
+
+@pytest.mark.parametrize("arch", ["topk", "batchtopk"])
+def test_sparse_path_gives_the_input_gradient_too(arch):
+    """The fast path skips the batch x d_in input gradient unless x asks for one; then it is exact."""
+    sae = make_sae(arch, 24, 96, k=6, seed=5, auxk_coefficient=1 / 32, auxk_k=8)
+    dead = dead_mask_for(96, 20)
+    x = rand_x(40, 24, seed=9).requires_grad_(True)
+    sae(x, dead).loss.backward()
+    x_ref = x.detach().clone().requires_grad_(True)
+    dense_forward(sae, x_ref, dead)[-1].backward()
+    assert_rel_close(x.grad, x_ref.grad, what="grad x")
+
+
+def test_bf16_autocast_runs_the_encoder_product_in_bf16_only():
+    """Under autocast the selected values and every gradient stay fp32 and point where the fp32
+    step's do (bf16 rounding flips a few near-tied selections, so not equal)."""
+    sae = make_sae("topk", 32, 256, k=8, seed=2, auxk_coefficient=1 / 32, auxk_k=16)
+    x = rand_x(128, 32, seed=4)
+    dead = dead_mask_for(256, 40)
+    ref = sae(x, dead)
+    ref.loss.backward()
+    ref_grads = {n: g.clone() for n, g in grads_of(sae).items()}
+    sae.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = sae(x, dead)
+    out.loss.backward()
+    assert out.x_hat.dtype == torch.float32 and out.loss.dtype == torch.float32
+    assert abs(out.loss.item() - ref.loss.item()) < 0.05 * ref.loss.item()
+    for n, g in grads_of(sae).items():
+        assert g.dtype == torch.float32
+        assert float(torch.nn.functional.cosine_similarity(g.flatten(), ref_grads[n].flatten(), dim=0)) > 0.98, n
 
 
 def test_auxk_only_reaches_dead_latents():

@@ -31,8 +31,7 @@ def measure(cfg: TrainConfig, warmup: int, steps: int, start_at: float | None = 
     of the largest rank, the bytes all-reduced per step. start_at (Unix time) lines up the
     independent processes of a ceiling measurement.
     """
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
+    from sae_dist.step import autocast_for, make_optimizer, train_step, wrap_ddp
     from sae_dist.train import build_sae, make_source, set_threads, source_d_in
 
     ctx = D.init_distributed()
@@ -41,27 +40,15 @@ def measure(cfg: TrainConfig, warmup: int, steps: int, start_at: float | None = 
     source = make_source(cfg, ctx)
     cfg = cfg.with_d_in(source_d_in(source))
     sae = build_sae(cfg, ctx.device)
-    opt = torch.optim.Adam(sae.parameters(), lr=cfg.resolved_lr,
-                           **({"fused": True} if ctx.device.type == "cuda" else {"foreach": True}))
-    model = sae
-    if ctx.world_size > 1:
-        model = DDP(sae, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
-                    gradient_as_bucket_view=True)
-    use_bf16 = cfg.precision == "bf16" or (
-        cfg.precision == "auto" and ctx.device.type == "cuda" and torch.cuda.is_bf16_supported())
-    autocast = torch.autocast(ctx.device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+    opt = make_optimizer(sae, cfg.resolved_lr)
+    model = wrap_ddp(sae, ctx, cfg)
+    autocast = autocast_for(cfg, ctx.device)
 
     def step(sync: bool) -> float:
         t0 = time.perf_counter()
-        x = source.next_batch(ctx.device)
+        batches = [source.next_batch(ctx.device) for _ in range(cfg.grad_accum)]
         with (nullcontext() if sync or ctx.world_size == 1 else model.no_sync()):
-            with autocast:
-                out = model(x)
-            out.loss.backward()
-        sae.remove_parallel_gradient()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        sae.normalize_decoder()
+            train_step(model, sae, opt, batches, None, autocast)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
         return time.perf_counter() - t0
@@ -91,7 +78,7 @@ def measure(cfg: TrainConfig, warmup: int, steps: int, start_at: float | None = 
         "world_size": ctx.world_size, "backend": ctx.backend, "device_type": ctx.device.type,
         "per_device_batch": cfg.batch_size, "step_s": step_s,
         "step_no_comm_s": max(no_comm) if no_comm else None,
-        "samples_per_s": cfg.batch_size * ctx.world_size / step_s,
+        "samples_per_s": cfg.batch_size * cfg.grad_accum * ctx.world_size / step_s,
         "peak_memory": max(memory) if memory else None,
         # DDP all-reduces every trainable parameter's gradient once per step.
         "grad_bytes": sum(p.numel() * p.element_size() for p in sae.parameters() if p.requires_grad),
