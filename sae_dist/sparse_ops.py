@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from sae_dist.kernels import cpu_topk
 from sae_dist.memory import encoder_rows_at_once
 
 # torch warns once that CSR is "beta"; the operations used here are tested against the dense
@@ -126,8 +127,18 @@ def _encode_topk_blocked(xc: Tensor, w_enc: Tensor, b_enc: Tensor, k: int, dead_
         if dead_mask is not None:
             aux_vals = torch.empty(rows, k_aux, dtype=dtype, device=xc.device)
             aux_idx = torch.empty(rows, k_aux, dtype=torch.long, device=xc.device)
+        kernel = cpu_topk() if kind == "cpu" and dtype == torch.float32 else None
+        if kernel is not None:
+            dead_u8 = dead_mask.to(torch.uint8) if dead_mask is not None else torch.empty(0, dtype=torch.uint8)
         for start in range(0, rows, step):
             end = min(rows, start + step)
+            if kernel is not None:  # the bias is added inside the kernel's scan, not by a copy here
+                pre = torch.mm(xc[start:end], w_enc, out=buffer[: end - start])
+                kernel.topk_rows(pre, b_enc, k, vals[start:end], idx[start:end], dead_u8,
+                                 k_aux if dead_mask is not None else 0,
+                                 aux_vals[start:end] if dead_mask is not None else vals,
+                                 aux_idx[start:end] if dead_mask is not None else idx)
+                continue
             pre = torch.addmm(b_enc, xc[start:end], w_enc, out=buffer[: end - start])
             torch.topk(pre, k, dim=-1, sorted=False, out=(vals[start:end], idx[start:end]))
             if dead_mask is not None:

@@ -28,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sae_dist.config import TrainConfig  # noqa: E402
+from sae_dist.kernels import DISABLE_ENV  # noqa: E402
 from sae_dist.sae import SparseAutoencoder  # noqa: E402
 from sae_dist.sparse_ops import BLOCK_ROWS_ENV, dense_topk_reference  # noqa: E402
 from sae_dist.step import autocast_for, make_optimizer, train_step  # noqa: E402
@@ -108,13 +109,19 @@ def naive_step(args, device):
     return step
 
 
-def whole_matrix(step):
+def with_env(step, env: dict[str, str]):
+    """The step run with these environment settings (read by sparse_ops at every call)."""
     def run(x):
-        os.environ[BLOCK_ROWS_ENV] = "0"
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         try:
             step(x)
         finally:
-            del os.environ[BLOCK_ROWS_ENV]
+            for k, v in saved.items():
+                if v is None:
+                    del os.environ[k]
+                else:
+                    os.environ[k] = v
     return run
 
 
@@ -167,6 +174,8 @@ def main() -> int:
     p.add_argument("--no-naive", action="store_true")
     p.add_argument("--compare-whole", action="store_true",
                    help="also time our step with the pre-activation matrix computed whole (no row blocks)")
+    p.add_argument("--compare-stock", action="store_true",
+                   help="also time our step with torch.topk instead of the compiled CPU top-k kernel")
     p.add_argument("--peers", type=Path, help="the peers' directory (../shared/peers) to time them in this run")
     args = p.parse_args()
     gpu = args.device == "cuda"
@@ -185,7 +194,9 @@ def main() -> int:
 
     fns = {"floor": floor_fn(args, device), "ours": our_step(args, device)}
     if args.compare_whole:
-        fns["ours, whole pre-activations"] = whole_matrix(our_step(args, device))
+        fns["ours, whole pre-activations"] = with_env(our_step(args, device), {BLOCK_ROWS_ENV: "0"})
+    if args.compare_stock:
+        fns["ours, stock torch.topk"] = with_env(our_step(args, device), {DISABLE_ENV: "1"})
     if not args.no_naive:
         fns["naive"] = naive_step(args, device)
     times: dict[str, list[float]] = {n: [] for n in fns}

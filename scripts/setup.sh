@@ -34,6 +34,11 @@ if [ ! -f "$stamp" ] && [ ! -f "$stamp-dev" ]; then  # the test install holds th
     touch "$stamp"
 fi
 
+# The compiled CPU top-k kernel, built once into torch's extension cache (~30 s; a no-op after),
+# so that no training rank waits for the compiler. Without a compiler the trainer uses torch.topk.
+"$VENV/bin/python" -c "from sae_dist.kernels import cpu_topk; cpu_topk()" \
+    || echo "setup: the CPU top-k kernel could not be built; training uses stock PyTorch (slower)"
+
 # The test suite loads our exported SAEs with the real sae-lens; its dependencies clash with ours,
 # so it lives in a venv of its own (1-2 minutes the first time).
 if [ "${1:-}" = "--test" ] && [ "${SAE_DIST_SKIP_SAELENS:-0}" != 1 ] && [ ! -f .venv-saelens/.installed ]; then

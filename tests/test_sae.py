@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 
+from sae_dist.kernels import DISABLE_ENV
 from sae_dist.sae import SparseAutoencoder
 
 PARAMS = ("W_enc", "b_enc", "W_dec", "b_dec")
@@ -107,7 +108,10 @@ def dead_mask_for(d_sae: int, n_dead: int, seed: int = 3) -> torch.Tensor:
 @pytest.mark.parametrize("arch", ["topk", "batchtopk"])
 @pytest.mark.parametrize("batch,d_in,d_sae,k", SHAPES)
 @pytest.mark.parametrize("n_dead", [None, 0, 3, "many"])
-def test_sparse_forward_matches_dense(arch, batch, d_in, d_sae, k, n_dead):
+@pytest.mark.parametrize("top_k", ["kernel", "torch.topk"])
+def test_sparse_forward_matches_dense(arch, batch, d_in, d_sae, k, n_dead, top_k, monkeypatch):
+    if top_k == "torch.topk":
+        monkeypatch.setenv(DISABLE_ENV, "1")
     auxk_k = max(2, d_in // 2)
     sae = make_sae(arch, d_in, d_sae, k=k, seed=batch * 7 + k, auxk_coefficient=1 / 32, auxk_k=auxk_k)
     x = rand_x(batch, d_in, seed=batch + d_sae)
