@@ -44,6 +44,7 @@ if st.session_state.pop("tr_clear_name", False):  # a name is for one run: free 
 for key, value in FORM_DEFAULTS.items():
     st.session_state.setdefault(key, value)
 WIDTH_BY = {"expansion": "Expansion factor", "d_sae": "d_sae"}
+PAGE_SOURCES = tuple(s for s in SOURCES if s != "model")  # a model source: from the CLI or a TOML file
 # Fields of the form that JobSpec checks (its errors name the CLI flag).
 SPEC_FLAGS = {"--job-name": "name", "--nice": "priority", "--time": "time_limit"}
 
@@ -126,7 +127,7 @@ with model_col:
 
 with data_col:
     st.markdown("**Data and optimisation**")
-    source = st.segmented_control("Source", SOURCES, key="tr_source", required=True, help=HELP["source"])
+    source = st.segmented_control("Source", PAGE_SOURCES, key="tr_source", required=True, help=HELP["source"])
     error_slot("source")
     d_in = None
     shards_path = None

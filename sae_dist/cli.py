@@ -76,7 +76,64 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--link", default="pcie4",
                         help="link for the projection: pcie4, pcie5, nvlink3, nvlink4, here (the "
                              "all-reduce bandwidth the benchmark measured), or GB/s (e.g. 18.5)")
+    hv = sub.add_parser(
+        "harvest", help="harvest a local transformer's activations into shards",
+        description="Run a Hugging Face transformers model that is on disk (never downloaded) over text, "
+                    "and write one site's activations (text tokens only) as the trainer's shards. "
+                    "Run the same command again to continue an interrupted harvest.")
+    hv.add_argument("--model", required=True, help="a model directory, or a name in the Hugging Face cache")
+    hv.add_argument("--layer", type=int, required=True, help="the block, from 0")
+    hv.add_argument("--site", default="resid", choices=("resid", "mlp_out", "attn_out"),
+                    help="resid: the block's output; mlp_out / attn_out: what its MLP / attention adds")
+    hv.add_argument("--text", nargs="+", required=True, help="text files or directories of them (.txt, .md, .rst)")
+    hv.add_argument("--out", required=True, help="the shard directory to write")
+    hv.add_argument("--max-tokens", type=int, help="stop after this many text tokens (default: all the text)")
+    hv.add_argument("--context-length", type=int, default=128, help="tokens per context, special ones included")
+    hv.add_argument("--batch-size", type=int, default=32, help="contexts per forward pass")
+    hv.add_argument("--shard-rows", type=int, default=65536, help="about this many rows per shard")
+    hv.add_argument("--devices", default="auto",
+                    help="auto (every visible GPU, else one CPU process), cpu:N or cuda:N: one process per "
+                         "device, each harvesting every N-th shard")
+    hv.add_argument("--worker", help=argparse.SUPPRESS)  # "r/N": one of the processes above
+    hv.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+                    help="how the activations are stored")
     return parser
+
+
+def _harvest(ns: argparse.Namespace) -> int:
+    from sae_dist.config import parse_devices
+    from sae_dist.errors import ConfigError
+    from sae_dist.harvest.run import HarvestSpec, harvest, harvest_worker
+
+    for flag in ("layer", "max_tokens", "context_length", "batch_size", "shard_rows"):
+        value = getattr(ns, flag)
+        if value is not None and (value < 0 or (value == 0 and flag != "layer")):
+            raise UserError(f"--{flag.replace('_', '-')} {value}: must be {'0 or more' if flag == 'layer' else 'positive'}")
+    try:
+        kind, count = parse_devices(ns.devices)
+    except ConfigError as e:
+        raise UserError(f"--{e}") from None
+    spec = HarvestSpec(model=ns.model, layer=ns.layer, site=ns.site, texts=ns.text, out=ns.out,
+                       max_tokens=ns.max_tokens, context_length=ns.context_length, batch_size=ns.batch_size,
+                       shard_rows=ns.shard_rows, dtype=ns.dtype)
+    if ns.worker:
+        worker, workers = (int(v) for v in ns.worker.split("/"))
+        spec.device = kind if kind != "auto" else "cpu"
+        print(f"worker harvested {harvest_worker(spec, worker, workers)} tokens")
+        return 0
+    if kind in ("auto", "cuda"):
+        import torch
+
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if kind == "cuda" and (visible == 0 or (count or 0) > visible):
+            raise UserError(f"--devices {ns.devices}: {visible} CUDA GPU(s) visible here")
+        kind, count = ("cuda", count or visible) if visible else ("cpu", 1)
+    spec.device = kind
+    result = harvest(spec, workers=count or 1, device_kind=kind)
+    print(f"harvested {result.tokens:,} tokens in {result.seconds:.1f} s ({result.tokens_per_s:,.0f} tokens/s; "
+          f"{result.total_seconds:.1f} s with loading) on {count or 1} {kind} process(es); "
+          f"{result.total_rows:,} rows in {len(result.shards)} shard(s) in {result.out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             return _estimate(ns)
         if ns.command == "bench":
             return _bench(ns)
+        if ns.command == "harvest":
+            return _harvest(ns)
         if ns.command == "bench-point":
             from sae_dist.bench.measure import point
 
@@ -161,11 +220,16 @@ def _bench(ns: argparse.Namespace) -> int:
 
 
 def _with_source_d_in(cfg: TrainConfig) -> TrainConfig:
-    """The config with d_in from its source: the shards' width (headers only), or synthetic's."""
+    """The config with d_in from its source: the shards' width (headers only), the model's hidden
+    size (its config only; the layer, site and text checked too), or synthetic's."""
     if cfg.source == "shards":
         from sae_dist.sources.shards import open_shards
 
         return cfg.with_d_in(open_shards(cfg.shards_path).d_in)  # raises on a width mismatch
+    if cfg.source == "model":
+        from sae_dist.sources.model import check_model_source
+
+        return cfg.with_d_in(check_model_source(cfg.model_path, cfg.model_layer, cfg.model_site, cfg.text_path))
     return cfg.with_d_in(cfg.d_in or SYNTHETIC_D_IN)
 
 

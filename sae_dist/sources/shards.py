@@ -93,11 +93,28 @@ def write_shards(directory: str | os.PathLike, tensors: Iterable[Tensor],
         entries.append({"file": name, "rows": int(tensor.shape[0]), "sha256": sha})
     if not entries:
         raise DataError(f"write_shards({directory}): no rows were given; nothing to write")
+    write_manifest(directory, entries, d_in, dtype, metadata)
+    return directory
+
+
+def write_shard_file(path: Path, tensor: Tensor) -> dict[str, Any]:
+    """One [rows, d_in] shard, written atomically; its manifest entry {"file", "rows", "sha256"}."""
+    tensor = _checked_for_writing(tensor, 0, None, None)
+    return {"file": path.name, "rows": int(tensor.shape[0]), "sha256": _write_safetensors(path, tensor)}
+
+
+def write_manifest(directory: Path, entries: list[dict[str, Any]], d_in: int, dtype: torch.dtype,
+                   metadata: dict[str, Any] | None = None) -> None:
+    """manifest.json for these shard entries, written last and atomically (its presence marks a
+    complete directory)."""
+    metadata = dict(metadata or {})
+    clash = sorted(_RESERVED & metadata.keys())
+    if clash:
+        raise ValueError(f"write_manifest: metadata keys {clash} are reserved for the manifest itself")
     manifest = {"format": FORMAT, "version": VERSION, "d_in": d_in, "dtype": dtype_name(dtype),
                 "total_rows": sum(e["rows"] for e in entries), "shards": entries, **metadata}
     _write_atomically(directory / MANIFEST, [json.dumps(manifest, indent=1).encode() + b"\n"])
     _fsync_directory(directory)
-    return directory
 
 
 def _checked_for_writing(tensor: Tensor, index: int, d_in: int | None, dtype: torch.dtype | None) -> Tensor:

@@ -1,0 +1,1 @@
+"""Activations from a local transformer model, harvested into the trainer's shards format."""

