@@ -16,8 +16,8 @@ latents per sample as a CSR pattern and compute every gradient from it:
 On a CPU the encoder works through the batch in row blocks that stay in cache, and each block's
 top-k (bias added in the scan, AuxK's selection in the same pass) is the compiled kernel of
 `sae_dist.kernels` where it could be built. Under autocast only the encoder product runs in the
-low precision; the selected values and every gradient stay in the parameters' dtype. `dense_topk_reference` is the plain autograd
-version the tests and the benchmark compare against.
+low precision; the selected values and every gradient stay in the parameters' dtype.
+`dense_topk_reference` is the plain autograd version the tests and the benchmark compare against.
 """
 
 from __future__ import annotations
