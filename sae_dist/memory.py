@@ -52,14 +52,14 @@ def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = 
     """Peak bytes per device of one training step (fp32 weights, Adam, DDP with bucket views).
 
     Activations count the tensors of width d_sae alive at the peak. TopK / BatchTopK run through
-    sparse_ops: the pre-activations exist once, during the encoder's forward (AuxK masks them in
-    place; on a CPU only a block of rows at a time), plus half of that again for top-k's working
-    space; BatchTopK's top-k over the flattened batch takes ~4.5 x more (measured on a CPU: it
-    copies the values and their int64 indices). Nothing of width d_sae is kept for the backward,
-    whose sparse weight-gradient products take twice a weight's size (measured: MKL's copy and
-    the result). The dense architectures keep about 4.5 (standard) and 7.5 (JumpReLU) matrices of
-    batch x d_sae at their peak (measured: pre-activations, activations, masks, gradients). Tensors of width d_in (input, reconstruction, error and their gradients) add
-    ~8 x B x d_in.
+    sparse_ops: the pre-activations exist once, during the encoder's forward (on a CPU only a
+    block of rows at a time), plus half of that again for top-k's working space; BatchTopK adds
+    its per-row candidates and the few rows it recomputes whole. Nothing of width d_sae is kept
+    for the backward, whose sparse weight-gradient products take twice a weight's size
+    (measured: MKL's copy and the result). The dense architectures keep about 4.5 (standard) and
+    7.5 (JumpReLU) matrices of batch x d_sae at their peak (measured: pre-activations,
+    activations, masks, gradients). Tensors of width d_in (input, reconstruction, error and their
+    gradients) add ~8 x B x d_in.
 
     This counts tensors. On a CPU the measured peak is resident memory, which glibc's heap can
     push higher: freed blocks under its 32 MiB mmap ceiling stay in the heap (measured: TopK's
@@ -74,9 +74,12 @@ def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = 
     # largest bucket in flight, bounded by its bucket cap (25 MiB by default).
     ddp_buckets = min(25 * 2**20, n_params * param_bytes) if world_size > 1 else 0
     if architecture in ("topk", "batchtopk"):
-        rows = encoder_rows_at_once(batch_size, d_sae, device_type) if architecture == "topk" else batch_size
-        wide = (1.5 if architecture == "topk" else 5.5) * rows * d_sae * act_bytes
+        wide = 1.5 * encoder_rows_at_once(batch_size, d_sae, device_type) * d_sae * act_bytes
         wide += 2 * d_in * d_sae * param_bytes  # the backward's sparse weight-gradient product
+        if architecture == "batchtopk":
+            # 4k candidates per row (value and int64 index), and the rows that deserve more,
+            # recomputed whole (a few percent of them; ~10% at initialisation, measured)
+            wide += batch_size * 4 * k * (act_bytes + 8) + 0.1 * batch_size * d_sae * act_bytes
     else:
         wide = {"standard": 4.5, "jumprelu": 7.5}[architecture] * batch_size * d_sae * act_bytes
     activations = wide + 8 * batch_size * d_in * act_bytes

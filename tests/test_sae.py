@@ -174,6 +174,22 @@ def test_bf16_autocast_runs_the_encoder_product_in_bf16_only():
         assert float(torch.nn.functional.cosine_similarity(g.flatten(), ref_grads[n].flatten(), dim=0)) > 0.98, n
 
 
+def test_batchtopk_when_one_sample_takes_most_of_the_batch_budget():
+    """Each row offers 4k candidates; a row that deserves more offers all its latents, and the
+    result is still the exact batch-level top-k."""
+    sae = make_sae("batchtopk", 12, 64, k=4, seed=8)
+    x = rand_x(8, 12, seed=2)
+    x[0] *= 1000  # its activations dwarf the others': it gets far more than 4k = 16 of the 32
+    out = sae(x)
+    out.loss.backward()
+    p, acts, x_hat, mse, aux, loss = dense_forward(sae, x, None)
+    loss.backward()
+    assert (acts[0] > 0).sum() > 16
+    assert_rel_close(out.x_hat, x_hat, what="x_hat")
+    for n in PARAMS:
+        assert_rel_close(getattr(sae, n).grad, p[n].grad, what=f"grad {n}")
+
+
 def test_auxk_only_reaches_dead_latents():
     d_in, d_sae, k = 16, 64, 4
     sae = make_sae("topk", d_in, d_sae, k=k, seed=5, auxk_coefficient=1.0, auxk_k=8)
