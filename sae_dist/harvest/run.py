@@ -25,7 +25,7 @@ import torch
 
 from sae_dist.errors import UserError
 from sae_dist.harvest.contexts import Context, framing_from_examples, join_documents, make_contexts, text_files
-from sae_dist.harvest.sites import module_path
+from sae_dist.harvest.sites import site_module_path
 from sae_dist.sources.shards import MANIFEST, SUFFIX, write_manifest, write_shard_file
 
 log = logging.getLogger(__name__)
@@ -98,8 +98,7 @@ def plan(spec: HarvestSpec, tokenizer, config) -> Plan:
     digest = hashlib.sha256()
     for f, d in zip(files, documents):
         digest.update(f.name.encode() + b"\0" + d.encode() + b"\0")
-    n_layers = int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0))
-    module_path(config.model_type, spec.site, spec.layer, n_layers)  # a bad layer or site fails here
+    site_module_path(config, spec.site, spec.layer)  # a bad layer or site fails here
     max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if max_positions and spec.context_length > max_positions:
         raise UserError(f"--context-length {spec.context_length}: the model takes at most {max_positions} tokens")
@@ -153,8 +152,7 @@ class SiteReader:
 
     def __init__(self, spec: HarvestSpec, device: torch.device):
         self.tokenizer, self.model, self.config = load_model(spec.model)
-        n_layers = int(getattr(self.config, "num_hidden_layers", 0) or getattr(self.config, "n_layer", 0))
-        module = self.model.get_submodule(module_path(self.config.model_type, spec.site, spec.layer, n_layers))
+        module = self.model.get_submodule(site_module_path(self.config, spec.site, spec.layer))
         self.device = device
         self.model.to(device).eval()
         self.captured: list[torch.Tensor] = []

@@ -39,3 +39,9 @@ def module_path(model_type: str, site: str, layer: int, n_layers: int) -> str:
         known = ", ".join(sorted(MODULE_PATHS))
         raise UserError(f"model type {model_type!r} is not one whose layers we know (known: {known})")
     return paths[site].format(L=layer)
+
+
+def site_module_path(config, site: str, layer: int) -> str:
+    """module_path for a transformers config (its model type and layer count)."""
+    n_layers = int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0))
+    return module_path(config.model_type, site, layer, n_layers)

@@ -17,7 +17,7 @@ from torch import Tensor
 from sae_dist.errors import UserError
 from sae_dist.harvest.contexts import text_files
 from sae_dist.harvest.run import HarvestSpec, SiteReader, load_tokenizer, plan
-from sae_dist.harvest.sites import module_path
+from sae_dist.harvest.sites import site_module_path
 
 FILL_BATCHES = 8  # a fill holds about this many batches: the span rows are shuffled over
 
@@ -26,8 +26,7 @@ def check_model_source(model: str, layer: int, site: str, text: str) -> int:
     """Before any rank starts: the model is on disk, has this layer and site, the text exists.
     Returns d_in, the width of the model's residual stream (what every site of it writes)."""
     _, config = load_tokenizer(model)
-    n_layers = int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0))
-    module_path(config.model_type, site, layer, n_layers)
+    site_module_path(config, site, layer)
     text_files([text])
     for name in ("hidden_size", "n_embd", "d_model"):
         if getattr(config, name, None):
