@@ -101,37 +101,24 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _harvest(ns: argparse.Namespace) -> int:
-    from sae_dist.config import parse_devices
-    from sae_dist.errors import ConfigError
     from sae_dist.harvest.run import HarvestSpec, harvest, harvest_worker
+    from sae_dist.launch import resolve_devices
 
     for flag in ("layer", "max_tokens", "context_length", "batch_size", "shard_rows"):
         value = getattr(ns, flag)
         if value is not None and (value < 0 or (value == 0 and flag != "layer")):
             raise UserError(f"--{flag.replace('_', '-')} {value}: must be {'0 or more' if flag == 'layer' else 'positive'}")
-    try:
-        kind, count = parse_devices(ns.devices)
-    except ConfigError as e:
-        raise UserError(f"--{e}") from None
+    kind, count = resolve_devices(ns.devices)  # the trainer's rules: auto, cpu:N, cuda:N
     spec = HarvestSpec(model=ns.model, layer=ns.layer, site=ns.site, texts=ns.text, out=ns.out,
                        max_tokens=ns.max_tokens, context_length=ns.context_length, batch_size=ns.batch_size,
-                       shard_rows=ns.shard_rows, dtype=ns.dtype)
+                       shard_rows=ns.shard_rows, device=kind, dtype=ns.dtype)
     if ns.worker:
         worker, workers = (int(v) for v in ns.worker.split("/"))
-        spec.device = kind if kind != "auto" else "cpu"
         print(f"worker harvested {harvest_worker(spec, worker, workers)} tokens")
         return 0
-    if kind in ("auto", "cuda"):
-        import torch
-
-        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if kind == "cuda" and (visible == 0 or (count or 0) > visible):
-            raise UserError(f"--devices {ns.devices}: {visible} CUDA GPU(s) visible here")
-        kind, count = ("cuda", count or visible) if visible else ("cpu", 1)
-    spec.device = kind
-    result = harvest(spec, workers=count or 1, device_kind=kind)
+    result = harvest(spec, workers=count, device_kind=kind)
     print(f"harvested {result.tokens:,} tokens in {result.seconds:.1f} s ({result.tokens_per_s:,.0f} tokens/s; "
-          f"{result.total_seconds:.1f} s with loading) on {count or 1} {kind} process(es); "
+          f"{result.total_seconds:.1f} s with loading) on {count} {kind} process(es); "
           f"{result.total_rows:,} rows in {len(result.shards)} shard(s) in {result.out}")
     return 0
 
