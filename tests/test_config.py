@@ -94,6 +94,13 @@ def test_stragglers():
     (["--source", "shards", "--shards-path", "/nonexistent/acts"], "/nonexistent/acts"),
     (["--config", "/nonexistent/run.toml"], "no such file"),
     (["--devices", "cuda:2"], "no CUDA GPU"),
+    (["--grad-accum", "0"], "grad_accum: must be positive"),
+    (["--ddp-compress", "int8"], "ddp_compress: unknown value 'int8'"),
+    (["--ddp-bucket-mb", "-2"], "ddp_bucket_mb: must be positive"),
+    (["--context-length", "0"], "context_length: must be positive"),
+    (["--model-layer", "-1"], "model_layer: must be non-negative"),
+    (["--source", "model", "--model-path", "/m"], "text_path: source = model needs the model"),
+    (["--text-path", "notes.txt"], "text_path: given, but source is synthetic"),
 ])
 def test_cli_bad_input_is_one_line(args, words):
     result = run_cli("train", "--no-db", "--steps", "1", *args, timeout=60)

@@ -190,6 +190,13 @@ def test_bad_input_gets_one_clear_error(minilm, tmp_path):
               "not on disk")
     cli_error(run_cli("harvest", "--model", minilm, "--layer", "1", "--text", *TEXT, "--out", str(tmp_path / "f"),
                       "--devices", "tpu:2"), "devices: unknown device kind")
+    for flag, value, words in (("--max-tokens", "0", "--max-tokens 0: must be positive"),
+                               ("--batch-size", "-3", "--batch-size -3: must be positive"),
+                               ("--shard-rows", "0", "--shard-rows 0: must be positive")):
+        cli_error(run_cli("harvest", "--model", minilm, "--layer", "1", "--text", *TEXT, "--out",
+                          str(tmp_path / "g"), flag, value), words)
+    cli_error(run_cli("harvest", "--model", minilm, "--layer", "-1", "--text", *TEXT, "--out", str(tmp_path / "h")),
+              "--layer -1: must be 0 or more")
     bad_site = run_cli("harvest", "--model", minilm, "--layer", "1", "--site", "embed", "--text", *TEXT,
                        "--out", str(tmp_path / "e"))
     assert bad_site.returncode == 2 and "invalid choice: 'embed'" in bad_site.stderr
