@@ -5,12 +5,15 @@ upgrading, so the scheduler CLI starts fast.
 """
 
 from sae_dist.db.engine import HEAD_REVISION, filesystem_type, get_engine, immediate_transaction
+from sae_dist.db.faults import active_faults, clear_faults, record_fault
 from sae_dist.db.runs import (
+    add_run_event,
     create_run,
     delete_metrics_after,
     find_run_by_dir,
     get_run,
     rank_stats,
+    run_events,
     step_metrics,
     update_run,
 )
@@ -22,9 +25,12 @@ from sae_dist.db.schema import (
     BenchmarkPoint,
     BenchmarkRun,
     Device,
+    DeviceFault,
     GpuSample,
     Job,
+    RUN_EVENT_KINDS,
     RankStat,
+    RunEvent,
     StepMetric,
     TrainingRun,
     UTCDateTime,
@@ -38,6 +44,14 @@ __all__ = [
     "JOB_STATES",
     "Allocation",
     "Device",
+    "DeviceFault",
+    "RunEvent",
+    "RUN_EVENT_KINDS",
+    "active_faults",
+    "add_run_event",
+    "clear_faults",
+    "record_fault",
+    "run_events",
     "GpuSample",
     "Job",
     "HEAD_REVISION",

@@ -6,6 +6,7 @@ Small calls at the start and end of a run; the per-step stream goes through
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -13,7 +14,7 @@ from sqlalchemy import Connection, delete, select, update
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from sae_dist.db.schema import RankStat, StepMetric, TrainingRun
+from sae_dist.db.schema import RUN_EVENT_KINDS, RankStat, RunEvent, StepMetric, TrainingRun
 
 
 def check_fields(model: type, fields: dict[str, Any]) -> None:
@@ -63,9 +64,9 @@ def update_run(engine: Engine, run_id: int, **fields: Any) -> None:
 
 
 def delete_metrics_after(engine: Engine, run_id: int, step: int) -> None:
-    """Drop step metrics and rank stats past `step`: a resumed run recomputes them."""
+    """Drop step metrics, rank stats and events past `step`: a resumed run recomputes them."""
     with engine.begin() as conn:
-        for model in (StepMetric, RankStat):
+        for model in (StepMetric, RankStat, RunEvent):
             conn.execute(delete(model).where(model.run_id == run_id, model.step > step))
 
 
@@ -79,5 +80,20 @@ def rank_stats(engine: Engine, run_id: int) -> list[RankStat]:
     query = (
         select(RankStat).where(RankStat.run_id == run_id).order_by(RankStat.step, RankStat.rank)
     )
+    with Session(engine) as session:
+        return list(session.scalars(query))
+
+
+def add_run_event(engine: Engine, run_id: int, step: int, kind: str, message: str, details: dict | None = None) -> None:
+    if kind not in RUN_EVENT_KINDS:
+        raise ValueError(f"run event kind {kind!r}: not one of {', '.join(RUN_EVENT_KINDS)}")
+    with Session(engine) as session:
+        session.add(RunEvent(run_id=run_id, step=step, kind=kind, message=message,
+                             details_json=json.dumps(details or {})))
+        session.commit()
+
+
+def run_events(engine: Engine, run_id: int) -> list[RunEvent]:
+    query = select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.step, RunEvent.id)
     with Session(engine) as session:
         return list(session.scalars(query))

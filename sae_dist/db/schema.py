@@ -125,6 +125,10 @@ class StepMetric(Base, table=True):
     straggler_rank: int | None = None
     recovery_mean_cos: float | None = None
     recovery_frac: float | None = None
+    # Load balance of the window: slowest rank's compute time / fastest's (1.0 = even), and the
+    # rank that stays slow even at its smallest allowed share (rebalancing cannot help it).
+    imbalance: float | None = None
+    balance_limited_rank: int | None = None
 
 
 class RankStat(Base, table=True):
@@ -142,6 +146,42 @@ class RankStat(Base, table=True):
     compute_time_s: float
     peak_memory_bytes: int | None = Field(default=None, sa_type=BigInteger)
     is_straggler: bool = False
+    batch_size: int | None = None  # this rank's samples per step in the window (its share)
+
+
+class RunEvent(Base, table=True):
+    """Something that changed how a run trains: shares rebalanced, a rank lost and the run
+    continued on fewer devices. Shown beside the curves; `details_json` holds the figures."""
+
+    __tablename__ = "run_events"
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="training_runs.id", ondelete="CASCADE", index=True)
+    step: int
+    time: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    kind: str  # one of RUN_EVENT_KINDS
+    message: str
+    details_json: str = "{}"
+
+
+RUN_EVENT_KINDS = ("rebalance", "balance_limited", "degraded")
+
+
+class DeviceFault(Base, table=True):
+    """A device a training rank died on: unavailable to the scheduler until it reads healthy
+    again (`cleared_at` set by a health check)."""
+
+    __tablename__ = "device_faults"
+
+    id: int | None = Field(default=None, primary_key=True)
+    device_uuid: str = Field(index=True)  # NVML's "GPU-..." or "virtual-<i>"
+    job_id: int | None = None  # no FK: faults outlive pruned jobs
+    run_id: int | None = None
+    rank: int | None = None
+    reason: str
+    detected_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    cleared_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    cleared_reason: str | None = None
 
 
 # ---- the scheduler's tables (its behaviour lives in the scheduler package) ----
