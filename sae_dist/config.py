@@ -24,6 +24,8 @@ SOURCES = ("synthetic", "shards", "model")
 SITES = ("resid", "mlp_out", "attn_out")
 PRECISIONS = ("auto", "fp32", "bf16")
 COMPRESSIONS = ("none", "bf16", "fp16")
+BALANCES = ("equal", "memory", "speed")
+ON_RANK_LOSS = ("continue", "fail")
 # Accepted spellings that people bring from other tools.
 ARCHITECTURE_ALIASES = {"relu": "standard", "batch_topk": "batchtopk", "jump_relu": "jumprelu"}
 
@@ -76,7 +78,14 @@ class TrainConfig:
         None, "DDP gradient bucket size in MiB; default: the decoder's gradient is a bucket of its own")
     ddp_compress: Literal["none", "bf16", "fp16"] = _f(
         "none", "all-reduce the gradients in bf16 or fp16 (half the bytes, rounded gradients)")
+    balance: Literal["equal", "memory", "speed"] = _f(
+        "equal", "how each step's samples are shared among the devices: equal, memory (in proportion to "
+                 "each device's free memory) or speed (to each device's measured throughput)")
+    rebalance: bool = _f(True, "move samples away from a device whose steps stay slower than the others' (stragglers)")
     # --- the run ---
+    on_rank_loss: Literal["continue", "fail"] = _f(
+        "continue", "when a rank dies: continue from the last checkpoint on the devices still healthy, "
+                    "with the same global batch, or fail")
     devices: str = _f("auto", "auto (every visible GPU, else 1 CPU rank), cpu:N, or cuda:N")
     name: str | None = _f(None, "run name; default <architecture>-<d_sae>-<time>")
     out_dir: str | None = _f(None, "run directory; default $SAE_DIST_HOME/runs/<name>")
@@ -126,6 +135,8 @@ class TrainConfig:
         choice("model_site", SITES)
         choice("precision", PRECISIONS)
         choice("ddp_compress", COMPRESSIONS)
+        choice("balance", BALANCES)
+        choice("on_rank_loss", ON_RANK_LOSS)
         for name in ("expansion_factor", "k", "batch_size", "grad_accum", "steps", "log_every", "keep_checkpoints",
                      "context_length",
                      "dead_after_samples", "synthetic_features", "jumprelu_init_threshold",
