@@ -121,12 +121,17 @@ def machine_overview() -> None:
 def device_card(row: dict) -> None:
     c = dev.card(row)
     label, color, why = c["badge"]
+    if row["fault"]:  # unavailable because a training rank died on it, until a health check passes
+        label = "failed"
     with st.container(border=True, gap="small"):
         st.markdown(f"**{c['title']}**")
         with st.container(horizontal=True, vertical_alignment="center", gap="small"):
             st.badge(label, color=color, help=why)
             if c["virtual"]:
                 st.badge("virtual", color="gray", icon=":material/memory:", help=dev.VIRTUAL_HELP)
+        if row["fault"]:
+            st.caption(f"Unavailable: {row['reason'].rstrip('.')}. Back for new jobs once a health check "
+                       "passes (the daemon's, or `python -m scheduler info --recheck`).")
         if c["memory_fraction"] is None:
             st.caption(f"Memory {c['memory_text']}")
         else:

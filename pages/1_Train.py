@@ -1,11 +1,12 @@
 """Train: pick devices and queue a sparse-autoencoder training job.
 
-The device table says what each device is doing; a device that is allocated, busy or
-unavailable cannot be picked, and says why. The form is the trainer's own configuration
-(`sae_dist.config.TrainConfig`: labels' help from its fields, validation by `build_config`),
-so the page can only queue a validated training, never a command. Widgets live outside
-`st.form` so that everything follows the form as it changes: the memory estimate, the
-recommended devices (preselected until you pick your own), the selection summary.
+The device table says what each device is doing; a device that is allocated, busy,
+unavailable or failed (a training rank died on it) cannot be picked, and says why. The form is
+the trainer's own configuration (`sae_dist.config.TrainConfig`: labels' help from its fields,
+validation by `build_config`), so the page can only queue a validated training, never a
+command. Widgets live outside `st.form` so that everything follows the form as it changes: the
+memory estimate, the recommended devices (preselected until you pick your own), the selection
+summary.
 """
 
 from datetime import datetime
@@ -279,7 +280,8 @@ with devices_box:
             cols[1].markdown(row["name"] + (" :gray-badge[virtual]" if row["virtual"] else ""))
             cols[2].markdown(row["memory_text"])
             cols[3].markdown(row["utilization"])
-            cols[4].badge(row["state_label"], color=row["state_color"])
+            # A failed device (a rank died on it) reads as such; the note says where and since when.
+            cols[4].badge("failed" if row["fault"] else row["state_label"], color=row["state_color"])
             note = row["why"]
             if row["low_memory"]:
                 note = f":orange-badge[low memory] {note.removeprefix('low memory: ')}"

@@ -302,6 +302,10 @@ def training(job: dict) -> None:
     run_metrics(run)
 
     db_url = engine.url.render_as_string(hide_password=False)
+    # Not cached: both are a few indexed rows, and an event can land after its step's metrics.
+    events = queries.run_events(engine, run_id)
+    window = queries.latest_rank_window(engine, run_id)
+    load_balance(run, events, window)
     curves = load_curves(db_url, run_id, run["last_step"], run["last_update"])
     if not curves["step"]:
         st.info("No step logged yet.")
@@ -309,7 +313,7 @@ def training(job: dict) -> None:
     grid = st.columns(2)
     for i, metric in enumerate(TRAIN_CURVES):
         with grid[i % 2]:
-            chart = charts.binned_curve(curves, metric)
+            chart = charts.binned_curve(curves, metric, events)
             if chart is None:
                 st.caption(f"{charts.METRIC_LABELS[metric]}: not measured ({fmt.MISSING})")
             else:
@@ -323,12 +327,13 @@ def training(job: dict) -> None:
             format_func={"step_time_s": "Step time", "compute_time_s": "Compute time"}.get)
         field = field or "step_time_s"
         times = load_rank_times(db_url, run_id, field, run["last_step"], run["last_update"])
-        chart = charts.binned_rank_time_chart(times, field)
+        chart = charts.binned_rank_time_chart(times, field, events)
         if chart is None:
             st.caption("Time per rank: no per-rank statistics logged yet.")
         else:
             st.altair_chart(chart, alt="Time per step of each rank against step, stragglers "
-                                       "marked")
+                                       "and run events marked")
+        shares(window)
 
     recovery = charts.binned_curve(curves, "recovery_frac")
     if run["recovery_frac"] is not None or recovery is not None:
@@ -341,6 +346,37 @@ def training(job: dict) -> None:
                       border=True)
         if recovery is not None:
             st.altair_chart(recovery, alt="Planted features recovered against step")
+
+
+def load_balance(run: dict, events: list[dict], window: list[dict]) -> None:
+    """The latest window's balance: a warning when rebalancing cannot even out a rank, the
+    imbalance, and the run's events. Nothing on runs from before these were recorded."""
+    limited = run["balance_limited_rank"]
+    if limited is not None:
+        slowdown = fmt.balance_limited_slowdown(limited, events, window)
+        st.warning(fmt.balance_limited_message(limited, slowdown), icon=":material/warning:")
+    if run["imbalance"] is None and not events:
+        return
+    with st.container(horizontal=True, vertical_alignment="top"):
+        if run["imbalance"] is not None:
+            st.metric("Imbalance", fmt.fmt_ratio(run["imbalance"]), border=True, width="content",
+                      help="The slowest rank's compute time over the fastest's in the latest "
+                           "report window; 1.00× is even.")
+        if events:
+            with st.container(key="run_events"):
+                st.markdown("**Run events**")
+                st.markdown("\n".join(fmt.event_lines(events)))
+
+
+def shares(window: list[dict]) -> None:
+    """Each rank's share of the step's batch beside its times, when the trainer recorded it."""
+    if not any(w["batch_size"] is not None for w in window):
+        return  # a run from before shares were recorded: nothing to show, nothing to invent
+    st.dataframe(fmt.shares_table(window), hide_index=True, key="rank_shares",
+                 alt="Each rank's share of the step's batch, step and compute time")
+    st.caption(f"Latest report window (step {window[0]['step']:,}). Share: the samples a rank "
+               "computes each step (of the global batch); rebalancing moves samples away from a "
+               "rank that stays slower.")
 
 
 monitor(job_id, view or DEFAULT_VIEW, window_s, selected["state"] if selected else None)

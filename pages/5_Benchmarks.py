@@ -1,12 +1,16 @@
 """Benchmarks: how training scaled with the device count, measured; and a projection, drawn apart.
+Then heterogeneous runs: each rank's share and times before and after rebalancing.
 
 `?bench=<id>` opens one benchmark. Tables and charts come from `sae_dist.bench` (summary,
-report, charts), the same code as `python -m sae_dist report`; this page only lays them out.
+report, charts, balance), the same code as `python -m sae_dist report` and
+`scripts/bench_balance.py`; this page only lays them out.
 """
 
 import streamlit as st
 
-from sae_dist.bench import charts, report, scaling
+from sae_dist.analytics import queries
+from sae_dist.analytics import format as fmt
+from sae_dist.bench import balance, charts, report, scaling
 from sae_dist.bench import summary as S
 from webui.sidebar import page_frame
 
@@ -21,36 +25,51 @@ def bench_label(bench_id: int) -> str:
 
 
 st.title("Benchmarks", anchor=False)
+st.header("Scaling", anchor=False)
 st.caption("Throughput, speedup and efficiency on 1 and N devices, measured by "
            "`python -m sae_dist bench`; efficiency against ideal (N x) and against the ceiling "
            "(the same per-device work as N independent processes, no communication).")
 benches = report.list_benchmarks(engine)
-if not benches:
-    st.info("Run one from a terminal; it appears here as its points finish.", title="No benchmark yet")
-    st.code("python -m sae_dist bench --devices 1,2 --mode strong --steps 30", language="bash")
-    st.stop()
 by_id = {b["id"]: b for b in benches}
-requested = st.query_params.get("bench", "")
-if requested.isdigit() and int(requested) in by_id:
-    st.session_state.setdefault("bench_id", int(requested))
-
-with st.container(horizontal=True, vertical_alignment="bottom"):
-    bench_id = st.selectbox("Benchmark", list(by_id), key="bench_id", format_func=bench_label, width=520)
-    other = st.selectbox("Side by side with", [None, *[i for i in by_id if i != bench_id]], key="bench_other",
-                         format_func=lambda i: "—" if i is None else bench_label(i), width=420)
-    link = st.segmented_control("Projection link", LINK_CHOICES, default="pcie4", key="bench_link",
-                                format_func=lambda k: scaling.LINKS[k][0].split(" (")[0] if k in scaling.LINKS
-                                else {"here": "Measured here", "measured": "Your GB/s"}[k],
-                                help="Measured here: the all-reduce bandwidth the benchmark timed between "
-                                     "its devices") or "pcie4"
-    if link == "measured":
-        gbps = st.number_input("All-reduce GB/s", min_value=0.01, value=10.0, key="bench_gbps", width=150,
-                               help="An all-reduce bandwidth measured on your machine (e.g. nccl-tests' busbw)")
-        link = str(gbps)
-st.query_params["bench"] = str(bench_id)
 
 
-def show(bench_id: int, compact: bool) -> None:
+def scaling_section() -> None:
+    if not benches:
+        st.info("Run one from a terminal; it appears here as its points finish.",
+                title="No benchmark yet")
+        st.code("python -m sae_dist bench --devices 1,2 --mode strong --steps 30", language="bash")
+        return
+    requested = st.query_params.get("bench", "")
+    if requested.isdigit() and int(requested) in by_id:
+        st.session_state.setdefault("bench_id", int(requested))
+    with st.container(horizontal=True, vertical_alignment="bottom"):
+        bench_id = st.selectbox("Benchmark", list(by_id), key="bench_id", format_func=bench_label, width=520)
+        other = st.selectbox("Side by side with", [None, *[i for i in by_id if i != bench_id]], key="bench_other",
+                             format_func=lambda i: "—" if i is None else bench_label(i), width=420)
+        link = st.segmented_control("Projection link", LINK_CHOICES, default="pcie4", key="bench_link",
+                                    format_func=lambda k: scaling.LINKS[k][0].split(" (")[0] if k in scaling.LINKS
+                                    else {"here": "Measured here", "measured": "Your GB/s"}[k],
+                                    help="Measured here: the all-reduce bandwidth the benchmark timed between "
+                                         "its devices") or "pcie4"
+        if link == "measured":
+            gbps = st.number_input("All-reduce GB/s", min_value=0.01, value=10.0, key="bench_gbps", width=150,
+                                   help="An all-reduce bandwidth measured on your machine (e.g. nccl-tests' busbw)")
+            link = str(gbps)
+    st.query_params["bench"] = str(bench_id)
+    if other is None:
+        show(bench_id, compact=False, link=link)
+    else:
+        left, right = st.columns(2, gap="large")
+        with left:
+            st.subheader(f"Benchmark {bench_id}", anchor=False)
+            show(bench_id, compact=True, link=link)
+        with right:
+            st.subheader(f"Benchmark {other}", anchor=False)
+            show(other, compact=True, link=link)
+    st.caption(f"The same report as a file: `python -m sae_dist report {bench_id} --format md|csv|html`.")
+
+
+def show(bench_id: int, compact: bool, link: str) -> None:
     run, points = report.load_benchmark(bench_id, engine)
     rows = S.summarize(points)
     for line in report.environment_lines(run):
@@ -92,14 +111,55 @@ def show(bench_id: int, compact: bool) -> None:
         st.caption("No 1-device point to project from.")
 
 
-if other is None:
-    show(bench_id, compact=False)
-else:
-    left, right = st.columns(2, gap="large")
-    with left:
-        st.subheader(f"Benchmark {bench_id}", anchor=False)
-        show(bench_id, compact=True)
-    with right:
-        st.subheader(f"Benchmark {other}", anchor=False)
-        show(other, compact=True)
-st.caption(f"The same report as a file: `python -m sae_dist report {bench_id} --format md|csv|html`.")
+def run_label(run: dict) -> str:
+    times = f"rebalanced {run['rebalances']}×" if run["rebalances"] else "unequal shares"
+    return f"{run['id']} · {run['name']} · {run['world_size']} ranks · {times} · {run['status']}"
+
+
+def heterogeneous_section() -> None:
+    st.header("Heterogeneous runs", anchor=False)
+    st.caption("Training runs whose devices got unequal shares of each step's batch (`--balance "
+               "memory|speed`, or rebalanced while one rank stayed slower). Before: the report "
+               "windows up to the first rebalance, the one that triggered it included; after: "
+               "those past the last rebalance. Each figure is a median over its windows.")
+    runs = {r["id"]: r for r in queries.balanced_runs(engine)}
+    if not runs:
+        st.info("No training run has rebalanced its ranks or given them unequal shares yet.",
+                title="No heterogeneous run yet")
+        st.code("python -m sae_dist train --devices cpu:2 --balance speed --steps 200",
+                language="bash")
+        return
+    run_id = st.selectbox("Training run", list(runs), key="balance_run",
+                          format_func=lambda i: run_label(runs[i]), width=520)
+    windows = queries.rank_windows(engine, run_id)
+    events = queries.run_events(engine, run_id)
+    metrics = balance.rows_from_columns(queries.run_step_metrics(engine, run_id, ("samples_per_s",)))
+    summary = balance.balance_summary(windows, events, metrics)
+    steps = summary["rebalance_steps"]
+    st.caption(f"Rebalanced at step{'s' if len(steps) > 1 else ''} {', '.join(f'{s:,}' for s in steps)}"
+               f": {summary['before_windows']} report windows before, {summary['after_windows']} after."
+               if steps else "Never rebalanced: the shares were set at the start, so every report "
+                             "window counts as before.")
+    with st.container(horizontal=True):
+        before, after = summary["samples_per_s_before"], summary["samples_per_s_after"]
+        st.metric("Samples/s before", fmt.fmt_number(before, 3), border=True)
+        st.metric("Samples/s after", fmt.fmt_number(after, 3), border=True)
+        st.metric("After / before", balance.ratio_text(before, after), border=True)
+        st.metric("Imbalance before", fmt.fmt_ratio(summary["imbalance_before"]), border=True,
+                  help="The slowest rank's compute time over the fastest's; 1.00× is even")
+        st.metric("Imbalance after", fmt.fmt_ratio(summary["imbalance_after"]), border=True)
+    st.dataframe(balance.summary_table(summary), hide_index=True, key="balance_table")
+    field = st.segmented_control("Time", ["compute_time_s", "step_time_s"], default="compute_time_s",
+                                 key="balance_time_field", label_visibility="collapsed",
+                                 format_func={"compute_time_s": "Compute time",
+                                              "step_time_s": "Step time"}.get)
+    chart = balance.rank_time_chart(windows, events, field or "compute_time_s")
+    if chart is not None:
+        st.altair_chart(chart, alt="Each rank's time per step against step, rebalances marked")
+    if events:
+        st.markdown("**Run events**")
+        st.markdown("\n".join(fmt.event_lines(events)))
+
+
+scaling_section()
+heterogeneous_section()

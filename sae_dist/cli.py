@@ -190,6 +190,21 @@ def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
         # whose peers are leaving too (it can abort with std::terminate).
         sys.stdout.flush()
         os._exit(USER_ERROR_EXIT)
+    except Exception as e:
+        from sae_dist.survive import DEVICE_ERROR_EXIT, is_device_error, is_peer_loss
+
+        if is_peer_loss(e) and not is_device_error(e):
+            # A peer went away (its own failure is reported by the launcher): one line, no traceback.
+            print(f"error: [rank {rank}] lost a peer: {str(e).strip().splitlines()[0][:200]}",
+                  file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(1)
+        if not is_device_error(e):
+            raise
+        # The launcher restarts the job without this device (on_rank_loss = continue).
+        print(f"error: [rank {rank}] device error: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(DEVICE_ERROR_EXIT)
     return 0
 
 
@@ -222,10 +237,9 @@ def _with_source_d_in(cfg: TrainConfig) -> TrainConfig:
 
 def _preflight(cfg: TrainConfig) -> TrainConfig:
     """Checks that need the data or the disk, done once before any rank starts (one error, not N)."""
-    from sae_dist.launch import resolve_devices
     from sae_dist.train import check_run_dir
 
-    check_run_dir(_with_source_d_in(cfg), world_size=resolve_devices(cfg.devices)[1])
+    check_run_dir(_with_source_d_in(cfg))
     return cfg
 
 

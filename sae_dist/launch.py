@@ -8,11 +8,14 @@ WORLD_SIZE variables and run `sae_dist.train.train`.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
+from sae_dist import survive
 from sae_dist.config import TrainConfig, parse_devices
 from sae_dist.distributed import DEVICE_TYPE_ENV
 from sae_dist.errors import USER_ERROR_EXIT, UserError
@@ -88,6 +91,24 @@ def launch(cfg: TrainConfig, argv: list[str], command: str = "train", in_process
     if kind == "cpu":
         # Each gloo rank gets its share of the cores (torchrun would give each 1 thread).
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    restartable = command == "train" and cfg.on_rank_loss == "continue"
+    run_dir = None
+    if restartable:
+        argv, run_dir = _pin_run_dir(cfg, argv)
+    ids, known = survive.device_ids(kind, n)
+    while True:
+        code, failures = _torchrun(argv, n, command)
+        if failures is None:
+            return code
+        lost = survive.lost_ranks(failures)
+        if not (restartable and lost and len(lost) < n):
+            return _report_failure(failures, code)
+        argv, n, ids = _continue_without(cfg, kind, argv, run_dir, ids, known, lost, failures)
+
+
+def _torchrun(argv: list[str], n: int, command: str) -> tuple[int, list[survive.Failure] | None]:
+    """(exit code, None) when the job ended as a whole (done, stopped, a user error); (0, the
+    failed ranks) when a rank failed and torchrun stopped the others."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -102,17 +123,64 @@ def launch(cfg: TrainConfig, argv: list[str], command: str = "train", in_process
         run(args)
     except SignalException as e:  # torchrun passed the signal on to the ranks and waited for them
         print(f"training stopped by {signal.Signals(e.sigval).name}", file=sys.stderr, flush=True)
-        return 128 + int(e.sigval)
+        return 128 + int(e.sigval), None
     except ChildFailedError as e:
         if any(f.exitcode == USER_ERROR_EXIT for f in e.failures.values()):
             # A rank printed the one line that explains it; the others were stopped after it.
-            return USER_ERROR_EXIT
+            return USER_ERROR_EXIT, None
         rank, failure = e.get_first_failure()
         if failure.exitcode in (128 + signal.SIGTERM, 128 + signal.SIGINT, -signal.SIGTERM, -signal.SIGINT):
             signum = abs(failure.exitcode) % 128  # the ranks were stopped (not this launcher)
             print(f"training stopped by {signal.Signals(signum).name}", file=sys.stderr, flush=True)
-            return 128 + signum
-        print(f"error: training failed on rank {rank} (exit code {failure.exitcode}); "
-              f"its message is above", file=sys.stderr)
-        return failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
-    return 0
+            return 128 + signum, None
+        first = survive.Failure(rank, failure.exitcode)
+        others = [survive.Failure(r, f.exitcode) for r, f in e.failures.items() if r != rank]
+        return 0, [first, *others]
+    return 0, None
+
+
+def _report_failure(failures: list[survive.Failure], _code: int) -> int:
+    first = failures[0]
+    print(f"error: training failed on rank {first.rank} ({first.describe()}); its message is above",
+          file=sys.stderr)
+    return first.exitcode if first.exitcode > 0 else 1
+
+
+def _pin_run_dir(cfg: TrainConfig, argv: list[str]) -> tuple[list[str], Path]:
+    """Name the run directory on the command line, so that a restart finds the same one."""
+    from sae_dist.train import check_run_dir
+
+    name, run_dir = check_run_dir(cfg)
+    return [*argv, "--name", name, "--out-dir", str(run_dir)], run_dir
+
+
+def _continue_without(cfg, kind, argv, run_dir, ids, known, lost, failures):
+    """Record the lost devices, then the arguments and environment of the job on the others."""
+    from sae_dist.checkpoint import latest_checkpoint
+    from sae_dist.train import RESTART_NOTE_ENV
+
+    by_rank = {f.rank: f for f in failures}
+    reason = "; ".join(f"rank {r} ({ids[r]}): {by_rank[r].describe()}" for r in lost)
+    n = len(ids) - len(lost)
+    checkpoint = latest_checkpoint(run_dir)
+    where = f"from {checkpoint.name}" if checkpoint else "from the start (no checkpoint yet)"
+    print(f"warning: {reason}; continuing {where} on the {n} other device{'s' if n > 1 else ''}",
+          file=sys.stderr, flush=True)
+    if known and cfg.db:
+        _record_faults(ids, lost, by_rank)
+    os.environ.update(survive.survivors_env(kind, ids, lost, known))
+    os.environ[RESTART_NOTE_ENV] = json.dumps({
+        "lost_ranks": lost, "lost_devices": [ids[r] for r in lost], "reason": reason,
+        "world_size_before": len(ids)})
+    argv = [*argv, "--devices", f"{kind}:{n}", *(["--resume"] if checkpoint else [])]
+    return argv, n, [d for r, d in enumerate(ids) if r not in lost]
+
+
+def _record_faults(ids: list[str], lost: list[int], by_rank: dict) -> None:
+    from sae_dist.db import get_engine, record_fault
+
+    job = os.environ.get("SAE_DIST_JOB_ID")
+    engine = get_engine()
+    for r in lost:
+        record_fault(engine, ids[r], f"training rank {r} {by_rank[r].describe()}",
+                     job_id=int(job) if job and job.isdigit() else None, rank=r)

@@ -87,22 +87,32 @@ class StepResult:
 
 
 def train_step(model, sae: SparseAutoencoder, opt: torch.optim.Optimizer, batches: list[Tensor],
-               dead_mask: Tensor | None, autocast=None, grad_norm: bool = False) -> StepResult:
+               dead_mask: Tensor | None, autocast=None, grad_norm: bool = False, loss_scale: float | None = None,
+               slowdown: float = 1.0) -> StepResult:
     """Forward and backward over the micro-batches (all-reduce on the last only), the decoder
-    constraint and the optimizer step."""
+    constraint and the optimizer step.
+
+    `loss_scale` multiplies each micro-batch's mean loss (default 1 / micro-batches): with unequal
+    shares it is this rank's part of the micro-batch x world size (sae_dist.balance.BatchPlan), so
+    that DDP's average is the whole batch's gradient. `slowdown` > 1 stretches each forward by
+    sleeping (tests: a slower card on virtual devices)."""
     autocast = autocast if autocast is not None else nullcontext()
+    scale = loss_scale if loss_scale is not None else 1 / len(batches)
     outs = []
     forward_done = time.perf_counter()
     last = len(batches) - 1
     for i, x in enumerate(batches):
         with (model.no_sync() if i < last and isinstance(model, DDP) else nullcontext()):
+            started = time.perf_counter()
             with autocast:
                 out = model(x, dead_mask)
+            if x.device.type == "cuda" and (i == last or slowdown > 1):
+                torch.cuda.synchronize(x.device)
+            if slowdown > 1:
+                time.sleep((time.perf_counter() - started) * (slowdown - 1))
             if i == last:
-                if x.device.type == "cuda":
-                    torch.cuda.synchronize(x.device)
                 forward_done = time.perf_counter()
-            (out.loss / len(batches) if len(batches) > 1 else out.loss).backward()
+            (out.loss * scale if scale != 1 else out.loss).backward()
         outs.append(out)
     sae.remove_parallel_gradient()
     norm = _grad_norm(sae) if grad_norm else None

@@ -16,6 +16,7 @@ import re
 import socket
 import time
 import signal
+import statistics
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,7 +27,8 @@ from typing import Any
 import torch
 
 from sae_dist import distributed as D
-from sae_dist.checkpoint import checkpoint_world_size, latest_checkpoint, load_checkpoint, save_checkpoint
+from sae_dist.balance import BatchPlan, bounded_split, initial_weights, plan_for, rebalance, slowest_now, smoothed_costs
+from sae_dist.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from sae_dist.config import SYNTHETIC_D_IN, TrainConfig
 from sae_dist.errors import TrainingStopped, UserError
 from sae_dist.export import export_saelens
@@ -68,9 +70,10 @@ def make_source(cfg: TrainConfig, ctx: D.DistContext):
                            cfg.batch_size, cfg.seed, ctx.rank, ctx.world_size, ctx.device)
     from sae_dist.sources.shards import ShardStream, open_shards  # only shard runs need it
 
+    # One stream over all the data, the same on every rank; each reads its slice of a step.
     dataset = open_shards(cfg.shards_path)
-    return ShardStream(dataset, rank=ctx.rank, world_size=ctx.world_size,
-                       batch_size=cfg.batch_size, seed=cfg.seed)
+    return ShardStream(dataset, rank=0, world_size=1, batch_size=cfg.batch_size * ctx.world_size * cfg.grad_accum,
+                       seed=cfg.seed)
 
 
 def source_d_in(source) -> int:
@@ -99,7 +102,7 @@ def _on_main(ctx: D.DistContext, fn, *args):
     return result[1]
 
 
-def check_run_dir(cfg: TrainConfig, world_size: int | None = None) -> tuple[str, Path]:
+def check_run_dir(cfg: TrainConfig) -> tuple[str, Path]:
     """(run name, run directory) for a config; a UserError when the directory does not fit."""
     from sae_dist.paths import state_home
 
@@ -110,10 +113,6 @@ def check_run_dir(cfg: TrainConfig, world_size: int | None = None) -> tuple[str,
         if latest is None:
             raise UserError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; "
                             f"start without --resume or point --out-dir at the run to continue")
-        saved = checkpoint_world_size(latest)
-        if world_size is not None and saved != world_size:
-            raise UserError(f"--resume: checkpoint {latest.name} was written by {saved} ranks; "
-                            f"resume with the same number of devices ({saved}), not {world_size}")
     elif run_dir.exists() and any(run_dir.iterdir()):
         raise UserError(f"run directory {run_dir} already exists and is not empty; "
                         f"use --resume to continue it or choose another --out-dir / --name")
@@ -150,11 +149,44 @@ class _RunRecord:
         self._delete_after = delete_metrics_after
         self.writer = DatabaseMetricsLogger(self.engine, self.run_id)
 
-    def resumed_at(self, step: int) -> None:
+    def resumed_at(self, step: int, world_size: int, device_ids: list[str]) -> None:
         if self.engine is not None:
             # Rows logged after the checkpoint by the interrupted run are replaced by the new ones.
             self._delete_after(self.engine, self.run_id, step)
-            self.writer.update_run(status="RUNNING", error=None, finished_at=None)
+            self.writer.update_run(status="RUNNING", error=None, finished_at=None, world_size=world_size,
+                                   device_ids=json.dumps(device_ids))
+
+    def event(self, step: int, kind: str, message: str, details: dict) -> None:
+        if self.writer is not None:
+            self.writer.log_event(step, kind, message, details)
+
+    def restart_event(self, step: int, plan: BatchPlan) -> None:
+        """Our launcher restarted the ranks without a device that failed: say so beside the curves."""
+        note = os.environ.get(RESTART_NOTE_ENV)
+        if not note:
+            return
+        details = {**json.loads(note), "resumed_from_step": step, "world_size_after": plan.world_size,
+                   "grad_accum": plan.micro_steps, "global_batch": plan.global_batch, "shares": list(plan.shares)}
+        message = (f"rank {', '.join(map(str, details.get('lost_ranks', [])))} lost "
+                   f"({details.get('reason', 'failed')}); continued from step {step} on {plan.world_size} "
+                   f"devices, global batch {plan.global_batch} in {plan.micro_steps} micro-batches")
+        log.warning("%s", message)
+        self.event(step, "degraded", message, details)
+
+    def rebalanced(self, step: int, before: BatchPlan, after: BatchPlan, times: list[float], decision) -> None:
+        message = (f"shares {list(before.shares)} -> {list(after.shares)}: compute times "
+                   f"{', '.join(f'{t * 1000:.0f}' for t in times)} ms, {decision.imbalance:.2f}x apart")
+        log.info("rebalanced %s", message)
+        self.event(step, "rebalance", f"rebalanced {message}",
+                   {"before": list(before.shares), "after": list(after.shares), "compute_time_s": times,
+                    "imbalance": decision.imbalance, "predicted_imbalance": decision.predicted_imbalance})
+
+    def balance_limited(self, step: int, decision) -> None:
+        message = (f"rank {decision.limited_rank} stays {decision.predicted_imbalance:.1f}x slower than the "
+                   f"fastest even at its smallest share: rebalancing cannot even it out")
+        log.warning("%s", message)
+        self.event(step, "balance_limited", message,
+                   {"rank": decision.limited_rank, "slowdown": decision.predicted_imbalance})
 
     def log(self, metrics: dict, step: int, rank_rows: list[dict]) -> None:
         if self.writer is not None:
@@ -216,6 +248,101 @@ def _stop_on_signals():
             signal.signal(sig, handler)
 
 
+# ---- how a step's samples are shared (decisions in sae_dist.balance) ----
+
+SLOW_RANKS_ENV = "SAE_DIST_TEST_SLOW_RANKS"  # test-only: "1:3" makes rank 1's compute 3x slower
+RESTART_NOTE_ENV = "SAE_DIST_RESTART_NOTE"  # set by our launcher when it restarts without a device
+SPEED_PROBES = 3
+
+
+def test_slowdown(rank: int) -> float:
+    """This rank's factor from $SAE_DIST_TEST_SLOW_RANKS ("rank:factor,..."), 1.0 when unset: a
+    stand-in for a slower card on virtual devices."""
+    raw = os.environ.get(SLOW_RANKS_ENV, "").strip()
+    factors = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        r, _, f = item.partition(":")
+        try:
+            factors[int(r)] = float(f)
+        except ValueError:
+            raise UserError(f"{SLOW_RANKS_ENV}={raw!r}: give rank:factor pairs such as 1:3") from None
+        if not factors[int(r)] >= 1.0:
+            raise UserError(f"{SLOW_RANKS_ENV}={raw!r}: a factor is at least 1 (1 = normal speed)")
+    return factors.get(rank, 1.0)
+
+
+def first_plan(cfg: TrainConfig, ctx: D.DistContext, sae, slowdown: float) -> tuple[BatchPlan, str]:
+    micro = cfg.batch_size * ctx.world_size
+    weights, why = _balance_weights(cfg, ctx, sae, cfg.batch_size, slowdown)
+    return BatchPlan(micro * cfg.grad_accum, cfg.grad_accum, bounded_split(micro, weights)), why
+
+
+def resumed_plan(cfg: TrainConfig, ctx: D.DistContext, saved: dict | None, saved_world: int, sae,
+                 slowdown: float) -> tuple[BatchPlan, str]:
+    """The plan of a resumed run: the checkpoint's (shares included) on as many ranks; on another
+    number of ranks its global batch, in as many micro-batches as keep each rank's batch at most
+    the configured one, so the training curve goes on as it was."""
+    world = ctx.world_size
+    if saved_world == world or not saved_world:
+        plan = BatchPlan.from_dict(saved) if saved else None
+        if plan and plan.world_size == world and plan.micro_steps == cfg.grad_accum and \
+                plan.global_batch == cfg.batch_size * world * cfg.grad_accum:
+            return plan, "the checkpoint's shares"
+        return first_plan(cfg, ctx, sae, slowdown)  # the batch settings were changed on resume
+    global_batch = int(saved["global_batch"]) if saved else cfg.batch_size * saved_world * cfg.grad_accum
+    micro_steps, micro = plan_for(global_batch, world, cfg.batch_size)
+    weights, why = _balance_weights(cfg, ctx, sae, max(1, micro // world), slowdown)
+    return (BatchPlan(global_batch, micro_steps, bounded_split(micro, weights)),
+            f"global batch {global_batch} kept as {micro_steps} micro-batches of {micro}; shares {why}")
+
+
+def _balance_weights(cfg: TrainConfig, ctx: D.DistContext, sae, rows: int, slowdown: float) -> tuple[list[float], str]:
+    world = ctx.world_size
+    if world == 1 or cfg.balance == "equal":
+        return [1.0] * world, "equal"
+    free = D.gather_objects(_free_memory(ctx.device)) if cfg.balance == "memory" else [None] * world
+    speed = D.gather_objects(_measure_speed(sae, ctx.device, rows, slowdown)) if cfg.balance == "speed" else [None] * world
+    return initial_weights(cfg.balance, free, speed)
+
+
+def _free_memory(device: torch.device) -> int | None:
+    """Free bytes on a GPU; None for CPU ranks, which share one memory (no share of it is theirs)."""
+    return int(torch.cuda.mem_get_info(device)[0]) if device.type == "cuda" else None
+
+
+def _measure_speed(sae: SparseAutoencoder, device: torch.device, rows: int, slowdown: float) -> float | None:
+    """Samples per second of forward + backward on this rank, on random rows; the weights, their
+    gradients and the buffers are left as they were."""
+    buffers = {name: b.clone() for name, b in sae.named_buffers()}
+    x = torch.randn(rows, sae.d_in, generator=torch.Generator().manual_seed(0)).to(device)
+    times = []
+    for _ in range(SPEED_PROBES):
+        t0 = time.perf_counter()
+        sae(x).loss.backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed = time.perf_counter() - t0
+        time.sleep(elapsed * (slowdown - 1))
+        times.append(elapsed * slowdown)
+    sae.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for name, b in sae.named_buffers():
+            b.copy_(buffers[name])
+    median = statistics.median(times)
+    return rows / median if median > 0 else None
+
+
+def _load_data_state(source, states: list[dict], saved_world: int, ctx: D.DistContext, plan: BatchPlan) -> None:
+    if getattr(source, "global_stream", False):
+        if hasattr(source, "use_global_batch"):
+            source.use_global_batch(plan.global_batch)
+        source.load_state_dict(states[0])  # one position shared by every rank
+    elif saved_world == ctx.world_size:
+        source.load_state_dict(states[ctx.rank])
+    else:
+        source.start_next_epoch(states)
+
+
 def build_sae(cfg: TrainConfig, device) -> SparseAutoencoder:
     """The SAE a config describes (d_in already resolved from the source)."""
     return SparseAutoencoder(
@@ -272,28 +399,31 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
     samples_total = 0
     step = 0
     first_batches: list[torch.Tensor] | None = None
+    slowdown = test_slowdown(ctx.rank)
 
     latest = latest_checkpoint(run_dir) if cfg.resume else None
     if latest is not None:
         loaded = _on_main(ctx, load_checkpoint, latest)  # read once, broadcast to every rank
         weights, state, meta = loaded
-        if meta.get("world_size") != ctx.world_size:  # the launcher checks first; torchrun users too
-            raise UserError(f"--resume: checkpoint {latest.name} was written by {meta.get('world_size')} "
-                            f"ranks; resume with the same number of devices ({meta.get('world_size')})")
+        saved_world = int(meta.get("world_size") or 0)
         sae.load_state_dict(weights)
         opt.load_state_dict(state["optimizer"])
-        source.load_state_dict(state["data"][ctx.rank])
+        plan, why = resumed_plan(cfg, ctx, state.get("plan"), saved_world, sae, slowdown)
+        _load_data_state(source, state["data"], saved_world, ctx, plan)
         since_fired.copy_(state["since_fired"])
         fire_total.copy_(state["fire_total"])
         samples_total, step = int(state["samples_total"]), int(state["step"])
         torch.set_rng_state(state["rng_cpu"])
-        record.resumed_at(step)
+        record.resumed_at(step, ctx.world_size, device_ids)
         if main:
-            log.info("resumed from %s at step %d", latest, step)
+            log.info("resumed from %s at step %d%s", latest, step,
+                     f" ({saved_world} ranks then, {ctx.world_size} now: {why})" if saved_world != ctx.world_size else "")
+            record.restart_event(step, plan)
     else:
+        plan, why = first_plan(cfg, ctx, sae, slowdown)
         # b_dec starts at the data mean (all-reduced), so the first latents explain variation,
         # not the offset. The batch is then trained on like any other.
-        first_batches = [source.next_batch(ctx.device) for _ in range(cfg.grad_accum)]
+        first_batches = source.next_batches(plan, ctx.rank, ctx.device)
         with torch.no_grad():
             local = torch.cat(first_batches)
             total = D.all_reduce_sum(torch.cat([local.sum(0), local.new_tensor([len(local)])]))
@@ -306,8 +436,10 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
     if main:
         log.info("run %s: %s SAE d_in=%d d_sae=%d on %d x %s (%s), global batch %d, lr %.2e%s",
                  record.run_id if record.run_id is not None else "(no db)", cfg.architecture, cfg.d_in,
-                 d_sae, ctx.world_size, ctx.device.type, ctx.backend, cfg.batch_size * ctx.world_size * cfg.grad_accum,
+                 d_sae, ctx.world_size, ctx.device.type, ctx.backend, plan.global_batch,
                  cfg.resolved_lr, ", bf16 autocast" if use_bf16 else "")
+        log.info("shares of each micro-batch: %s, %d micro-batch%s a step (%s)", list(plan.shares),
+                 plan.micro_steps, "es" if plan.micro_steps > 1 else "", why)
         log.info("memory estimate: %s", estimate.describe())
         log.info("run directory: %s", run_dir)
 
@@ -321,6 +453,9 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
     final: dict[str, Any] = {}
     last_metrics: dict[str, Any] = {}
     step_peak: int | None = None
+    limited_reported: int | None = None
+    costs: list[float] | None = None  # each rank's seconds per sample, smoothed over windows
+    slowest_before: int | None = None  # a straggler is the slowest two windows running
 
     while step < cfg.steps:
         step += 1
@@ -331,10 +466,10 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
             group["lr"] = lr
 
         t0 = time.perf_counter()
-        batches = first_batches or [source.next_batch(ctx.device) for _ in range(cfg.grad_accum)]
+        batches = first_batches or source.next_batches(plan, ctx.rank, ctx.device)
         first_batches = None
         result = train_step(model, sae, opt, batches, dead_mask if any_dead else None, autocast,
-                            grad_norm=report)
+                            grad_norm=report, loss_scale=plan.loss_scale(ctx.rank), slowdown=slowdown)
         t_compute = result.forward_done - t0  # data + forward: no collective involved yet
 
         with torch.no_grad():
@@ -379,10 +514,18 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
         any_dead = bool(dead_mask.any())
         elapsed = time.perf_counter() - window_start
         step_peak = peak.peak_bytes()  # read before this report's checkpoint adds its own copies
-        rank_row = torch.tensor([sum(step_times) / len(step_times), sum(compute_times) / len(compute_times),
+        # Medians: the first step after a start carries one-time costs that are not speed.
+        rank_row = torch.tensor([statistics.median(step_times), statistics.median(compute_times),
                                  float(step_peak or 0)], dtype=torch.float64, device=ctx.device)
         per_rank = D.all_gather_rows(rank_row).cpu().tolist()
         stragglers = find_stragglers([r[1] for r in per_rank])
+        window_plan = plan
+        # Every rank decides from the same gathered numbers: the same new plan everywhere.
+        costs = smoothed_costs(costs, plan.shares, [r[1] for r in per_rank])  # noise in, skew out
+        window_times = [r[1] for r in per_rank]
+        balance = rebalance(plan.shares, [c * n for c, n in zip(costs, plan.shares)] if costs else [0.0] * ctx.world_size,
+                            allowed=cfg.rebalance and ctx.world_size > 1, slowest_before=slowest_before)
+        slowest_before = slowest_now(window_times)
         recovery = None
         if true_features is not None and (step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
             recovery = dictionary_recovery(true_features, sae.W_dec)
@@ -393,22 +536,31 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
             "dead_fraction": float(dead_mask.double().mean()), "auxk_loss": m.auxk_loss, "lr": lr,
             "grad_norm": grad_norm, "samples_per_s": m.samples / elapsed if elapsed > 0 else None,
             "straggler_rank": stragglers[0] if stragglers else None,
+            "imbalance": balance.imbalance, "balance_limited_rank": balance.limited_rank,
             "recovery_mean_cos": recovery[0] if recovery else None,
             "recovery_frac": recovery[1] if recovery else None,
         }
         if main:
             rank_rows = [{"rank": r, "device": device_ids[r], "step_time_s": t, "compute_time_s": c,
-                          "peak_memory_bytes": int(p) if p else None, "is_straggler": r in stragglers}
+                          "peak_memory_bytes": int(p) if p else None, "is_straggler": r in stragglers,
+                          "batch_size": window_plan.per_step(r)}
                          for r, (t, c, p) in enumerate(per_rank)]
             record.log(last_metrics, step, rank_rows)
             log.info("%s", _format_line(step, cfg.steps, last_metrics, stragglers))
+        if balance.changed(plan.shares):
+            plan = BatchPlan(plan.global_batch, plan.micro_steps, balance.shares)
+            if main:
+                record.rebalanced(step, window_plan, plan, [r[1] for r in per_rank], balance)
+        if balance.limited_rank is not None and balance.limited_rank != limited_reported and main:
+            record.balance_limited(step, balance)
+        limited_reported = balance.limited_rank
         acc.zero_()
         fired_window.zero_()
         step_times.clear()
         compute_times.clear()
 
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 or step == cfg.steps:
-            _checkpoint(cfg, ctx, sae, opt, source, since_fired, fire_total, samples_total, step, run_dir)
+            _checkpoint(cfg, ctx, sae, opt, source, since_fired, fire_total, samples_total, step, run_dir, plan)
         window_start = time.perf_counter()
 
     # ---- the end: export once, record the final numbers ----
@@ -442,14 +594,14 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
                        step=step, final=final)
 
 
-def _checkpoint(cfg, ctx, sae, opt, source, since_fired, fire_total, samples_total, step, run_dir) -> None:
+def _checkpoint(cfg, ctx, sae, opt, source, since_fired, fire_total, samples_total, step, run_dir, plan) -> None:
     data_states = D.gather_objects(source.state_dict())
     if ctx.is_main:
         weights = {k: v for k, v in sae.state_dict().items()}
         state = {
             "optimizer": opt.state_dict(), "step": step, "samples_total": samples_total,
             "data": data_states, "since_fired": since_fired.cpu(), "fire_total": fire_total.cpu(),
-            "rng_cpu": torch.get_rng_state(),
+            "rng_cpu": torch.get_rng_state(), "plan": plan.to_dict(),
         }
         meta = {"world_size": ctx.world_size, "config": cfg.to_dict(), "saved_at": datetime.now(timezone.utc).isoformat()}
         path = save_checkpoint(run_dir, step, weights, state, meta, keep=cfg.keep_checkpoints)

@@ -57,7 +57,12 @@ def _parser() -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=what)
         c.add_argument("job_ids", nargs="+", type=_job_id)
 
-    i = sub.add_parser("info", help="every device and its state (sinfo)")
+    i = sub.add_parser("info", help="every device and its state (sinfo); a device a training rank died "
+                                    "on reads failed (--json: unavailable, with its fault) until a "
+                                    "health check passes")
+    i.add_argument("--recheck", action="store_true",
+                   help="probe every failed device now and clear the faults of those that pass "
+                        "(with --json: {rechecked, devices})")
     i.add_argument("--json", action="store_true")
 
     a = sub.add_parser("acct", help="finished and running jobs with their usage (sacct)")
@@ -289,9 +294,30 @@ def cmd_requeue(args) -> int:
     return _each_job(args, actions.requeue)
 
 
+def _recheck() -> list[dict]:
+    """Probe the failed devices now (no daemon needed); what each probe said."""
+    from scheduler.daemon import wake_daemon
+    from scheduler.health import recheck_now
+
+    results = recheck_now(_engine())
+    if any(r.healthy for r in results):
+        wake_daemon()  # a job waiting on a device cleared now starts at once
+    return [{"uuid": r.device_uuid, "cleared": r.healthy, "detail": r.detail} for r in results]
+
+
+def _print_recheck(results: list[dict]) -> None:
+    if not results:
+        print("No failed device to check.")
+    for r in results:
+        print(f"{r['uuid']}: health check passed, fault cleared" if r["cleared"]
+              else f"{r['uuid']}: still failing: {r['detail']}")
+    print()
+
+
 def cmd_info(args) -> int:
     from scheduler.recommend import format_memory
 
+    rechecked = _recheck() if args.recheck else None
     devices, states, _ = _devices_now()
     latest = _latest_samples()
     rows = []
@@ -303,12 +329,17 @@ def cmd_info(args) -> int:
             "index": d.index, "uuid": d.uuid, "name": d.name, "virtual": d.virtual, "state": s.state,
             "job_id": s.job_id, "reason": s.reason, "memory_total": d.memory_total, "memory_used": d.memory_used,
             "utilization_pct": sample.get("utilization_pct", d.utilization_pct),
-            "temperature_c": d.temperature_c, "power_w": d.power_w, "error": d.error})
+            "temperature_c": d.temperature_c, "power_w": d.power_w, "error": d.error,
+            "fault": d.fault.as_dict() if d.fault else None})
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps(rows if rechecked is None else {"rechecked": rechecked, "devices": rows}, indent=1))
         return 0
+    if rechecked is not None:
+        _print_recheck(rechecked)
     for r in rows:
         r["kind"] = "virtual" if r["virtual"] else "gpu"
+        if r["fault"]:  # a rank died on it: unavailable until a health check passes
+            r["state"] = "failed"
         r["mem"] = f"{format_memory(r['memory_used']) if r['memory_used'] is not None else '—'} / " \
                    f"{format_memory(r['memory_total']) if r['memory_total'] else '—'}"
         r["util"] = f"{r['utilization_pct']:.0f}%" if r["utilization_pct"] is not None else None

@@ -1,10 +1,12 @@
 """The scheduler daemon: one per state directory; schedules, reaps and samples every device.
 
 Each pass (on every wake-up, at least once a second) runs under `scheduler.lock`: it frees the
-devices of jobs whose supervisor vanished (NODE_FAIL, or requeued), reads the devices, asks the
-pure policy which pending jobs start on which devices, applies that in one transaction and
-starts a supervisor per started job. Running jobs do not depend on the daemon: kill it and their
-supervisors carry on; a new daemon adopts them (it only has to check they are alive).
+devices of jobs whose supervisor vanished (NODE_FAIL, or requeued), reads the devices (a device
+with an open fault is unavailable; its health is re-checked now and then, see
+`scheduler.health`), asks the pure policy which pending jobs start on which devices, applies
+that in one transaction and starts a supervisor per started job. Running jobs do not depend
+on the daemon: kill it and their supervisors carry on; a new daemon adopts them (it only has to
+check they are alive).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from sae_dist.paths import state_home
 from scheduler import procs, store
 from scheduler.busy import classify
 from scheduler.devices import CpuSampler, DeviceInfo, inventory
+from scheduler.faults import Fault, apply_faults, device_faults, recheck_interval_s
+from scheduler.health import HealthChecker
 from scheduler.policy import DeviceView, JobView, plan
 
 log = logging.getLogger(__name__)
@@ -116,6 +120,7 @@ def ensure_daemon() -> bool:
 
 class Daemon:
     def __init__(self, engine=None):
+        self.health = HealthChecker(recheck_interval_s())  # a bad value stops us before anything starts
         self.engine = engine or get_engine()
         self.wake = threading.Event()
         self.stopping = threading.Event()
@@ -150,6 +155,7 @@ class Daemon:
                 self.wake.wait(max(0.0, PASS_INTERVAL_S - (time.monotonic() - started)))
             self._flush_samples(force=True)
         finally:
+            self.health.stop()
             lock.release()
 
     def _stop(self) -> None:
@@ -167,13 +173,14 @@ class Daemon:
                 finished = store.finished_states(conn, deps)
                 known = set(finished) | {j.id for j in pending} | {j.id for j in running}
             running = self._reap(running, now)
-            devices = self._read_devices(running, allocations)
+            devices = self._read_devices(running, allocations, self._faults(now))
             started_at = {j.id: j.started_at.timestamp() for j in running if j.started_at}
             our_pids = {p for j in running for p in job_pids(j)}
             states = classify(devices, {u: j for u, j in allocations.items()}, started_at, our_pids, now)
             self._sample(devices, allocations)
             views = [DeviceView(uuid=d.uuid, index=d.index, free=states[d.uuid].state == "idle",
-                                free_memory=d.memory_free) for d in devices]
+                                free_memory=d.memory_free, unavailable=states[d.uuid].state == "unavailable")
+                     for d in devices]
             decision = plan([_job_view(j) for j in pending], [_job_view(j) for j in running], views,
                             {**finished, **{d: "UNKNOWN" for d in deps - known}}, now)
             started = store.start_jobs(self.engine, decision.starts, decision.reasons)
@@ -241,8 +248,16 @@ class Daemon:
                 return
 
     # ---- devices ----
-    def _read_devices(self, running: list, allocations: dict[str, int]) -> list[DeviceInfo]:
-        devices = inventory(pids_by_device(running), self.sampler)
+    def _faults(self, now: float) -> dict[str, Fault]:
+        """The open faults, after settling the health checks that ended and starting those due."""
+        self.health.collect(self.engine)
+        faults = device_faults(self.engine)
+        self.health.start_due(faults, now)
+        return faults
+
+    def _read_devices(self, running: list, allocations: dict[str, int],
+                      faults: dict[str, Fault]) -> list[DeviceInfo]:
+        devices = apply_faults(inventory(pids_by_device(running), self.sampler), faults)
         self._store_inventory(devices)
         return devices
 

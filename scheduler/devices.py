@@ -16,9 +16,12 @@ import os
 import time
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from sae_dist.errors import UserError
+
+if TYPE_CHECKING:
+    from scheduler.faults import Fault
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,7 @@ class DeviceInfo:
     power_limit_w: float | None = None
     processes: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, bytes or None)
     pci_bus_id: str | None = None
+    fault: Fault | None = None  # a training rank died on it and no health check has passed since
 
     @property
     def label(self) -> str:

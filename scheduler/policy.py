@@ -16,6 +16,10 @@ limit) no later than the shadow time, or uses no reserved device. A job without 
 never ends for this purpose, so it can only use unreserved devices; a running job without a
 time limit makes the shadow time infinite, and then a job with a time limit may still borrow
 reserved devices (the head's estimate is "never", so nothing it was promised is delayed).
+
+Unavailable devices (unreadable, or failed until a health check passes) come back at no known
+time: a job that needs one (it names it, or asks for more devices than the others) waits with
+SLURM's ReqNodeNotAvail naming them, and takes no reservation, so it holds nobody up.
 """
 
 from __future__ import annotations
@@ -36,7 +40,9 @@ DEPENDENCY = "Dependency"
 DEPENDENCY_NEVER = "DependencyNeverSatisfied"
 RESOURCES = "Resources"
 PRIORITY = "Priority"
-REASONS: frozenset[str] = frozenset({HELD, BEGIN_TIME, DEPENDENCY, DEPENDENCY_NEVER, RESOURCES, PRIORITY})
+REQ_NODE_NOT_AVAIL = "ReqNodeNotAvail"  # given as "ReqNodeNotAvail, UnavailableNodes:<uuids>"
+REASONS: frozenset[str] = frozenset({HELD, BEGIN_TIME, DEPENDENCY, DEPENDENCY_NEVER, RESOURCES, PRIORITY,
+                                     REQ_NODE_NOT_AVAIL})
 
 DependencyStatus = Literal["ok", "wait", "never"]
 
@@ -82,6 +88,7 @@ class DeviceView:
     index: int  # for people and for tie-breaking; uuids identify devices
     free: bool  # idle and usable by us now (not allocated, not busy-external, readable)
     free_memory: int | None = None  # bytes; None = unknown, passes any memory request
+    unavailable: bool = False  # unreadable or failed: nobody knows when it comes back
 
 
 @dataclass(frozen=True)
@@ -163,6 +170,20 @@ def pick_devices(job: JobView, free_devices: Iterable[DeviceView]) -> tuple[str,
     return tuple(d.uuid for d in sorted(chosen, key=lambda d: d.index))
 
 
+def unavailable_needed(job: JobView, devices: list[DeviceView]) -> list[str]:
+    """The unavailable devices `job` cannot start without: those it names, or, for a count larger
+    than the available devices, every unavailable one. [] when the available ones could do."""
+    unavailable = [d.uuid for d in sorted(devices, key=lambda d: d.index) if d.unavailable]
+    if job.gpu_ids is not None:
+        return [u for u in job.gpu_ids if u in unavailable]
+    return unavailable if job.gpus > len(devices) - len(unavailable) else []
+
+
+def req_node_not_avail(uuids: list[str]) -> str:
+    """SLURM's reason for a job waiting on devices that are down: it names them."""
+    return f"{REQ_NODE_NOT_AVAIL}, UnavailableNodes:{','.join(uuids)}"
+
+
 def expected_end(job: JobView, now: float) -> float:
     """When a running job will have released its devices at the latest; inf without a time limit."""
     if job.time_limit_s is None:
@@ -176,10 +197,11 @@ def shadow_time(head: JobView, running: list[JobView], devices: list[DeviceView]
     """The earliest time and devices on which `head` can start, or None if it never fits here.
 
     Devices come back as running jobs reach their expected end (their free memory is then unknown).
-    Devices not free and held by none of our jobs (external use, unreadable) come back only at
-    infinity, as do those of jobs without a time limit: nothing says when they will be free.
+    Devices not free and held by none of our jobs (external use) come back only at infinity, as do
+    those of jobs without a time limit: nothing says when they will be free. Unavailable devices
+    never come back here (see `unavailable_needed`).
     """
-    by_uuid = {d.uuid: d for d in devices}
+    by_uuid = {d.uuid: d for d in devices if not d.unavailable}
     pool = {d.uuid: d for d in devices if d.free}
     releases: dict[float, list[str]] = {}
     for job in running:
@@ -240,6 +262,10 @@ def plan(pending: list[JobView], running: list[JobView], devices: list[DeviceVie
 
     for job in eligible:
         now_devices = current_devices()
+        down = unavailable_needed(job, now_devices)
+        if down:
+            reasons[job.id] = req_node_not_avail(down)
+            continue
         if reservation is None:
             picked = pick_devices(job, now_devices)
         else:

@@ -22,6 +22,7 @@ from sqlalchemy.engine import Engine
 from sae_dist.db import FINAL_JOB_STATES, GpuSample, Job, StepMetric, TrainingRun
 from scheduler.busy import DeviceState, classify
 from scheduler.devices import DeviceInfo, inventory
+from scheduler.faults import apply_faults, device_faults
 
 SAMPLE_FRESH_S = 10.0
 """A daemon sample older than this is not "now" (the daemon samples every second)."""
@@ -37,14 +38,15 @@ SAMPLES = GpuSample.__table__
 def devices_now(engine: Engine, now: float | None = None
                 ) -> tuple[list[DeviceInfo], dict[str, DeviceState], dict[str, int]]:
     """(devices, state by uuid, allocations uuid -> job id): the live inventory and what each
-    device is doing. Reads no process CPU over time (see `latest_samples` for utilisation)."""
+    device is doing. A device with an open fault is unavailable, the fault its reason (and in
+    `DeviceInfo.fault`). Reads no process CPU over time (see `latest_samples` for utilisation)."""
     from scheduler.daemon import job_pids, pids_by_device
     from scheduler.store import active_allocations, pending_and_running
 
     with engine.connect() as conn:
         allocations = active_allocations(conn)
         _, running = pending_and_running(conn)
-    devices = inventory(pids_by_device(running), None)
+    devices = apply_faults(inventory(pids_by_device(running), None), device_faults(engine))
     started = {j.id: j.started_at.timestamp() for j in running if j.started_at}
     ours = {p for j in running for p in job_pids(j)}
     states = classify(devices, allocations, started, ours, time.time() if now is None else now)
@@ -66,7 +68,8 @@ def latest_samples(engine: Engine, now: float | None = None,
 
 def device_rows(devices: list[DeviceInfo], states: dict[str, DeviceState],
                 samples: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One plain row per device: identity, state (with job id and reason) and readings.
+    """One plain row per device: identity, state (with job id and reason), its fault (a dict,
+    see `Fault.as_dict`, or None) and readings.
 
     Memory, temperature and power are the inventory's live readings; utilisation is the
     daemon's latest fresh sample when there is one (it measures over a second), else the
@@ -80,7 +83,8 @@ def device_rows(devices: list[DeviceInfo], states: dict[str, DeviceState],
         rows.append({
             "index": d.index, "uuid": d.uuid, "name": d.name, "label": d.label, "virtual": d.virtual,
             "available": d.available, "error": d.error, "state": state.state, "job_id": state.job_id,
-            "reason": state.reason, "memory_total": d.memory_total, "memory_used": d.memory_used,
+            "reason": state.reason, "fault": d.fault.as_dict() if d.fault else None,
+            "memory_total": d.memory_total, "memory_used": d.memory_used,
             "memory_free": d.memory_free,
             "utilization_pct": util if util is not None else d.utilization_pct,
             "utilization_source": "daemon" if util is not None else "inventory",

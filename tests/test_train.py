@@ -246,15 +246,7 @@ def test_run_directory_mistakes(tmp_path):
 
 
 def test_two_rank_errors_are_reported_once(tmp_path):
-    run_dir = tmp_path / "r"
-    ok(run_cli("train", *SMALL, "--devices", "cpu:2", "--batch-size", "32", "--steps", "2", "--out-dir", str(run_dir)))
-    # resuming on another device count: refused before any rank starts
-    result = run_cli("train", *SMALL, "--devices", "cpu:1", "--batch-size", "32", "--steps", "4",
-                     "--out-dir", str(run_dir), "--resume")
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
-        "error: --resume: checkpoint step_00000002 was written by 2 ranks; "
-        "resume with the same number of devices (2), not 1"]
+    # (resuming on another device count is allowed: tests/test_balance_train.py)
     # a divergence seen by both ranks: one line, from rank 0
     result = run_cli("train", *SMALL, "--devices", "cpu:2", "--batch-size", "32", "--steps", "20", "--lr", "1e30",
                      "--log-every", "1", "--checkpoint-every", "0", "--out-dir", str(tmp_path / "nan"))

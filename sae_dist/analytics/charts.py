@@ -21,6 +21,7 @@ from sae_dist.analytics.downsample import (
     downsample_indices,
     points_per_series,
 )
+from sae_dist.analytics.format import event_label
 
 METRIC_LABELS = {
     "loss": "Loss",
@@ -40,6 +41,10 @@ METRIC_FORMATS = {"dead_fraction": ".1%", "explained_variance": ".3f", "l0": ".2
                   "recovery_frac": ".1%", "recovery_mean_cos": ".3f"}
 
 STRAGGLER_COLOR = "#d62728"
+# Not blue: the ranks' lines take Streamlit's blues, and a rule must not pass for one of them.
+EVENT_COLORS = {"rebalance": "#57606a", "balance_limited": "#bf8700", "degraded": "#cf222e"}
+OTHER_EVENT_COLOR = "#6e7781"
+MAX_EVENT_RULES = 200  # rules a kind draws at most: beyond that they merge into a band anyway
 CHART_HEIGHT = 220
 STRAGGLER_BUDGET = 1_000  # rows of straggler marks per chart, out of MAX_ROWS_PER_CHART
 
@@ -222,10 +227,11 @@ def span_label(seconds: int) -> str:
 
 # ---- training curves bucketed by step (Monitor) ---------------------------------------------
 
-def binned_curve(curves: dict[str, list], metric: str) -> alt.LayerChart | alt.Chart | None:
+def binned_curve(curves: dict[str, list], metric: str, events: list[dict] | None = None
+                 ) -> alt.LayerChart | alt.Chart | None:
     """A metric against step from `samples.run_curves`: the mean of each bucket of steps as a
-    line, its min-max as a band (only where a bucket holds several logged steps); None when
-    the metric was never measured."""
+    line, its min-max as a band (only where a bucket holds several logged steps); `events`
+    (`queries.run_events`) as vertical rules. None when the metric was never measured."""
     means = curves.get(metric, [])
     rows = [(s, v, lo, hi) for s, v, lo, hi in zip(curves["step"], means, curves[f"{metric}_min"],
                                                     curves[f"{metric}_max"]) if v is not None]
@@ -243,20 +249,20 @@ def binned_curve(curves: dict[str, list], metric: str) -> alt.LayerChart | alt.C
         tooltip=tooltip)
     width = curves.get("width", 1)
     if width <= 1 or (data["low"] == data["high"]).all():
-        return line.properties(title=label, height=CHART_HEIGHT)
+        return _with_events([line], events, label, None)
     band = alt.Chart(data).mark_area(opacity=0.25).encode(
         x=x, y=alt.Y("low:Q", title=None, scale=alt.Scale(zero=False), axis=axis), y2="high:Q",
         tooltip=[*tooltip, alt.Tooltip("low:Q", title="Min", format=value_format),
                  alt.Tooltip("high:Q", title="Max", format=value_format)])
-    return alt.layer(band, line).properties(
-        title=alt.TitleParams(label, subtitle=f"mean of every {width:,} steps; band: min-max"),
-        height=CHART_HEIGHT)
+    return _with_events([band, line], events, label,
+                        f"mean of every {width:,} steps; band: min-max")
 
 
-def binned_rank_time_chart(times: dict[str, list], field: str = "step_time_s"
-                           ) -> alt.LayerChart | None:
+def binned_rank_time_chart(times: dict[str, list], field: str = "step_time_s",
+                           events: list[dict] | None = None) -> alt.LayerChart | None:
     """Per-rank time per step from `samples.rank_times`, one line per rank (bucket means, ms);
-    a red triangle at the bucket's slowest step wherever a rank straggled. None without data."""
+    a red triangle at the bucket's slowest step wherever a rank straggled; `events` as
+    vertical rules (a rebalance is where the lines should draw together). None without data."""
     if not times["step"]:
         return None
     labels = [_rank_label(r, d) for r, d in zip(times["rank"], times["device"])]
@@ -281,5 +287,44 @@ def binned_rank_time_chart(times: dict[str, list], field: str = "step_time_s"
     subtitle = (f"{count:,} straggler steps (red)" if count else "no straggler flagged")
     if times.get("width", 1) > 1:
         subtitle += f" · mean of every {times['width']:,} steps"
-    return alt.layer(line, marks).properties(
-        title=alt.TitleParams(title, subtitle=subtitle), height=CHART_HEIGHT)
+    return _with_events([line, marks], events, title, subtitle)
+
+
+# ---- run events as vertical rules -----------------------------------------------------------
+
+def event_rules(events: list[dict] | None, kinds: tuple[str, ...] | None = None) -> list[alt.Chart]:
+    """Vertical dashed rules at the steps of run events (`queries.run_events`), one layer per
+    kind in a fixed colour (no colour scale: it would merge with the ranks' legend); only
+    `kinds` when given. [] without events."""
+    chosen = [e for e in events or [] if kinds is None or e["kind"] in kinds]
+    layers = []
+    for kind in dict.fromkeys(e["kind"] for e in chosen):
+        rows = [{"step": e["step"], "event": event_label(kind), "message": e["message"]}
+                for e in chosen if e["kind"] == kind]
+        kept = downsample_indices([r["step"] for r in rows], MAX_EVENT_RULES, keep="last")
+        rows = [rows[i] for i in kept]
+        layers.append(alt.Chart(pd.DataFrame(rows)).mark_rule(
+            color=EVENT_COLORS.get(kind, OTHER_EVENT_COLOR), strokeDash=[5, 3], strokeWidth=1.5,
+        ).encode(x=alt.X("step:Q", title="Step"),
+                 tooltip=[alt.Tooltip("step:Q", title="Step", format=","),
+                          alt.Tooltip("event:N", title="Event"),
+                          alt.Tooltip("message:N", title="What happened")]))
+    return layers
+
+
+def events_subtitle(events: list[dict] | None) -> str | None:
+    """"dashed: rebalanced, continued on fewer devices" for the kinds drawn; None without."""
+    kinds = list(dict.fromkeys(event_label(e["kind"]) for e in events or []))
+    return f"dashed: {', '.join(kinds)}" if kinds else None
+
+
+def _with_events(layers: list[alt.Chart], events: list[dict] | None, title: str,
+                 subtitle: str | None) -> alt.Chart | alt.LayerChart:
+    """The chart's layers with the event rules on top, titled; a lone layer stays a plain
+    chart when there is no event (the spec of a run without events does not change)."""
+    rules = event_rules(events)
+    subtitle = " · ".join(p for p in (subtitle, events_subtitle(events)) if p) or None
+    heading = alt.TitleParams(title, subtitle=subtitle) if subtitle else title
+    if len(layers) == 1 and not rules:
+        return layers[0].properties(title=heading, height=CHART_HEIGHT)
+    return alt.layer(*layers, *rules).properties(title=heading, height=CHART_HEIGHT)

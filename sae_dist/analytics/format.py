@@ -156,3 +156,75 @@ def fmt_memory_of(used: int | None, total: int | None) -> str:
 # A training run's status as a badge colour (the trainer writes RUNNING, COMPLETED, FAILED, and
 # STOPPED when a signal ended it: a cancel, a time limit, Ctrl-C).
 RUN_STATUS_COLORS = {"RUNNING": "blue", "COMPLETED": "green", "FAILED": "red", "STOPPED": "orange"}
+
+
+# ---- load balance: shares, imbalance, run events --------------------------------------------
+
+EVENT_LABELS = {"rebalance": "rebalanced", "balance_limited": "balance limited",
+                "degraded": "continued on fewer devices"}
+"""How a run event's kind (run_events.kind) reads on the page."""
+
+
+def event_label(kind: str) -> str:
+    """A run event's kind for people; an unknown kind (a newer trainer) reads as itself."""
+    return EVENT_LABELS.get(kind, kind)
+
+
+def fmt_ratio(value: float | None) -> str:
+    """A ratio such as the imbalance (slowest / fastest): "1.42×"; "—" when not measured."""
+    return MISSING if _missing(value) else f"{value:.2f}×"
+
+
+def fmt_share(batch_size: int | None, total: int | None = None) -> str:
+    """A rank's samples per step, with its part of the global batch when known: "384 (75%)"."""
+    if _missing(batch_size):
+        return MISSING
+    if _missing(total) or not total:
+        return f"{batch_size:,}"
+    return f"{batch_size:,} ({batch_size / total:.0%})"
+
+
+def balance_limited_message(rank: int, slowdown: float | None) -> str:
+    """The warning for a rank that rebalancing cannot even out; the factor only when measured."""
+    how_slow = (f"stay {slowdown:.1f} times slower than the fastest" if not _missing(slowdown)
+                else "stay slower than the fastest")
+    return (f"Rank {rank}'s steps {how_slow} even at its smallest share: rebalancing cannot "
+            "even it out. Give the run devices of a kind, or leave this one out.")
+
+
+def balance_limited_slowdown(rank: int, events: list[dict[str, Any]],
+                             window: list[dict[str, Any]]) -> float | None:
+    """How many times slower than the fastest the balance-limited `rank` is: the newest
+    "balance_limited" event's figure for it, else its compute time over the fastest rank's in
+    the latest window (`queries.latest_rank_window`) when it is the slowest there; None when
+    neither was measured."""
+    for event in reversed(events):
+        details = event.get("details") or {}
+        if event["kind"] == "balance_limited" and details.get("rank") == rank:
+            if not _missing(details.get("slowdown")):
+                return float(details["slowdown"])
+    times = {w["rank"]: w["compute_time_s"] for w in window if not _missing(w["compute_time_s"])}
+    if rank not in times or min(times.values()) <= 0 or times[rank] < max(times.values()):
+        return None
+    return times[rank] / min(times.values())
+
+
+def shares_table(window: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The latest window of each rank (`queries.latest_rank_window`) as table rows: its share
+    of the step's batch beside its step and compute times; "—" where not recorded."""
+    shares = [w["batch_size"] for w in window]
+    total = sum(shares) if shares and not any(_missing(s) for s in shares) else None
+    return [{"Rank": w["rank"], "Device": w["device"] or MISSING,
+             "Share": fmt_share(w["batch_size"], total),
+             "Step time": fmt_seconds(w["step_time_s"]),
+             "Compute time": fmt_seconds(w["compute_time_s"])} for w in window]
+
+
+def event_lines(events: list[dict[str, Any]], limit: int = 10) -> list[str]:
+    """The newest `limit` run events as markdown list items, newest first, and a last line
+    counting the older ones left out."""
+    shown = events[::-1][:limit]
+    lines = [f"- step {e['step']:,} · **{event_label(e['kind'])}** · {e['message']}" for e in shown]
+    if len(events) > limit:
+        lines.append(f"- … and {len(events) - limit:,} earlier")
+    return lines

@@ -14,7 +14,7 @@ from sqlalchemy import and_, case, func, select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from sae_dist.db.schema import RankStat, StepMetric, TrainingRun
+from sae_dist.db.schema import RankStat, RunEvent, StepMetric, TrainingRun
 
 CURVE_METRICS = ("loss", "fvu", "l0", "dead_fraction")
 """The step metrics drawn as training curves, in display order."""
@@ -23,7 +23,12 @@ LATEST_METRICS = ("loss", "fvu", "l0", "dead_fraction", "samples_per_s")
 """The metrics a run summary carries: the final value, else the latest logged one."""
 
 RANK_STAT_COLUMNS = ("step", "rank", "device", "step_time_s", "compute_time_s",
-                     "peak_memory_bytes", "is_straggler")
+                     "peak_memory_bytes", "is_straggler", "batch_size")
+
+WINDOW_COLUMNS = ("step", "rank", "device", "batch_size", "step_time_s", "compute_time_s",
+                  "is_straggler")
+"""A rank's report window as `rank_windows` and `latest_rank_window` return it; batch_size
+(the rank's share of each step) is None on runs from before shares were recorded."""
 
 _STEP_METRIC_NAMES = frozenset(StepMetric.__table__.columns.keys()) - {"id", "run_id"}
 
@@ -94,6 +99,60 @@ def rank_summary(engine: Engine, run_id: int) -> list[dict[str, Any]]:
              "straggler_steps": int(r["straggler_steps"] or 0)} for r in rows]
 
 
+def rank_windows(engine: Engine, run_id: int) -> list[dict[str, Any]]:
+    """Every report window of every rank (WINDOW_COLUMNS), ordered by step then rank."""
+    query = (select(*[getattr(RankStat, name) for name in WINDOW_COLUMNS])
+             .where(RankStat.run_id == run_id).order_by(RankStat.step, RankStat.rank))
+    with engine.connect() as conn:
+        return [_window(row) for row in conn.execute(query).mappings()]
+
+
+def latest_rank_window(engine: Engine, run_id: int) -> list[dict[str, Any]]:
+    """Each rank's latest report window (WINDOW_COLUMNS), by rank; [] before the first."""
+    last_step = (select(func.max(RankStat.step)).where(RankStat.run_id == run_id)
+                 .scalar_subquery())
+    query = (select(*[getattr(RankStat, name) for name in WINDOW_COLUMNS])
+             .where(RankStat.run_id == run_id, RankStat.step == last_step)
+             .order_by(RankStat.rank))
+    with engine.connect() as conn:
+        return [_window(row) for row in conn.execute(query).mappings()]
+
+
+def run_events(engine: Engine, run_id: int) -> list[dict[str, Any]]:
+    """What changed how a run trains (rebalanced, balance limited, continued on fewer devices),
+    in step order: {"step", "time", "kind", "message", "details"} with details parsed."""
+    query = (select(RunEvent.step, RunEvent.time, RunEvent.kind, RunEvent.message,
+                    RunEvent.details_json)
+             .where(RunEvent.run_id == run_id).order_by(RunEvent.step, RunEvent.id))
+    with engine.connect() as conn:
+        rows = conn.execute(query).all()
+    return [{"step": step, "time": time, "kind": kind, "message": message,
+             "details": _json_object(details)} for step, time, kind, message, details in rows]
+
+
+def balanced_runs(engine: Engine, limit: int = 200) -> list[dict[str, Any]]:
+    """Runs whose ranks trained on unequal shares: rebalanced at least once, or given unequal
+    batch sizes in some report window. Newest first: {"id", "name", "status", "world_size",
+    "rebalances"}. Runs without recorded shares (older rows) are not among them."""
+    rebalances = (select(RunEvent.run_id, func.count().label("n"))
+                  .where(RunEvent.kind == "rebalance").group_by(RunEvent.run_id).subquery())
+    unequal = (select(RankStat.run_id).group_by(RankStat.run_id, RankStat.step)
+               .having(func.max(RankStat.batch_size) > func.min(RankStat.batch_size)))
+    query = (select(TrainingRun.id, TrainingRun.name, TrainingRun.status,
+                    TrainingRun.world_size, func.coalesce(rebalances.c.n, 0).label("rebalances"))
+             .outerjoin(rebalances, rebalances.c.run_id == TrainingRun.id)
+             .where((rebalances.c.n > 0) | TrainingRun.id.in_(unequal))
+             .order_by(TrainingRun.id.desc()).limit(limit))
+    with engine.connect() as conn:
+        return [dict(row) for row in conn.execute(query).mappings()]
+
+
+def _window(row) -> dict[str, Any]:
+    window = dict(row)
+    window["is_straggler"] = bool(window["is_straggler"])
+    return window
+
+
 def _summaries(engine: Engine, run_id: int | None, limit: int) -> list[dict[str, Any]]:
     # The latest logged step of each run, found through the (run_id, step) unique index.
     latest_step = (select(func.max(StepMetric.step)).where(StepMetric.run_id == TrainingRun.id)
@@ -114,7 +173,8 @@ def _summary(run: TrainingRun, latest: StepMetric | None, *, with_config: bool) 
     devices (list), host, job_id, run_dir, export_dir, total_steps, last_step, progress
     (0..1, None when total_steps is 0), created_at, started_at, finished_at, last_update
     (time of the latest logged step, None if none), error, final (bool: the metrics are
-    the run's final ones), and LATEST_METRICS (None where never measured)."""
+    the run's final ones), LATEST_METRICS (None where never measured), and the latest
+    window's imbalance and balance_limited_rank (None where not recorded)."""
     summary: dict[str, Any] = {
         "id": run.id, "name": run.name, "status": run.status, "architecture": run.architecture,
         "world_size": run.world_size, "backend": run.backend, "devices": _devices(run.device_ids),
@@ -134,10 +194,13 @@ def _summary(run: TrainingRun, latest: StepMetric | None, *, with_config: bool) 
         if value is None and latest is not None:
             value = getattr(latest, metric)
         summary[metric] = value
+    # Load balance of the latest window; None on runs from before it was measured.
+    summary["imbalance"] = latest.imbalance if latest is not None else None
+    summary["balance_limited_rank"] = latest.balance_limited_rank if latest is not None else None
     summary["recovery_mean_cos"] = run.recovery_mean_cos
     summary["recovery_frac"] = run.recovery_frac
     if with_config:
-        summary["config"] = _config(run.config_json)
+        summary["config"] = _json_object(run.config_json)
     return summary
 
 
@@ -149,9 +212,10 @@ def _devices(device_ids: str) -> list[str]:
     return [str(d) for d in value] if isinstance(value, list) else [str(value)]
 
 
-def _config(config_json: str) -> dict[str, Any]:
+def _json_object(text: str) -> dict[str, Any]:
+    """A JSON object column (a config, an event's details); {} when unreadable."""
     try:
-        value = json.loads(config_json)
+        value = json.loads(text)
     except (TypeError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}

@@ -9,6 +9,7 @@ bounded, dropping its oldest rows with a warning rather than growing without lim
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import threading
 import time
@@ -20,12 +21,13 @@ from sqlalchemy import Connection, Table, exc
 from sqlalchemy.engine import Engine
 
 from sae_dist.db.runs import check_fields, update_run_on
-from sae_dist.db.schema import RankStat, StepMetric, TrainingRun, UTCDateTime, utcnow
+from sae_dist.db.schema import RUN_EVENT_KINDS, RankStat, RunEvent, StepMetric, TrainingRun, UTCDateTime, utcnow
 
 logger = logging.getLogger(__name__)
 
 _METRICS: Table = StepMetric.__table__
 _RANKS: Table = RankStat.__table__
+_EVENTS: Table = RunEvent.__table__
 
 
 class DatabaseMetricsLogger:
@@ -67,6 +69,13 @@ class DatabaseMetricsLogger:
             for r in rows
         ]
         self._enqueue([("rank", r) for r in rows])
+
+    def log_event(self, step: int, kind: str, message: str, details: dict[str, Any]) -> None:
+        """Queue one run_events row (rebalanced, balance limited, continued on fewer devices)."""
+        if kind not in RUN_EVENT_KINDS:
+            raise ValueError(f"run event kind {kind!r}: not one of {', '.join(RUN_EVENT_KINDS)}")
+        self._enqueue([("event", {"run_id": self._run_id, "step": int(step), "time": utcnow(), "kind": kind,
+                                  "message": message, "details_json": json.dumps(details)})])
 
     def update_run(self, **fields: Any) -> None:
         """Queue an update of this run's training_runs row, applied in order with the rows."""
@@ -182,6 +191,8 @@ def _write(conn: Connection, run_id: int, batch: list[tuple[int, str, dict[str, 
                 update_run_on(conn, run_id, fields)
         elif kind == "metric":
             _upsert(conn, _METRICS, rows, ["run_id", "step"])
+        elif kind == "event":
+            conn.execute(_EVENTS.insert(), rows)
         else:
             _upsert(conn, _RANKS, rows, ["run_id", "step", "rank"])
 

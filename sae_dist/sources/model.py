@@ -5,6 +5,8 @@ Each DDP rank reads its own part of the contexts (every world_size-th one) with 
 model on its own device. Contexts are taken in a seeded order per epoch, a "fill" of them at a
 time; a fill's rows are shuffled (seeded by epoch and fill) and served in batches. The stream's
 position is three integers, so a resumed run recomputes the fill it was in and goes on exactly.
+A run that continues on a different number of ranks cannot map those positions onto the new
+parts: each rank then starts the epoch after the furthest one reached (`start_next_epoch`).
 """
 
 from __future__ import annotations
@@ -65,8 +67,15 @@ class ModelSource:
         if self.fill * self.per_fill >= len(self.contexts):
             self.epoch, self.fill = self.epoch + 1, 0
 
-    def next_batch(self, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
-        pieces, needed = [], self.batch_size
+    global_stream = False  # each rank reads its own contexts: its position is its own
+
+    def next_batches(self, plan, rank: int, device=None, dtype: torch.dtype = torch.float32) -> list[Tensor]:
+        """Rank's share of each micro-batch of the next step, from this rank's own contexts."""
+        return [self.next_batch(device, dtype, plan.shares[rank]) for _ in range(plan.micro_steps)]
+
+    def next_batch(self, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
+                   count: int | None = None) -> Tensor:
+        pieces, needed = [], count or self.batch_size
         while needed:
             if self._rows is None:
                 self._rows = self._load_fill()
@@ -80,6 +89,12 @@ class ModelSource:
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "fill": self.fill, "offset": self.offset}
+
+    def start_next_epoch(self, states: list[dict[str, Any]]) -> None:
+        """Continue after a checkpoint written by a different number of ranks: no context of the
+        epochs begun is read again twice within one epoch; the rest of those epochs is skipped."""
+        self.epoch, self.fill, self.offset = max(int(s["epoch"]) for s in states) + 1, 0, 0
+        self._rows = None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.fill, self.offset = int(state["epoch"]), int(state["fill"]), int(state["offset"])

@@ -497,6 +497,37 @@ class ShardStream:
         self._buffer = self._buffer[order[self.batch_size:]]
         return batch
 
+    global_stream = True  # as built by the trainer: rank 0 of 1, every rank the same stream
+
+    def use_global_batch(self, batch_size: int) -> None:
+        """Draw `batch_size` rows a step from now on: a run that continues on other devices keeps
+        its checkpoint's global batch, which may differ from its configured one."""
+        part = self._hi - self._lo
+        if part < batch_size:
+            raise DataError(f"{self.dataset.directory} has {part} rows, fewer than the global batch "
+                            f"of {batch_size}")
+        self.batch_size, self._target = batch_size, min(max(self.buffer_rows, batch_size), part)
+
+    def next_batches(self, plan, rank: int, device=None, dtype: torch.dtype = torch.float32) -> list[Tensor]:
+        """Rank's slice of each micro-batch of the next step (a sae_dist.balance.BatchPlan).
+
+        Every rank runs the same whole-data stream with batch_size = the global batch and reads only
+        its slice: a step's samples do not depend on the number of ranks or their shares.
+        """
+        if plan.global_batch != self.batch_size:
+            raise ValueError(f"stream batch {self.batch_size} is not the plan's global batch {plan.global_batch}")
+        indices, _ = self._draw().sort()
+        self.rows_seen += self.batch_size
+        out = []
+        pinned = device is not None and torch.device(device).type == "cuda" and torch.cuda.is_available()
+        for j in range(plan.micro_steps):
+            lo = j * plan.micro_batch + plan.offset(rank)
+            mine = indices[lo:lo + plan.shares[rank]]
+            x = torch.empty(len(mine), self.dataset.d_in, dtype=dtype, pin_memory=pinned)
+            self._gather(mine, x)
+            out.append(x if device is None else x.to(device, non_blocking=pinned))
+        return out
+
     # -- data ----------------------------------------------------------------------------------
 
     def next_batch(self, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -532,6 +563,10 @@ class ShardStream:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # These fix which rows the indices mean; a different value would silently read other data.
+        if state.get("world_size") != self.world_size and self.world_size == 1 and "rank" in state:
+            raise DataError(f"the checkpoint's data stream was written by an earlier sae-dist whose ranks each "
+                            f"read their own part of {self.dataset.directory}; this version reads one stream "
+                            f"shared by every rank and cannot continue it exactly: start a new run")
         for key, mine in (("total_rows", self.dataset.total_rows), ("world_size", self.world_size),
                           ("rank", self.rank), ("seed", self.seed), ("block_rows", self.block_rows)):
             if state.get(key) != mine:

@@ -2,10 +2,11 @@
 
 Each sample is a sparse non-negative combination of F unit-norm "true features" in d_in
 dimensions (feature i fires with frequency ~ (i+1)^-alpha), plus Gaussian noise. The data is a
-pure function of (seed, global sample index): rank r at step s reads samples
-[s*G + r*b, s*G + (r+1)*b) of one infinite stream (G = global batch, b = per-device batch). So
-ranks draw disjoint data without coordinating, and the global batch at a step is the same
-whatever the number of devices (which is what the gradient-synchronisation test relies on).
+pure function of (seed, global sample index): a step takes the next G samples of one infinite
+stream (G = the global batch), cut into micro-batches and, within each, into the ranks' shares
+(see sae_dist.balance). So ranks draw disjoint data without coordinating, and a step's samples are
+the same whatever the number of devices or their shares (which is what the gradient tests and a
+run that continues on fewer devices rely on).
 """
 
 from __future__ import annotations
@@ -30,20 +31,33 @@ class SyntheticSource:
         # Active features per sample: a Poisson-like count around `active`, at least one.
         self.active = active
         self.max_active = max(1, int(round(active * 3)))
-        self.step = 0  # data position: batches this rank has drawn
+        self.position = 0  # samples of the stream taken by all ranks together
+
+    global_stream = True  # the position is the same on every rank: a checkpoint fits any world size
 
     def state_dict(self) -> dict:
-        return {"step": self.step}
+        return {"position": self.position}
 
     def load_state_dict(self, state: dict) -> None:
-        self.step = int(state["step"])
+        if "position" in state:
+            self.position = int(state["position"])
+        else:  # written before shares existed: `step` equal batches of batch_size x world_size
+            self.position = int(state["step"]) * self.batch_size * self.world_size
 
     def next_batch(self, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
-        global_batch = self.batch_size * self.world_size
-        start = self.step * global_batch + self.rank * self.batch_size
-        self.step += 1
-        x = self.samples(start, self.batch_size)
-        return x.to(device=device, dtype=dtype, non_blocking=True)
+        """This rank's part of the next batch_size x world_size samples (equal shares)."""
+        start = self.position + self.rank * self.batch_size
+        self.position += self.batch_size * self.world_size
+        return self.samples(start, self.batch_size).to(device=device, dtype=dtype, non_blocking=True)
+
+    def next_batches(self, plan, rank: int, device=None, dtype: torch.dtype = torch.float32) -> list[Tensor]:
+        """Rank's slice of each micro-batch of the next step (a sae_dist.balance.BatchPlan)."""
+        out = []
+        for j in range(plan.micro_steps):
+            start = self.position + j * plan.micro_batch + plan.offset(rank)
+            out.append(self.samples(start, plan.shares[rank]).to(device=device, dtype=dtype, non_blocking=True))
+        self.position += plan.global_batch
+        return out
 
     def samples(self, start: int, count: int) -> Tensor:
         """Samples [start, start + count) of the stream."""

@@ -1,0 +1,187 @@
+"""Heterogeneous runs: each rank's share and times before and after rebalancing, and a chart.
+
+The Benchmarks page and `scripts/bench_balance.py` read a run through these definitions:
+
+- a *report window* is one rank_stats row: a rank's mean step and compute times over the
+  steps since the previous report (ending at `step`) and its share of each step's batch in
+  them (`batch_size`, None on runs from before shares were recorded);
+- a rebalance event at step e was decided from the windows ending at e; the new shares apply
+  from step e + 1;
+- *before* = the windows ending at or before the first rebalance's step (the first shares,
+  the window that triggered the rebalance included); *after* = the windows ending after the
+  last rebalance's step (the final shares). Windows between the first and the last rebalance
+  are in neither. A run never rebalanced has every window before and none after;
+- over a period, a rank's time is the median of its windows (the first window's warm-up does
+  not drag it) and its share the last one recorded in the period.
+
+Pure functions on plain data (lists of dicts from `sae_dist.analytics.queries`), except the
+chart builder, which returns an Altair chart.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import altair as alt
+import pandas as pd
+
+from sae_dist.analytics.charts import CHART_HEIGHT, event_rules, events_subtitle
+from sae_dist.analytics.downsample import MAX_ROWS_PER_CHART, downsample_indices, points_per_series
+from sae_dist.analytics.format import MISSING, fmt_ratio, fmt_seconds, fmt_share
+
+MARKED_EVENTS = ("rebalance", "degraded")  # the events that change who computes what
+
+
+def rebalance_steps(events: list[dict]) -> list[int]:
+    """The steps at which the shares were rebalanced, in order."""
+    return sorted(e["step"] for e in events if e["kind"] == "rebalance")
+
+
+def split_by_rebalance(rows: list[dict], events: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(before, after): the rows (anything with a "step": windows, step metrics) before the
+    first rebalance and after the last one, as the module docstring defines them."""
+    steps = rebalance_steps(events)
+    if not steps:
+        return list(rows), []
+    first, last = steps[0], steps[-1]
+    return [r for r in rows if r["step"] <= first], [r for r in rows if r["step"] > last]
+
+
+def median_or_none(values: list[float | None]) -> float | None:
+    """The median of the measured values; None when none was measured (never 0)."""
+    measured = [v for v in values if v is not None]
+    return statistics.median(measured) if measured else None
+
+
+def last_known(values: list[Any]) -> Any:
+    """The last value that is not None; None when all are."""
+    return next((v for v in reversed(values) if v is not None), None)
+
+
+def period_by_rank(windows: list[dict]) -> dict[int, dict[str, Any]]:
+    """Each rank's figures over a period: {rank: {"share", "compute_s", "step_s", "windows"}}."""
+    by_rank: dict[int, list[dict]] = {}
+    for window in windows:
+        by_rank.setdefault(window["rank"], []).append(window)
+    return {rank: {"share": last_known([w["batch_size"] for w in rows]),
+                   "compute_s": median_or_none([w["compute_time_s"] for w in rows]),
+                   "step_s": median_or_none([w["step_time_s"] for w in rows]),
+                   "windows": len(rows)}
+            for rank, rows in by_rank.items()}
+
+
+def imbalance(figures: dict[int, dict[str, Any]]) -> float | None:
+    """Slowest rank's compute time / fastest's over a period (1.0 = even); None unless every
+    rank's was measured and above zero."""
+    times = [f["compute_s"] for f in figures.values()]
+    if len(times) < 2 or any(t is None or t <= 0 for t in times):
+        return None
+    return max(times) / min(times)
+
+
+def balance_summary(windows: list[dict], events: list[dict],
+                    metrics: list[dict] | None = None) -> dict[str, Any]:
+    """Before and after rebalancing, per rank and for the run.
+
+    `windows`: rank_stats rows (step, rank, device, batch_size, step_time_s, compute_time_s);
+    `events`: run_events (step, kind, ...); `metrics`: optional step_metrics rows (step,
+    samples_per_s). Returns {"rebalance_steps", "before_windows", "after_windows" (report
+    steps in each period), "ranks": [{"rank", "device", "share_before", "share_after",
+    "compute_before_s", "compute_after_s", "step_before_s", "step_after_s"}],
+    "imbalance_before", "imbalance_after", "samples_per_s_before", "samples_per_s_after"}.
+    An after-figure is None when the run never rebalanced; any figure is None when not recorded.
+    """
+    before, after = split_by_rebalance(windows, events)
+    early, late = period_by_rank(before), period_by_rank(after)
+    devices = {w["rank"]: w["device"] for w in windows}  # each rank's latest device
+    ranks = [{"rank": rank, "device": devices[rank],
+              "share_before": early.get(rank, {}).get("share"),
+              "share_after": late.get(rank, {}).get("share"),
+              "compute_before_s": early.get(rank, {}).get("compute_s"),
+              "compute_after_s": late.get(rank, {}).get("compute_s"),
+              "step_before_s": early.get(rank, {}).get("step_s"),
+              "step_after_s": late.get(rank, {}).get("step_s")}
+             for rank in sorted(devices)]
+    metrics_before, metrics_after = split_by_rebalance(metrics or [], events)
+    return {
+        "rebalance_steps": rebalance_steps(events),
+        "before_windows": len({w["step"] for w in before}),
+        "after_windows": len({w["step"] for w in after}),
+        "ranks": ranks,
+        "imbalance_before": imbalance(early),
+        "imbalance_after": imbalance(late),
+        "samples_per_s_before": median_or_none([m.get("samples_per_s") for m in metrics_before]),
+        "samples_per_s_after": median_or_none([m.get("samples_per_s") for m in metrics_after]),
+    }
+
+
+def summary_table(summary: dict[str, Any]) -> list[dict[str, str]]:
+    """The per-rank rows of `balance_summary` as display strings ("—": not recorded)."""
+    total_before = _total([r["share_before"] for r in summary["ranks"]])
+    total_after = _total([r["share_after"] for r in summary["ranks"]])
+    return [{"Rank": str(r["rank"]), "Device": r["device"] or MISSING,
+             "Share before": fmt_share(r["share_before"], total_before),
+             "Share after": fmt_share(r["share_after"], total_after),
+             "Compute before": fmt_seconds(r["compute_before_s"]),
+             "Compute after": fmt_seconds(r["compute_after_s"]),
+             "Step before": fmt_seconds(r["step_before_s"]),
+             "Step after": fmt_seconds(r["step_after_s"])}
+            for r in summary["ranks"]]
+
+
+def ratio_text(before: float | None, after: float | None) -> str:
+    """after / before as "1.42×"; "—" when either is unknown."""
+    if before is None or after is None or before <= 0:
+        return MISSING
+    return fmt_ratio(after / before)
+
+
+def _total(shares: list[int | None]) -> int | None:
+    # The global batch only when every rank's share is known: a partial sum would mislead.
+    return sum(shares) if shares and all(s is not None for s in shares) else None
+
+
+def rank_time_chart(windows: list[dict], events: list[dict], field: str = "compute_time_s"
+                    ) -> alt.LayerChart | None:
+    """Each rank's `field` (compute_time_s or step_time_s, drawn in ms) against step, one line
+    per rank with its share in the tooltip, the rebalances (and any loss of devices) as
+    dashed rules. None without windows."""
+    if field not in ("compute_time_s", "step_time_s"):
+        raise ValueError(f"field must be compute_time_s or step_time_s, got {field!r}")
+    if not windows:
+        return None
+    rows = _chart_rows(windows, field)
+    x = alt.X("step:Q", title="Step")
+    line = alt.Chart(pd.DataFrame(rows)).mark_line(point=len(rows) <= 120).encode(
+        x=x, y=alt.Y("ms:Q", title="ms", scale=alt.Scale(zero=False)),
+        color=alt.Color("rank:N", title="Rank"),
+        tooltip=[alt.Tooltip("rank:N", title="Rank"), alt.Tooltip("step:Q", title="Step", format=","),
+                 alt.Tooltip("ms:Q", title="Time (ms)", format=".2f"),
+                 alt.Tooltip("share:N", title="Share (samples/step)")])
+    marked = [e for e in events if e["kind"] in MARKED_EVENTS]
+    title = "Compute time per rank" if field == "compute_time_s" else "Step time per rank"
+    subtitle = events_subtitle(marked) or "no rebalance"
+    return alt.layer(line, *event_rules(marked)).properties(
+        title=alt.TitleParams(title, subtitle=subtitle), height=CHART_HEIGHT)
+
+
+def _chart_rows(windows: list[dict], field: str) -> list[dict[str, Any]]:
+    """Long-form rows, each rank's series thinned so that the chart stays under the limit."""
+    ranks = sorted({w["rank"] for w in windows})
+    per_rank = points_per_series(len(ranks), MAX_ROWS_PER_CHART)
+    rows = []
+    for rank in ranks:
+        series = [w for w in windows if w["rank"] == rank]
+        label = f"{rank} ({series[-1]['device']})" if series[-1]["device"] else str(rank)
+        for i in downsample_indices([w[field] for w in series], per_rank):
+            w = series[i]
+            rows.append({"step": w["step"], "rank": label, "ms": 1000 * w[field],
+                         "share": MISSING if w["batch_size"] is None else f"{w['batch_size']:,}"})
+    return rows
+
+
+def rows_from_columns(columns: dict[str, list]) -> list[dict[str, Any]]:
+    """Column-wise data ({"step": [...], name: [...]}, as `queries.run_step_metrics`) as rows."""
+    names = list(columns)
+    return [dict(zip(names, values)) for values in zip(*columns.values())]

@@ -1,0 +1,59 @@
+"""`python -m scheduler.probe DEVICE_UUID`: does this device work? Prints HEALTHY last when it does.
+
+Run by the health check (`scheduler.health`) in a subprocess with a timeout, since a sick GPU
+can hang or crash whoever touches it. A real GPU must be read by NVML (by its uuid) and take a
+small CUDA allocation, a computation and a synchronize; the caller sets CUDA_VISIBLE_DEVICES
+to that uuid, so CUDA sees that one device only. A virtual device is a CPU rank: a tiny torch
+computation on the CPU checks what a rank there needs (this Python, torch).
+"""
+
+from __future__ import annotations
+
+import sys
+
+HEALTHY = "HEALTHY"
+VIRTUAL_PREFIX = "virtual-"
+
+
+def probe_gpu(uuid: str) -> None:
+    import pynvml
+    import torch
+
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+        pynvml.nvmlDeviceGetMemoryInfo(handle)
+    finally:
+        pynvml.nvmlShutdown()
+    if torch.cuda.device_count() != 1:  # CUDA_VISIBLE_DEVICES=<uuid> shows exactly that GPU
+        raise RuntimeError(f"CUDA sees {torch.cuda.device_count()} devices for {uuid}, expected 1")
+    x = torch.ones(1 << 20, device="cuda")  # 4 MiB
+    total = float((x * 2).sum())
+    torch.cuda.synchronize()
+    if total != 2 * (1 << 20):
+        raise RuntimeError(f"wrong result on {uuid}: {total}")
+
+
+def probe_cpu() -> None:
+    import torch
+
+    total = float((torch.ones(1024) * 2).sum())
+    if total != 2048.0:
+        raise RuntimeError(f"wrong result on the CPU: {total}")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m scheduler.probe DEVICE_UUID", file=sys.stderr)
+        return 2
+    uuid = argv[0]
+    if uuid.startswith(VIRTUAL_PREFIX):
+        probe_cpu()
+    else:
+        probe_gpu(uuid)
+    print(HEALTHY, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

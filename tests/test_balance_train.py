@@ -1,0 +1,175 @@
+"""Unequal shares, rebalancing and losing a rank, for real: torchrun-launched gloo ranks on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_cli, wait_for
+from sae_dist.checkpoint import list_checkpoints
+from sae_dist.survive import DEVICE_ERROR_EXIT, Failure, device_ids, lost_ranks, survivors_env
+from test_train import SMALL, final_weights, ok, rel_diff
+
+SHARES = re.compile(r"shares of each micro-batch: \[([\d, ]+)\], (\d+) micro-batch")
+
+
+def shares_in(stdout: str) -> list[tuple[list[int], int]]:
+    return [([int(v) for v in m.group(1).split(",")], int(m.group(2))) for m in SHARES.finditer(stdout)]
+
+
+def test_unequal_shares_give_the_whole_batch_result(tmp_path):
+    """balance = speed on a rank slowed 4x: unequal shares from the start, and the weights of 1 rank
+    with the whole batch (the gradient average is weighted by each rank's samples)."""
+    common = [*SMALL, "--steps", "8", "--checkpoint-every", "0", "--no-db"]
+    ok(run_cli("train", *common, "--devices", "cpu:1", "--batch-size", "256", "--out-dir", str(tmp_path / "one")))
+    out = ok(run_cli("train", *common, "--devices", "cpu:2", "--batch-size", "128", "--balance", "speed",
+                     "--out-dir", str(tmp_path / "speed"), env={"SAE_DIST_TEST_SLOW_RANKS": "1:4"}))
+    (first, micro_steps), = shares_in(out.stdout)
+    assert sum(first) == 256 and micro_steps == 1 and first[0] > 1.5 * first[1], out.stdout
+    assert "in proportion to measured speed" in out.stdout
+    assert rel_diff(final_weights(tmp_path / "speed"), final_weights(tmp_path / "one")) < 1e-5
+    # Virtual (CPU) devices share one memory: memory balance says so and shares equally.
+    out = ok(run_cli("train", *common, "--devices", "cpu:2", "--batch-size", "128", "--balance", "memory",
+                     "--out-dir", str(tmp_path / "memory")))
+    assert shares_in(out.stdout) == [([128, 128], 1)]
+    assert "equal (the devices report the same free memory, or none)" in out.stdout
+
+
+def test_rebalancing_evens_out_a_slow_rank(tmp_path):
+    """Rank 1 computes 3x slower: the shares move to it less, its compute time comes down to the
+    others', and the weights still equal 1 rank's with the whole batch."""
+    args = ["--d-in", "128", "--d-sae", "1024", "--k", "16", "--steps", "40", "--log-every", "5",
+            "--checkpoint-every", "0", "--seed", "1"]
+    ok(run_cli("train", *args, "--devices", "cpu:1", "--batch-size", "1024", "--no-db",
+               "--out-dir", str(tmp_path / "one")))
+    run_dir = tmp_path / "two"
+    out = ok(run_cli("train", *args, "--devices", "cpu:2", "--batch-size", "512", "--out-dir", str(run_dir),
+                     env={"SAE_DIST_TEST_SLOW_RANKS": "1:3"}))
+    assert "rebalanced shares [512, 512] -> " in out.stdout, out.stdout
+    assert rel_diff(final_weights(run_dir), final_weights(tmp_path / "one")) < 1e-5
+
+    from sae_dist.db import get_engine, rank_stats, run_events, step_metrics
+    from sae_dist.db.runs import find_run_by_dir
+
+    engine = get_engine()
+    run = find_run_by_dir(engine, str(run_dir.resolve()))
+    stats = rank_stats(engine, run.id)
+    by_step: dict[int, dict[int, object]] = {}
+    for s in stats:
+        by_step.setdefault(s.step, {})[s.rank] = s
+    steps = sorted(by_step)
+    first, last = by_step[steps[0]], by_step[steps[-1]]
+    assert first[0].batch_size == first[1].batch_size == 512
+    assert last[0].batch_size + last[1].batch_size == 1024 and last[1].batch_size < 0.75 * last[0].batch_size
+    before = first[1].compute_time_s / first[0].compute_time_s
+    after = last[1].compute_time_s / last[0].compute_time_s
+    assert before > 1.5 and after < before, (before, after)
+    events = [e for e in run_events(engine, run.id) if e.kind == "rebalance"]
+    assert events and json.loads(events[0].details_json)["before"] == [512, 512]
+    metrics = step_metrics(engine, run.id)
+    assert metrics[0].imbalance > 1.5 and all(m.imbalance for m in metrics)
+
+
+def test_resume_on_fewer_devices_keeps_the_global_batch(tmp_path):
+    """A 3-rank checkpoint resumed on 2 ranks: 2 micro-batches of 192 keep the global batch of 384,
+    and the weights equal an uninterrupted 3-rank run's."""
+    common = [*SMALL, "--batch-size", "128", "--checkpoint-every", "4", "--no-db"]
+    ok(run_cli("train", *common, "--devices", "cpu:3", "--steps", "8", "--out-dir", str(tmp_path / "straight")))
+    ok(run_cli("train", *common, "--devices", "cpu:3", "--steps", "4", "--out-dir", str(tmp_path / "split")))
+    out = ok(run_cli("train", *common, "--devices", "cpu:2", "--steps", "8", "--out-dir", str(tmp_path / "split"),
+                     "--resume"))
+    assert "(3 ranks then, 2 now: global batch 384 kept as 2 micro-batches of 192; shares equal)" in out.stdout
+    assert shares_in(out.stdout) == [([96, 96], 2)]
+    assert rel_diff(final_weights(tmp_path / "split"), final_weights(tmp_path / "straight")) < 1e-5
+
+
+def rank_pid(launcher: int, rank: int) -> int | None:
+    """The pid of a descendant of `launcher` whose environment says RANK=rank."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+            if f"RANK={rank}".encode() not in env or f"SAE_DIST_TEST_MARK={launcher}".encode() not in env:
+                continue
+            return int(entry.name)
+        except OSError:
+            continue
+    return None
+
+
+def test_killing_one_of_three_ranks_finishes_on_two(tmp_path):
+    """SIGKILL rank 2 mid-run: the job continues from its last checkpoint on the other two with the
+    same global batch, and ends with the samples and weights of an uninterrupted 3-rank run; the
+    device is recorded as failed."""
+    args = ["--d-in", "64", "--d-sae", "512", "--k", "8", "--steps", "120", "--log-every", "10",
+            "--checkpoint-every", "20", "--batch-size", "128", "--seed", "2", "--devices", "cpu:3"]
+    ok(run_cli("train", *args, "--no-db", "--out-dir", str(tmp_path / "straight")))
+    run_dir = tmp_path / "killed"
+    env = {**os.environ, "SAE_DIST_DEVICES": "virtual-0,virtual-1,virtual-2", "SAE_DIST_TEST_MARK": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "sae_dist", "train", *args, "--out-dir", str(run_dir)],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: list_checkpoints(run_dir), timeout=120, what="a first checkpoint")
+        victim = wait_for(lambda: rank_pid(0, 2), what="rank 2's process")
+        os.kill(victim, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert re.search(r"rank 2 \(virtual-2\): killed by SIGKILL; continuing from step_\d+ on the 2 other devices",
+                     stderr), stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert shares_in(stdout)[-1] == ([96, 96], 2)  # 384 a step: 2 micro-batches of 96 + 96
+    assert rel_diff(final_weights(run_dir), final_weights(tmp_path / "straight")) < 1e-4
+
+    from sae_dist.db import active_faults, get_engine, run_events, step_metrics
+    from sae_dist.db.runs import find_run_by_dir
+
+    engine = get_engine()
+    run = find_run_by_dir(engine, str(run_dir.resolve()))
+    assert run.status == "COMPLETED" and run.world_size == 2 and run.last_step == 120
+    assert step_metrics(engine, run.id)[-1].samples_seen == 120 * 384
+    degraded = [e for e in run_events(engine, run.id) if e.kind == "degraded"]
+    assert len(degraded) == 1 and json.loads(degraded[0].details_json)["lost_devices"] == ["virtual-2"]
+    faults = active_faults(engine)
+    assert [(f.device_uuid, f.rank) for f in faults] == [("virtual-2", 2)]
+    assert "SIGKILL" in faults[0].reason
+
+
+def test_which_failures_blame_a_device():
+    assert lost_ranks([Failure(2, -signal.SIGKILL), Failure(0, 1), Failure(1, 1)]) == [2]
+    assert lost_ranks([Failure(1, DEVICE_ERROR_EXIT)]) == [1]
+    assert lost_ranks([Failure(0, 1)]) == []  # a bug fails again anywhere: no device to blame
+    assert lost_ranks([Failure(0, -signal.SIGTERM)]) == []  # a stop, not a failure
+    assert lost_ranks([Failure(0, 128 + signal.SIGSEGV)]) == [0]
+    assert Failure(2, -9).describe() == "killed by SIGKILL" and Failure(0, 3).describe() == "exit code 3"
+
+
+def test_survivors_see_only_their_devices(monkeypatch):
+    monkeypatch.setenv("SAE_DIST_DEVICES", "GPU-a,GPU-b,GPU-c")
+    ids, known = device_ids("cuda", 3)
+    assert ids == ["GPU-a", "GPU-b", "GPU-c"] and known
+    assert survivors_env("cuda", ids, [1], known) == {
+        "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-c", "SAE_DIST_DEVICES": "GPU-a,GPU-c", "SAE_DIST_NUM_GPUS": "2"}
+    monkeypatch.delenv("SAE_DIST_DEVICES")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert device_ids("cuda", 2) == (["3", "5"], False)
+    assert device_ids("cpu", 2) == (["cpu:0", "cpu:1"], False)
+
+
+def test_bad_slow_rank_knob_is_one_error(tmp_path):
+    result = run_cli("train", *SMALL, "--steps", "2", "--devices", "cpu:2", "--batch-size", "32", "--no-db",
+                     "--out-dir", str(tmp_path / "r"), env={"SAE_DIST_TEST_SLOW_RANKS": "1:fast"})
+    assert result.returncode == 2
+    assert "SAE_DIST_TEST_SLOW_RANKS='1:fast': give rank:factor pairs" in result.stderr
+    result = run_cli("train", *SMALL, "--balance", "fastest", "--steps", "2", "--no-db")
+    assert result.returncode == 2 and "balance: unknown value 'fastest'" in result.stderr
