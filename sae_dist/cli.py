@@ -239,7 +239,8 @@ def _preflight(cfg: TrainConfig) -> TrainConfig:
     """Checks that need the data or the disk, done once before any rank starts (one error, not N)."""
     from sae_dist.train import check_run_dir
 
-    check_run_dir(_with_source_d_in(cfg))
+    cfg = _with_source_d_in(cfg)  # the default run name needs d_sae
+    check_run_dir(cfg)
     return cfg
 
 

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from sae_dist import distributed as D
-from sae_dist.balance import BatchPlan, bounded_split, initial_weights, plan_for, rebalance, slowest_now, smoothed_costs
+from sae_dist.balance import (BatchPlan, bounded_split, imbalance, initial_weights, plan_for, rebalance, slowest_now,
+                              smoothed_costs)
 from sae_dist.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from sae_dist.config import SYNTHETIC_D_IN, TrainConfig
 from sae_dist.errors import TrainingStopped, UserError
@@ -173,13 +174,15 @@ class _RunRecord:
         log.warning("%s", message)
         self.event(step, "degraded", message, details)
 
-    def rebalanced(self, step: int, before: BatchPlan, after: BatchPlan, times: list[float], decision) -> None:
+    def rebalanced(self, step: int, before: BatchPlan, after: BatchPlan, times: list[float]) -> None:
+        """`times`: the window's measured compute times per rank (the decision smooths them)."""
         message = (f"shares {list(before.shares)} -> {list(after.shares)}: compute times "
-                   f"{', '.join(f'{t * 1000:.0f}' for t in times)} ms, {decision.imbalance:.2f}x apart")
+                   f"{', '.join(f'{t * 1000:.0f}' for t in times)} ms (ranks 0-{len(times) - 1}), "
+                   f"{imbalance(times) or float('nan'):.2f}x apart")
         log.info("rebalanced %s", message)
         self.event(step, "rebalance", f"rebalanced {message}",
                    {"before": list(before.shares), "after": list(after.shares), "compute_time_s": times,
-                    "imbalance": decision.imbalance, "predicted_imbalance": decision.predicted_imbalance})
+                    "imbalance": imbalance(times)})
 
     def balance_limited(self, step: int, decision) -> None:
         message = (f"rank {decision.limited_rank} stays {decision.predicted_imbalance:.1f}x slower than the "
@@ -536,7 +539,7 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
             "dead_fraction": float(dead_mask.double().mean()), "auxk_loss": m.auxk_loss, "lr": lr,
             "grad_norm": grad_norm, "samples_per_s": m.samples / elapsed if elapsed > 0 else None,
             "straggler_rank": stragglers[0] if stragglers else None,
-            "imbalance": balance.imbalance, "balance_limited_rank": balance.limited_rank,
+            "imbalance": imbalance(window_times), "balance_limited_rank": balance.limited_rank,
             "recovery_mean_cos": recovery[0] if recovery else None,
             "recovery_frac": recovery[1] if recovery else None,
         }
@@ -550,7 +553,7 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
         if balance.changed(plan.shares):
             plan = BatchPlan(plan.global_batch, plan.micro_steps, balance.shares)
             if main:
-                record.rebalanced(step, window_plan, plan, [r[1] for r in per_rank], balance)
+                record.rebalanced(step, window_plan, plan, window_times)
         if balance.limited_rank is not None and balance.limited_rank != limited_reported and main:
             record.balance_limited(step, balance)
         limited_reported = balance.limited_rank

@@ -91,7 +91,7 @@ def throughput(run: dict, warmup_windows: int) -> tuple[float | None, int]:
     return balance.median_or_none(values), sum(v is not None for v in values)
 
 
-def window_at(run: dict, step: int) -> dict[int, dict]:
+def window_at(run: dict, step: int) -> dict[tuple[int, str], dict]:
     return balance.period_by_rank([w for w in run["windows"] if w["step"] == step])
 
 
@@ -124,10 +124,9 @@ def print_ranks(results: dict[str, dict]) -> None:
     for label, run in results.items():
         steps = sorted({w["step"] for w in run["windows"]})
         first, last = window_at(run, steps[0]), window_at(run, steps[-1])
-        devices = {w["rank"]: w["device"] for w in run["windows"]}
-        for rank in sorted(devices):
-            a, b = first.get(rank, {}), last.get(rank, {})
-            print(f"| {label} | {rank} | {devices[rank]} | {fmt_int(a.get('share'))} "
+        for rank, device in balance.rank_keys(run["windows"]):
+            a, b = first.get((rank, device), {}), last.get((rank, device), {})
+            print(f"| {label} | {rank} | {device} | {fmt_int(a.get('share'))} "
                   f"| {fmt_int(b.get('share'))} | {fmt_ms(a.get('compute_s'))} | {fmt_ms(b.get('compute_s'))} "
                   f"| {fmt_ms(a.get('step_s'))} | {fmt_ms(b.get('step_s'))} |")
     print(f"first window: step {steps[0]}, last: step {steps[-1]}")

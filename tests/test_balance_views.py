@@ -100,6 +100,21 @@ def test_several_rebalances_leave_the_windows_between_out():
     assert with_metrics["samples_per_s_after"] == pytest.approx(1032.5)
 
 
+def test_a_rank_on_another_device_after_a_loss_is_another_row():
+    # 3 ranks, virtual-1 lost at step 10: virtual-2 continues as rank 1.
+    windows = [window(s, r, 0.01, 100, device=f"virtual-{d}") for s in (5, 10) for r, d in
+               ((0, 0), (1, 1), (2, 2))]
+    windows += [window(s, r, 0.01, 150, device=f"virtual-{d}") for s in (15, 20, 25)
+                for r, d in ((0, 0), (1, 2))]
+    events = [{"step": 10, "kind": "degraded", "message": "lost", "details": {}},
+              rebalance(15, [150, 150], [180, 120])]
+    rows = balance.balance_summary(windows, events)["ranks"]
+    assert [(r["rank"], r["device"]) for r in rows] == [(0, "virtual-0"), (1, "virtual-1"),
+                                                        (1, "virtual-2"), (2, "virtual-2")]
+    assert rows[1]["share_before"] == 100 and rows[1]["share_after"] is None  # gone after
+    assert rows[2]["share_before"] == 150 and rows[2]["share_after"] == 150
+
+
 def test_null_shares_stay_unknown():
     windows = two_ranks([5, 10, 15, 20], {5: (None, None)}, {5: (0.01, 0.02)})
     summary = balance.balance_summary(windows, [rebalance(10, [], [])])

@@ -59,19 +59,33 @@ def last_known(values: list[Any]) -> Any:
     return next((v for v in reversed(values) if v is not None), None)
 
 
-def period_by_rank(windows: list[dict]) -> dict[int, dict[str, Any]]:
-    """Each rank's figures over a period: {rank: {"share", "compute_s", "step_s", "windows"}}."""
-    by_rank: dict[int, list[dict]] = {}
+def rows_from_columns(columns: dict[str, list]) -> list[dict[str, Any]]:
+    """Column-wise data ({"step": [...], name: [...]}, as `queries.run_step_metrics`) as rows."""
+    names = list(columns)
+    return [dict(zip(names, values)) for values in zip(*columns.values())]
+
+
+def rank_keys(windows: list[dict]) -> list[tuple[int, str | None]]:
+    """(rank, device) of every rank in the windows, by rank. Keyed by both: a run that continued
+    on fewer devices renumbers its ranks, and the same rank on another device is another row."""
+    keys = dict.fromkeys((w["rank"], w["device"]) for w in windows)
+    return sorted(keys, key=lambda key: key[0])  # stable: a rank's devices in order of use
+
+
+def period_by_rank(windows: list[dict]) -> dict[tuple[int, str | None], dict[str, Any]]:
+    """Each rank's figures over a period: {(rank, device): {"share", "compute_s", "step_s",
+    "windows"}}."""
+    by_rank: dict[tuple[int, str | None], list[dict]] = {}
     for window in windows:
-        by_rank.setdefault(window["rank"], []).append(window)
-    return {rank: {"share": last_known([w["batch_size"] for w in rows]),
-                   "compute_s": median_or_none([w["compute_time_s"] for w in rows]),
-                   "step_s": median_or_none([w["step_time_s"] for w in rows]),
-                   "windows": len(rows)}
-            for rank, rows in by_rank.items()}
+        by_rank.setdefault((window["rank"], window["device"]), []).append(window)
+    return {key: {"share": last_known([w["batch_size"] for w in rows]),
+                  "compute_s": median_or_none([w["compute_time_s"] for w in rows]),
+                  "step_s": median_or_none([w["step_time_s"] for w in rows]),
+                  "windows": len(rows)}
+            for key, rows in by_rank.items()}
 
 
-def imbalance(figures: dict[int, dict[str, Any]]) -> float | None:
+def imbalance(figures: dict[Any, dict[str, Any]]) -> float | None:
     """Slowest rank's compute time / fastest's over a period (1.0 = even); None unless every
     rank's was measured and above zero."""
     times = [f["compute_s"] for f in figures.values()]
@@ -87,22 +101,21 @@ def balance_summary(windows: list[dict], events: list[dict],
     `windows`: rank_stats rows (step, rank, device, batch_size, step_time_s, compute_time_s);
     `events`: run_events (step, kind, ...); `metrics`: optional step_metrics rows (step,
     samples_per_s). Returns {"rebalance_steps", "before_windows", "after_windows" (report
-    steps in each period), "ranks": [{"rank", "device", "share_before", "share_after",
-    "compute_before_s", "compute_after_s", "step_before_s", "step_after_s"}],
-    "imbalance_before", "imbalance_after", "samples_per_s_before", "samples_per_s_after"}.
+    steps in each period), "ranks": [one per (rank, device): {"rank", "device",
+    "share_before", "share_after", "compute_before_s", "compute_after_s", "step_before_s",
+    "step_after_s"}], "imbalance_before", "imbalance_after", "samples_per_s_before",
+    "samples_per_s_after"}.
     An after-figure is None when the run never rebalanced; any figure is None when not recorded.
     """
     before, after = split_by_rebalance(windows, events)
     early, late = period_by_rank(before), period_by_rank(after)
-    devices = {w["rank"]: w["device"] for w in windows}  # each rank's latest device
-    ranks = [{"rank": rank, "device": devices[rank],
-              "share_before": early.get(rank, {}).get("share"),
-              "share_after": late.get(rank, {}).get("share"),
-              "compute_before_s": early.get(rank, {}).get("compute_s"),
-              "compute_after_s": late.get(rank, {}).get("compute_s"),
-              "step_before_s": early.get(rank, {}).get("step_s"),
-              "step_after_s": late.get(rank, {}).get("step_s")}
-             for rank in sorted(devices)]
+    ranks = []
+    for key in rank_keys(windows):
+        a, b = early.get(key, {}), late.get(key, {})
+        ranks.append({"rank": key[0], "device": key[1],
+                      "share_before": a.get("share"), "share_after": b.get("share"),
+                      "compute_before_s": a.get("compute_s"), "compute_after_s": b.get("compute_s"),
+                      "step_before_s": a.get("step_s"), "step_after_s": b.get("step_s")})
     metrics_before, metrics_after = split_by_rebalance(metrics or [], events)
     return {
         "rebalance_steps": rebalance_steps(events),
@@ -179,9 +192,3 @@ def _chart_rows(windows: list[dict], field: str) -> list[dict[str, Any]]:
             rows.append({"step": w["step"], "rank": label, "ms": 1000 * w[field],
                          "share": MISSING if w["batch_size"] is None else f"{w['batch_size']:,}"})
     return rows
-
-
-def rows_from_columns(columns: dict[str, list]) -> list[dict[str, Any]]:
-    """Column-wise data ({"step": [...], name: [...]}, as `queries.run_step_metrics`) as rows."""
-    names = list(columns)
-    return [dict(zip(names, values)) for values in zip(*columns.values())]
