@@ -56,3 +56,15 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def kill_running_jobs() -> None:
+    """SIGKILL the supervisor and job processes of every RUNNING job: no job outlives its test."""
+    from sae_dist.db import get_engine
+    from scheduler import procs
+    from scheduler.store import list_jobs
+
+    for job in list_jobs(get_engine(), ("RUNNING",)):
+        for pid, ticks in ((job.supervisor_pid, job.supervisor_start_ticks), (job.pid, job.proc_start_ticks)):
+            if procs.is_alive(pid, ticks):
+                os.kill(pid, signal.SIGKILL)

@@ -15,7 +15,7 @@ from sae_dist.bench import balance
 from sae_dist.db import DatabaseMetricsLogger, add_run_event, create_run, get_engine, utcnow
 from scheduler.store import NewJob, start_jobs, submit
 
-from conftest import REPO
+from test_app_monitor_queue import open_page
 
 MONITOR = "pages/2_Monitor.py"
 BENCHMARKS = "pages/5_Benchmarks.py"
@@ -262,13 +262,6 @@ def app_environment(state_home, monkeypatch):
     monkeypatch.setenv("SAE_DIST_AUTOSTART", "0")
 
 
-def open_page(page: str, **query) -> AppTest:
-    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=TIMEOUT).run()
-    for key, value in query.items():
-        at.query_params[key] = value
-    at.switch_page(page).run()
-    assert not at.exception, at.exception
-    return at
 
 
 def running_job(engine, name: str, devices: tuple[str, ...]) -> int:

@@ -9,8 +9,6 @@ temporary home, 3 virtual devices, real daemon, CLI and probe processes, Streaml
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
@@ -19,10 +17,10 @@ import pytest
 from sqlmodel import Session, select
 from streamlit.testing.v1 import AppTest
 
-from conftest import REPO, run_cli, start_daemon, stop_process, wait_for
+from conftest import kill_running_jobs, REPO, run_cli, start_daemon, stop_process, wait_for
 from sae_dist.db import DeviceFault, active_faults, get_engine, record_fault
 from sae_dist.errors import UserError
-from scheduler import procs, status
+from scheduler import status
 from scheduler.busy import classify
 from scheduler.devices import DeviceInfo
 from scheduler.faults import (
@@ -37,7 +35,7 @@ from scheduler.faults import (
 from scheduler.health import ProbeResult, probe_all, probe_command, verdict
 from scheduler.policy import DeviceView, JobView, plan
 from scheduler.recommend import recommend
-from scheduler.store import NewJob, get_job, list_jobs, submit
+from scheduler.store import NewJob, get_job, submit
 
 DEVICES = 3
 UUIDS = [f"virtual-{i}" for i in range(DEVICES)]
@@ -214,10 +212,7 @@ def daemons(state_home):
     yield start
     for proc in started:
         stop_process(proc)
-    for job in list_jobs(get_engine(), ("RUNNING",)):
-        for pid, ticks in ((job.supervisor_pid, job.supervisor_start_ticks), (job.pid, job.proc_start_ticks)):
-            if procs.is_alive(pid, ticks):
-                os.kill(pid, signal.SIGKILL)
+    kill_running_jobs()
 
 
 def command(*argv: str, gpus: int = 1, gpu_ids: list[str] | None = None, name: str = "job") -> NewJob:

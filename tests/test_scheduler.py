@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli, start_daemon, stop_process, wait_for
+from conftest import kill_running_jobs, REPO, run_cli, start_daemon, stop_process, wait_for
 from sae_dist.db import Allocation, get_engine
 from scheduler import procs
 from scheduler.store import NewJob, get_job, list_jobs, submit, submit_many
@@ -43,10 +43,7 @@ def sched(state_home, monkeypatch):
     for proc in started:
         stop_process(proc)
     # No job of a test outlives it.
-    for job in list_jobs(get_engine(), ("RUNNING",)):
-        for pid, ticks in ((job.supervisor_pid, job.supervisor_start_ticks), (job.pid, job.proc_start_ticks)):
-            if procs.is_alive(pid, ticks):
-                os.kill(pid, signal.SIGKILL)
+    kill_running_jobs()
 
 
 def job(*argv: str, gpus: int = 1, **fields) -> NewJob:

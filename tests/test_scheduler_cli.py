@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli, start_daemon, stop_process, wait_for
+from conftest import kill_running_jobs, REPO, run_cli, start_daemon, stop_process, wait_for
 from sae_dist.db import get_engine
 from scheduler import procs
-from scheduler.store import count_jobs, get_job, list_jobs
+from scheduler.store import count_jobs, get_job
 
 DEVICES = 4
 
@@ -70,10 +70,7 @@ def stop_and_reap(home: Path, daemons: list[subprocess.Popen]) -> list[int]:
             os.kill(pid, signal.SIGTERM)
             procs.wait_gone([pid], 10)
     if (home / "state.db").exists():
-        for job in list_jobs(get_engine(), ("RUNNING",)):
-            for pid, ticks in ((job.supervisor_pid, job.supervisor_start_ticks), (job.pid, job.proc_start_ticks)):
-                if procs.is_alive(pid, ticks):
-                    os.kill(pid, signal.SIGKILL)
+        kill_running_jobs()
     # Supervisors record the end and exit within moments; anything still there is a leak.
     try:
         wait_for(lambda: not processes_of(home), 10, "the test's processes to end")
