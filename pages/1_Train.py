@@ -16,7 +16,8 @@ import streamlit as st
 
 from sae_dist.analytics import devices as dev
 from sae_dist.analytics import format as fmt
-from sae_dist.config import ARCHITECTURES, PRECISIONS, SOURCES, SYNTHETIC_D_IN, build_config, config_fields
+from sae_dist.config import (ARCHITECTURES, BALANCES, ON_RANK_LOSS, PRECISIONS, SOURCES, SYNTHETIC_D_IN, build_config,
+                             config_fields)
 from sae_dist.errors import ConfigError, UserError
 from sae_dist.paths import state_home
 from scheduler import status
@@ -37,7 +38,8 @@ FORM_DEFAULTS = {
     "tr_l1": DEFAULT["l1_coefficient"], "tr_l0": DEFAULT["l0_coefficient"], "tr_batch": DEFAULT["batch_size"],
     "tr_grad_accum": DEFAULT["grad_accum"],
     "tr_lr": "", "tr_steps": DEFAULT["steps"], "tr_precision": DEFAULT["precision"],
-    "tr_checkpoint_every": DEFAULT["checkpoint_every"], "tr_name": "", "tr_priority": 0, "tr_time": "",
+    "tr_checkpoint_every": DEFAULT["checkpoint_every"], "tr_balance": DEFAULT["balance"],
+    "tr_rebalance": DEFAULT["rebalance"], "tr_on_rank_loss": DEFAULT["on_rank_loss"], "tr_name": "", "tr_priority": 0, "tr_time": "",
     "tr_auto": True,  # preselect the recommended devices until the user ticks one
 }
 if st.session_state.pop("tr_clear_name", False):  # a name is for one run: free it after a submit
@@ -175,10 +177,16 @@ with job_col:
                               help="SLURM's --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM[:SS]; "
                                    "blank or UNLIMITED for none. The job is stopped (TIMEOUT) after it.")
     error_slot("time_limit")
+    balance = st.segmented_control("Share of each step", BALANCES, key="tr_balance", required=True,
+                                   help=HELP["balance"])
+    rebalance = st.toggle("Rebalance stragglers", key="tr_rebalance", help=HELP["rebalance"])
+    on_rank_loss = st.segmented_control("If a device fails", ON_RANK_LOSS, key="tr_on_rank_loss", required=True,
+                                        help=HELP["on_rank_loss"])
 
 # ---- validate: the trainer's own checks; each message goes under the field it names ----
 values = {"architecture": architecture, "source": source, "batch_size": batch, "grad_accum": grad_accum,
-          "steps": steps, "precision": precision, "checkpoint_every": checkpoint_every}
+          "steps": steps, "precision": precision, "checkpoint_every": checkpoint_every, "balance": balance,
+          "rebalance": rebalance, "on_rank_loss": on_rank_loss}
 if d_in is not None:
     values["d_in"] = d_in
 if shards_path is not None:

@@ -100,7 +100,10 @@ def test_submit_queues_a_pending_training_on_exactly_the_chosen_devices():
     at.text_input(key="tr_lr").set_value("3e-4")
     at.text_input(key="tr_name").set_value("pick-two")
     at.text_input(key="tr_time").set_value("1:30:00")
-    at.number_input(key="tr_priority").set_value(7).run()
+    at.number_input(key="tr_priority").set_value(7)
+    at.segmented_control(key="tr_balance").set_value("speed")
+    at.toggle(key="tr_rebalance").set_value(False)
+    at.segmented_control(key="tr_on_rank_loss").set_value("fail").run()
     assert not at.error
     at.button(key="tr_submit").click().run()
     assert not at.exception
@@ -115,6 +118,7 @@ def test_submit_queues_a_pending_training_on_exactly_the_chosen_devices():
     config = json.loads(job.train_config_json)
     assert (config["steps"], config["batch_size"], config["lr"], config["name"]) == (200, 512, 3e-4, "pick-two")
     assert (config["architecture"], config["source"], config["d_in"]) == ("topk", "synthetic", 512)
+    assert (config["balance"], config["rebalance"], config["on_rank_loss"]) == ("speed", False, "fail")
     assert at.success[0].value.startswith(f"Job {job.id} (pick-two) is queued on 2 devices")
     assert at.text_input(key="tr_name").value == ""  # a name is for one run
     assert any(link.value == f"Monitor job {job.id}" for link in at.page_link) or \

@@ -9,6 +9,8 @@ temporary home, 3 virtual devices, real daemon, CLI and probe processes, Streaml
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
@@ -316,3 +318,36 @@ def test_the_app_shows_a_failed_device_and_it_cannot_be_picked():
     markdown = [m.value for m in at.markdown]
     assert ":red-badge[failed]" in markdown
     assert any("failed in job 7 (rank 1)" in m and "NCCL watchdog timeout" in m for m in markdown)
+
+
+def test_a_training_job_that_loses_a_rank_finishes_and_its_device_is_marked_failed(daemons, tmp_path, monkeypatch):
+    """The whole path: a 3-GPU training job through the daemon, rank 2 SIGKILLed mid-run. The job
+    continues on 2 and COMPLETES; virtual-2 is failed in `info` (job and rank), new jobs go around
+    it, and `info --recheck` brings it back."""
+    from test_balance_train import rank_pid
+
+    monkeypatch.setenv(RECHECK_ENV_VAR, "3600")
+    out_dir = tmp_path / "run"
+    config = tmp_path / "run.toml"
+    config.write_text(f'd_in = 64\nd_sae = 512\nk = 8\nsteps = 150\nlog_every = 10\ncheckpoint_every = 20\n'
+                      f'batch_size = 128\nout_dir = "{out_dir}"\n')
+    submitted = run_cli("submit", "--train", str(config), "-G", "3", "--env", "SAE_DIST_TEST_MARK=77",
+                        "--json", module="scheduler")
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = json.loads(submitted.stdout)["job_id"]
+    daemons()
+    wait_for(lambda: (out_dir / "checkpoints").is_dir() and any((out_dir / "checkpoints").iterdir()), 180,
+             "the job's first checkpoint")
+    victim = wait_for(lambda: rank_pid(77, 2), what="rank 2 of the job")
+    os.kill(victim, signal.SIGKILL)
+    done = wait_state(job_id, "COMPLETED", timeout=300)
+    assert json.loads(done.devices_json) == ["virtual-0", "virtual-1", "virtual-2"]
+
+    [fault] = active_faults(get_engine())
+    assert (fault.device_uuid, fault.job_id, fault.rank) == ("virtual-2", job_id, 2)
+    info = run_cli("info", module="scheduler").stdout
+    line = next(li for li in info.splitlines() if "Virtual GPU 2" in li)
+    assert state_column(line) == "failed" and f"job {job_id}" in info
+    result = run_cli("info", "--recheck", module="scheduler")
+    assert "virtual-2: health check passed, fault cleared" in result.stdout
+    assert active_faults(get_engine()) == []
