@@ -98,11 +98,11 @@ def launch(cfg: TrainConfig, argv: list[str], command: str = "train", in_process
     ids, known = survive.device_ids(kind, n)
     while True:
         code, failures = _torchrun(argv, n, command)
-        if failures is None:
+        if not failures:
             return code
         lost = survive.lost_ranks(failures)
         if not (restartable and lost and len(lost) < n):
-            return _report_failure(failures, code)
+            return _report_failure(failures)
         argv, n, ids = _continue_without(cfg, kind, argv, run_dir, ids, known, lost, failures)
 
 
@@ -139,7 +139,7 @@ def _torchrun(argv: list[str], n: int, command: str) -> tuple[int, list[survive.
     return 0, None
 
 
-def _report_failure(failures: list[survive.Failure], _code: int) -> int:
+def _report_failure(failures: list[survive.Failure]) -> int:
     first = failures[0]
     print(f"error: training failed on rank {first.rank} ({first.describe()}); its message is above",
           file=sys.stderr)

@@ -258,7 +258,7 @@ RESTART_NOTE_ENV = "SAE_DIST_RESTART_NOTE"  # set by our launcher when it restar
 SPEED_PROBES = 3
 
 
-def test_slowdown(rank: int) -> float:
+def slowdown_for_tests(rank: int) -> float:
     """This rank's factor from $SAE_DIST_TEST_SLOW_RANKS ("rank:factor,..."), 1.0 when unset: a
     stand-in for a slower card on virtual devices."""
     raw = os.environ.get(SLOW_RANKS_ENV, "").strip()
@@ -402,7 +402,7 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
     samples_total = 0
     step = 0
     first_batches: list[torch.Tensor] | None = None
-    slowdown = test_slowdown(ctx.rank)
+    slowdown = slowdown_for_tests(ctx.rank)
 
     latest = latest_checkpoint(run_dir) if cfg.resume else None
     if latest is not None:
@@ -521,13 +521,15 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
         rank_row = torch.tensor([statistics.median(step_times), statistics.median(compute_times),
                                  float(step_peak or 0)], dtype=torch.float64, device=ctx.device)
         per_rank = D.all_gather_rows(rank_row).cpu().tolist()
-        stragglers = find_stragglers([r[1] for r in per_rank])
-        window_plan = plan
-        # Every rank decides from the same gathered numbers: the same new plan everywhere.
-        costs = smoothed_costs(costs, plan.shares, [r[1] for r in per_rank])  # noise in, skew out
         window_times = [r[1] for r in per_rank]
-        balance = rebalance(plan.shares, [c * n for c, n in zip(costs, plan.shares)] if costs else [0.0] * ctx.world_size,
-                            allowed=cfg.rebalance and ctx.world_size > 1, slowest_before=slowest_before)
+        stragglers = find_stragglers(window_times)
+        window_plan = plan
+        # Every rank decides from the same gathered numbers: the same new plan everywhere. The
+        # decision sees per-sample costs smoothed over windows (noise in, skew out).
+        costs = smoothed_costs(costs, plan.shares, window_times)
+        smoothed = [c * n for c, n in zip(costs, plan.shares)] if costs else [0.0] * ctx.world_size
+        balance = rebalance(plan.shares, smoothed, allowed=cfg.rebalance and ctx.world_size > 1,
+                            slowest_before=slowest_before)
         slowest_before = slowest_now(window_times)
         recovery = None
         if true_features is not None and (step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
