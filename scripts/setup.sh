@@ -25,7 +25,7 @@ fi
 
 # The project itself, re-installed only when its dependency list changed.
 extras=""
-[ "${1:-}" = "--test" ] && extras="[dev,harvest]"
+[ "${1:-}" = "--test" ] && extras="[dev,harvest,postgres]"
 stamp="$VENV/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)"
 [ -n "$extras" ] && stamp="$stamp-dev"
 if [ ! -f "$stamp" ] && [ ! -f "$stamp-dev" ]; then  # the test install holds the plain one too
@@ -51,16 +51,18 @@ if [ "${1:-}" = "--test" ] && [ "${SAE_DIST_SKIP_SAELENS:-0}" != 1 ] && [ ! -f .
     touch .venv-saelens/.installed
 fi
 
-# System packages for two tests, from Debian where they can be installed (as root, with apt):
+# System packages for three tests, from Debian where they can be installed (as root, with apt):
 # chromium for the app's end-to-end test (Playwright drives it; `playwright install` cannot
-# download here) and slurm-wlm for export-sbatch on a real one-node SLURM. Elsewhere the SLURM test
-# is skipped and says why; the end-to-end test fails and names the missing browser.
+# download here), slurm-wlm for export-sbatch on a real one-node SLURM, and postgresql for the
+# state database on a throwaway PostgreSQL server. Elsewhere the SLURM and PostgreSQL tests are
+# skipped and say why; the end-to-end test fails and names the missing browser.
 if [ "${1:-}" = "--test" ]; then
     missing=""
     [ -x /usr/bin/chromium ] || missing="$missing chromium"
     command -v slurmctld >/dev/null 2>&1 || missing="$missing slurm-wlm"
+    ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$missing postgresql"
     if [ -n "$missing" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "setup: installing$missing (Debian packages, for the browser and SLURM tests)"
+        echo "setup: installing$missing (Debian packages, for the browser, SLURM and PostgreSQL tests)"
         { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing; } >/dev/null 2>&1 \
             || echo "setup: could not install$missing; the tests that need them will say so"
     fi

@@ -68,3 +68,27 @@ def kill_running_jobs() -> None:
         for pid, ticks in ((job.supervisor_pid, job.supervisor_start_ticks), (job.pid, job.proc_start_ticks)):
             if procs.is_alive(pid, ticks):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """One throwaway PostgreSQL server for the session (skipped, saying why, where none can run;
+    CI's set-up installs it, so there it runs)."""
+    from postgres_server import PostgresServer, why_not_available
+
+    reason = why_not_available()
+    if reason:
+        pytest.skip(reason)
+    server = PostgresServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server, monkeypatch) -> str:
+    """A fresh database of its own for this test, as the state database (SAE_DIST_DB_URL)."""
+    import uuid
+
+    url = postgres_server.create_database(f"t_{uuid.uuid4().hex[:12]}")
+    monkeypatch.setenv("SAE_DIST_DB_URL", url)
+    return url

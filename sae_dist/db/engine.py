@@ -54,17 +54,23 @@ def get_engine(url: str | None = None) -> Engine:
     return engine
 
 
+WRITE_LOCK_KEY = 0x5AED157  # PostgreSQL advisory lock id of immediate_transaction ("sae-dist")
+
+
 @contextmanager
 def immediate_transaction(engine: Engine) -> Iterator[Connection]:
     """A connection inside a transaction that holds the write lock from its start.
 
     On SQLite this is `BEGIN IMMEDIATE`: a select-then-update (job claim, device allocation)
-    cannot interleave with another writer. Elsewhere a plain transaction.
+    cannot interleave with another writer. On PostgreSQL the same guarantee comes from one
+    transaction-scoped advisory lock that every such transaction takes first (released at commit).
     """
     with engine.connect() as conn:
         if engine.dialect.name == "sqlite":
             conn.execution_options(sqlite_begin="BEGIN IMMEDIATE")
         with conn.begin():
+            if engine.dialect.name == "postgresql":
+                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})")
             yield conn
 
 
