@@ -13,7 +13,7 @@ import streamlit as st
 from sae_dist.analytics import jobs
 from sae_dist.analytics import format as fmt
 from sae_dist.errors import UserError
-from scheduler import actions
+from scheduler import actions, cluster
 from webui.sidebar import page_frame
 
 engine = page_frame("Queue", ":material/list:")
@@ -163,6 +163,23 @@ def tables(known: frozenset[int]) -> None:
             st.caption(f"The last {FINISHED_SHOWN}; `python -m scheduler acct` lists them all.")
     else:
         st.caption("No job has finished yet.")
+
+    slurm_jobs, slurm_error = cluster.listed(engine)
+    if slurm_jobs:
+        st.subheader("On the SLURM cluster", anchor=False)
+        if slurm_error:
+            st.warning(f"SLURM could not be asked ({slurm_error}); the last states read are shown.")
+        st.dataframe([{
+            "Job": f"slurm:{j.cluster_job_id}", "Name": j.name, "User": j.user, "Kind": j.kind, "State": j.state,
+            "Exit": (f"{j.exit_code if j.exit_code is not None else fmt.MISSING}"
+                     + (f" (signal {j.signal})" if j.signal else "")),
+            "Started": j.started_at, "Ended": j.ended_at,
+        } for j in reversed(slurm_jobs)], hide_index=True, key="cluster_table",
+            alt="Jobs handed to the SLURM cluster, with the state SLURM reports",
+            column_config={"Started": st.column_config.DatetimeColumn("Started (UTC)", **TIME_COLUMN),
+                           "Ended": st.column_config.DatetimeColumn("Ended (UTC)", **TIME_COLUMN)})
+        st.caption("Submitted with `python -m scheduler submit --cluster slurm`; states read from SLURM "
+                   "(squeue, sacct); cancel with `python -m scheduler cancel slurm:<id>`.")
 
 
 tables(frozenset(choices))

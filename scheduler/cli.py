@@ -45,6 +45,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", help="stdout file; %%j = job id, %%x = job name")
     s.add_argument("-e", "--error", help="stderr file (default: with stdout)")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--cluster", choices=["slurm"],
+                   help="run it on a SLURM cluster through sbatch instead of on this machine's devices")
+    s.add_argument("--nodes", type=int, help="with --cluster: nodes (default 1)")
+    s.add_argument("--gpus-per-node", type=int, help="with --cluster: GPUs (ranks) per node (default: --gpus)")
+    s.add_argument("--cpu", action="store_true", help="with --cluster: ranks on CPUs (gloo), no GPU request")
     s.add_argument("argv", nargs=argparse.REMAINDER, help="-- PROGRAM ARGS... (never run through a shell)")
 
     q = sub.add_parser("queue", help="pending and running jobs (squeue)")
@@ -55,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
                        ("hold", "keep pending jobs from starting"), ("release", "let held jobs start"),
                        ("requeue", "put jobs back in the queue")):
         c = sub.add_parser(name, help=what)
-        c.add_argument("job_ids", nargs="+", type=_job_id)
+        c.add_argument("job_ids", nargs="+", type=_job_id if name != "cancel" else _job_or_cluster_id)
 
     i = sub.add_parser("info", help="every device and its state (sinfo); a device a training rank died "
                                     "on reads failed (--json: unavailable, with its fault) until a "
@@ -87,6 +92,18 @@ def _parser() -> argparse.ArgumentParser:
     how.add_argument("--stop", action="store_true",
                      help="stop the running daemon (SIGTERM); running jobs carry on, the queue waits")
     return p
+
+
+def _job_or_cluster_id(text: str) -> int | str:
+    """A local job id, or slurm:N for a job handed to a SLURM cluster."""
+    if text.startswith("slurm:"):
+        from scheduler.cluster import parse_cluster_id
+
+        try:
+            return f"slurm:{parse_cluster_id(text)}"
+        except UserError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return _job_id(text)
 
 
 def _job_id(text: str) -> int:
@@ -203,6 +220,10 @@ def cmd_submit(args) -> int:
     for _, dep_id in job_spec.dependencies:
         if dep_id > MAX_SQL_INT:  # no job has such an id (and SQLite could not even look it up)
             raise UserError(f"unknown dependency: job {dep_id} does not exist (see `queue --all`)")
+    if args.cluster:
+        return _submit_to_cluster(args, job_spec)
+    if args.nodes is not None or args.gpus_per_node is not None or args.cpu:
+        raise UserError("--nodes, --gpus-per-node and --cpu are for --cluster slurm")
     from scheduler.devices import inventory
 
     uuids = S.resolve_devices(job_spec, [(d.index, d.uuid) for d in inventory({}, None)])
@@ -215,6 +236,40 @@ def cmd_submit(args) -> int:
     _ensure_daemon()
     print(json.dumps({"job_id": job_id}) if args.json else f"Submitted job {job_id}")
     return 0
+
+
+def _submit_to_cluster(args, job_spec) -> int:
+    from sae_dist.paths import default_db_url, state_home
+    from scheduler import cluster
+    from scheduler.sbatch import sbatch_script
+
+    if args.hold or args.dependency or args.begin or args.requeue or args.gpu_ids or args.mem:
+        raise UserError("with --cluster slurm, SLURM decides when and where: -H, -d, --begin, --requeue, "
+                        "--gpu-ids and --mem are for this machine's queue")
+    script = sbatch_script(cluster.script_job(job_spec), nodes=args.nodes or 1, gpus_per_node=args.gpus_per_node,
+                           cpu=args.cpu, db_url=default_db_url())
+    slurm_id = cluster.submit(_engine(), job_spec, script, state_home() / "slurm")
+    print(json.dumps({"job_id": f"slurm:{slurm_id}"}) if args.json else f"Submitted batch job slurm:{slurm_id}")
+    return 0
+
+
+def _cluster_rows(final_too: bool, now: float) -> list[dict[str, Any]]:
+    """Our SLURM jobs, as SLURM reports them now, in the shape of local rows (marked cluster)."""
+    from scheduler import cluster
+
+    rows = []
+    for j in cluster.refresh(_engine()):
+        if not final_too and j.state in cluster.FINAL:
+            continue
+        start = j.started_at.timestamp() if j.started_at else None
+        end = j.ended_at.timestamp() if j.ended_at else None
+        rows.append({
+            "job_id": f"slurm:{j.cluster_job_id}", "name": j.name, "user": j.user, "state": j.state, "reason": None,
+            "gpus": None, "devices": [], "priority": None, "submitted": _iso(j.submitted_at),
+            "start": _iso(j.started_at), "end": _iso(j.ended_at),
+            "elapsed_s": (end or now) - start if start else None, "time_limit_s": None,
+            "exit_code": j.exit_code, "signal": j.signal, "kind": j.kind, "held": False, "cluster": j.cluster})
+    return rows
 
 
 def _job_row(job, now: float) -> dict[str, Any]:
@@ -242,6 +297,10 @@ def cmd_queue(args) -> int:
         jobs = list_jobs(_engine(), states)
     jobs.sort(key=lambda j: (STATE_ORDER.get(j.state, 2), -j.priority if j.state == "PENDING" else 0, j.id))
     rows = [_job_row(j, now) for j in jobs]
+    from scheduler.fastread import has_cluster_jobs
+
+    if has_cluster_jobs() is not False:
+        rows += _cluster_rows(args.all, now)
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
@@ -260,6 +319,11 @@ def _each_job(args, action) -> int:
     failed = False
     for job_id in args.job_ids:
         try:
+            if isinstance(job_id, str):  # slurm:N (cancel only)
+                from scheduler import cluster
+
+                print(cluster.cancel(engine, job_id.split(":", 1)[1]))
+                continue
             print(action(engine, job_id))
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
@@ -380,8 +444,9 @@ def cmd_acct(args) -> int:
         row.update(usage.get(j.id) or no_samples)
         rows.append(row)
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps(rows + _cluster_rows(True, now), indent=1))
         return 0
+    rows += _cluster_rows(True, now)
     for r in rows:
         r["exit"] = f"{r['exit_code'] if r['exit_code'] is not None else 0}:{r['signal'] or 0}" \
             if r["state"] not in ("PENDING", "RUNNING") else None

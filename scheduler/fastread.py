@@ -62,3 +62,20 @@ def read_jobs(states: tuple[str, ...] | None) -> list[SimpleNamespace] | None:
             record[key] = _when(record.get(key))
         out.append(SimpleNamespace(**record))
     return out
+
+
+def has_cluster_jobs() -> bool | None:
+    """Whether any job was handed to a SLURM cluster (so `queue` must ask SLURM); None: unknown."""
+    path = sqlite_file()
+    if path is None:
+        return None
+    if not path.is_file():
+        return False
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        try:
+            return con.execute("SELECT 1 FROM cluster_jobs LIMIT 1").fetchone() is not None
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return None

@@ -29,9 +29,11 @@ def _safe_line(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]+", "_", text)[:200] or "job"
 
 
-def sbatch_script(job, nodes: int = 1, gpus_per_node: int | None = None, cpu: bool = False) -> str:
+def sbatch_script(job, nodes: int = 1, gpus_per_node: int | None = None, cpu: bool = False,
+                  db_url: str | None = None) -> str:
     """The batch script. `cpu=True` runs gpus_per_node gloo ranks per node on CPUs (no GPU request):
-    for CPU partitions, and for trying a job on a small cluster first."""
+    for CPU partitions, and for trying a job on a small cluster first. With `db_url` (a database
+    every node reaches, not SQLite) the training records its metrics there."""
     from sae_dist.errors import UserError
 
     if nodes < 1:
@@ -42,7 +44,8 @@ def sbatch_script(job, nodes: int = 1, gpus_per_node: int | None = None, cpu: bo
     name = _safe_line(job.name)
     lines = [
         "#!/bin/bash",
-        f"# Exported by sae-dist from local job {job.id} ({job.kind}).",
+        f"# Exported by sae-dist from local job {job.id} ({job.kind})." if job.id is not None
+        else f"# Submitted by sae-dist ({job.kind}).",
         f"#SBATCH --job-name={name}",
         f"#SBATCH --nodes={nodes}",
         "#SBATCH --ntasks-per-node=1",
@@ -57,18 +60,23 @@ def sbatch_script(job, nodes: int = 1, gpus_per_node: int | None = None, cpu: bo
         lines.append("export SAE_DIST_DEVICE_TYPE=cpu")
     for key, value in json.loads(job.env_json or "{}").items():
         lines.append(f"export {key}={shlex.quote(value)}")
+    shared_db = bool(db_url) and not db_url.startswith("sqlite")
+    if shared_db:
+        lines.append(f"export SAE_DIST_DB_URL={shlex.quote(db_url)}")
     if job.kind == "train":
         from scheduler.spec import train_argv
 
         flags = train_argv(json.loads(job.train_config_json), f"{'cpu' if cpu else 'cuda'}:{ranks}")
+        if not shared_db:
+            flags = [*flags, "--no-db"]
+            lines += ["# Metrics go to the run directory only: SQLite on a shared (NFS) home is refused. To record",
+                      "# them in a shared database, export SAE_DIST_DB_URL=postgresql+psycopg://... and drop --no-db."]
         lines += [
-            "# Metrics go to the run directory only: SQLite on a shared (NFS) home is refused. To record",
-            "# them in a shared database, export SAE_DIST_DB_URL=postgresql://... and drop --no-db.",
             'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
             "srun torchrun --nnodes \"$SLURM_JOB_NUM_NODES\" "
             f"--nproc-per-node {ranks} --rdzv-backend c10d "
             f"--rdzv-endpoint \"$head_node:{RDZV_PORT}\" --rdzv-id \"$SLURM_JOB_ID\" \\",
-            "    -m sae_dist train " + " ".join(shlex.quote(f) for f in [*flags, "--no-db"] if f != "--db"),
+            "    -m sae_dist train " + " ".join(shlex.quote(f) for f in flags if f != "--db"),
         ]
     else:
         lines.append("srun " + " ".join(shlex.quote(a) for a in json.loads(job.argv_json)))

@@ -7,6 +7,7 @@ ranks with gloo. Recipe: shared/notes/slurm-and-postgres-on-loopback.md (auth/no
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -64,6 +65,8 @@ def slurm(tmp_path):
         ReturnToService=2
         JobAcctGatherType=jobacct_gather/none
         AccountingStorageType=accounting_storage/none
+        JobCompType=jobcomp/filetxt
+        JobCompLoc={d}/log/jobcomp.txt
         MailProg=/bin/true
         NodeName=localhost CPUs={cpus} RealMemory={real_memory} State=UNKNOWN
         PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
@@ -131,3 +134,92 @@ def test_exported_training_job_runs_under_slurm(slurm, tmp_path, monkeypatch):
     assert "done: step 20" in out, out[-3000:]
     assert "2 x cpu (gloo)" in out
     assert (run_dir / "sae" / "cfg.json").is_file()
+
+
+def slurm_env(slurm: dict) -> dict:
+    """The test's environment for our commands: SLURM_CONF, and the venv's torchrun on PATH (sbatch
+    passes the submitting environment on to the job)."""
+    return {"SLURM_CONF": slurm["SLURM_CONF"], "PATH": f"{Path(sys.executable).parent}:{slurm['PATH']}"}
+
+
+def cluster_row(env: dict, job_id: str) -> dict | None:
+    listed = run_cli("queue", "--all", "--json", module="scheduler", env=env)
+    assert listed.returncode == 0, listed.stderr
+    return next((r for r in json.loads(listed.stdout) if r["job_id"] == job_id), None)
+
+
+def wait_state(env: dict, job_id: str, states: set[str], timeout: float = 240) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        row = cluster_row(env, job_id)
+        if row and row["state"] in states:
+            return row
+        time.sleep(1)
+    raise AssertionError(f"{job_id} never reached {states}: {cluster_row(env, job_id)}")
+
+
+def test_submit_to_slurm_trains_on_two_ranks_into_postgres(slurm, postgres_url, tmp_path, monkeypatch):
+    """submit --cluster slurm: sbatch, one srun task running torchrun with 2 gloo ranks, metrics in
+    PostgreSQL; our queue and acct read the job's state from SLURM itself."""
+    monkeypatch.setenv("SAE_DIST_AUTOSTART", "0")
+    env = slurm_env(slurm)
+    run_dir = tmp_path / "run"
+    (tmp_path / "run.toml").write_text(textwrap.dedent(f"""
+        d_in = 32
+        d_sae = 128
+        k = 8
+        batch_size = 64
+        steps = 20
+        log_every = 10
+        checkpoint_every = 0
+        out_dir = "{run_dir}"
+        name = "on-slurm"
+    """))
+    sub = run_cli("submit", "--cluster", "slurm", "--cpu", "--gpus-per-node", "2", "--train",
+                  str(tmp_path / "run.toml"), "-J", "slurm-pg", "-D", str(tmp_path), "--json",
+                  module="scheduler", env=env)
+    assert sub.returncode == 0, sub.stderr
+    job_id = json.loads(sub.stdout)["job_id"]
+    assert job_id.startswith("slurm:")
+    row = wait_state(env, job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
+    out = (tmp_path / f"slurm-pg-{job_id[6:]}.out").read_text()
+    assert row["state"] == "COMPLETED" and row["exit_code"] == 0 and row["cluster"] == "slurm", out[-3000:]
+    assert "2 x cpu (gloo)" in out and (run_dir / "sae" / "cfg.json").is_file()
+
+    from sae_dist.db import get_engine, step_metrics
+    from sae_dist.db.runs import find_run_by_dir
+
+    engine = get_engine(postgres_url)
+    run = find_run_by_dir(engine, str(run_dir.resolve()))
+    assert run is not None and run.status == "COMPLETED" and run.world_size == 2 and run.name == "on-slurm"
+    assert [m.step for m in step_metrics(engine, run.id)] == [10, 20]
+    acct = run_cli("acct", "--json", module="scheduler", env=env)
+    assert any(r["job_id"] == job_id and r["state"] == "COMPLETED" for r in json.loads(acct.stdout)), acct.stdout
+    assert run_cli("queue", module="scheduler", env=env).stdout.count(job_id) == 0  # ended: not in the queue
+
+
+def test_cancel_a_cluster_job_with_scancel(slurm, tmp_path, monkeypatch):
+    monkeypatch.setenv("SAE_DIST_AUTOSTART", "0")
+    env = slurm_env(slurm)
+    sub = run_cli("submit", "--cluster", "slurm", "--cpu", "-J", "sleeper", "-D", str(tmp_path), "--json",
+                  "--", "sleep", "300", module="scheduler", env=env)
+    assert sub.returncode == 0, sub.stderr
+    job_id = json.loads(sub.stdout)["job_id"]
+    wait_state(env, job_id, {"RUNNING"}, timeout=60)
+    assert job_id in run_cli("queue", module="scheduler", env=env).stdout
+    cancelled = run_cli("cancel", job_id, module="scheduler", env=env)
+    assert cancelled.returncode == 0 and "cancel sent to SLURM" in cancelled.stdout, cancelled.stderr
+    assert wait_state(env, job_id, {"CANCELLED"}, timeout=60)["state"] == "CANCELLED"
+
+    unknown = run_cli("cancel", "slurm:999999", module="scheduler", env=env)
+    assert unknown.returncode == 2 and "was not submitted by sae-dist" in unknown.stderr
+    bad = run_cli("cancel", "slurm:abc", module="scheduler", env=env)
+    assert bad.returncode == 2 and "slurm:<SLURM job id>" in bad.stderr
+
+
+def test_cluster_flags_without_a_cluster_are_one_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("SAE_DIST_AUTOSTART", "0")
+    result = run_cli("submit", "--nodes", "2", "--", "true", module="scheduler")
+    assert result.returncode == 2 and "are for --cluster slurm" in result.stderr
+    result = run_cli("submit", "--cluster", "slurm", "-H", "--", "true", module="scheduler")
+    assert result.returncode == 2 and "SLURM decides when and where" in result.stderr

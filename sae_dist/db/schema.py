@@ -240,6 +240,30 @@ class Job(Base, table=True):
     ended_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
+class ClusterJob(Base, table=True):
+    """A job handed to a real SLURM cluster by `submit --cluster slurm`. SLURM owns its state; the
+    row says it is ours and keeps the last state read (squeue/sacct) for when SLURM forgets it."""
+
+    __tablename__ = "cluster_jobs"
+    __table_args__ = (UniqueConstraint("cluster", "cluster_job_id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    cluster: str  # "slurm"
+    cluster_job_id: str  # SLURM's job id
+    name: str
+    user: str
+    kind: str  # "command" or "train"
+    workdir: str
+    script_path: str
+    train_config_json: str | None = None
+    state: str = "PENDING"  # the last state SLURM reported (its own names)
+    exit_code: int | None = None
+    signal: int | None = None
+    submitted_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    ended_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
 class Allocation(Base, table=True):
     """A device held by a job; the partial unique index makes a double allocation impossible."""
 
