@@ -53,13 +53,14 @@ fi
 
 # System packages for three tests, from Debian where they can be installed (as root, with apt):
 # chromium for the app's end-to-end test (Playwright drives it; `playwright install` cannot
-# download here), slurm-wlm for export-sbatch on a real one-node SLURM, and postgresql for the
+# download here), slurm-wlm and munge for a real one-node SLURM, and postgresql for the
 # state database on a throwaway PostgreSQL server. Elsewhere the SLURM and PostgreSQL tests are
 # skipped and say why; the end-to-end test fails and names the missing browser.
 if [ "${1:-}" = "--test" ]; then
     missing=""
     [ -x /usr/bin/chromium ] || missing="$missing chromium"
     command -v slurmctld >/dev/null 2>&1 || missing="$missing slurm-wlm"
+    command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || missing="$missing munge"
     ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$missing postgresql"
     if [ -n "$missing" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "setup: installing$missing (Debian packages, for the browser, SLURM and PostgreSQL tests)"

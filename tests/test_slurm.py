@@ -2,7 +2,9 @@
 
 Needs Debian's slurm-wlm (scripts/test.sh installs it where it can: root and apt). The cluster
 has no GPUs, so the job is exported with --cpu: torchrun starts the same `-m sae_dist train`
-ranks with gloo. Recipe: shared/notes/slurm-and-postgres-on-loopback.md (auth/none, sandbox only).
+ranks with gloo. Recipe: shared/notes/slurm-and-postgres-on-loopback.md (munge where Debian's munge
+is installed, as the test command does; auth/none otherwise, sandbox only). Also `submit --cluster
+slurm` against that cluster, with the metrics in a throwaway PostgreSQL.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -37,6 +41,20 @@ def slurm(tmp_path):
     for sub in ("state", "spool", "log"):
         (d / sub).mkdir(parents=True)
     d.chmod(0o755)
+    indent = "\n" + " " * 8  # the lines go into the indented (dedented) slurm.conf below
+    auth = indent.join(["AuthType=auth/none", "CredType=cred/none"])
+    munged_pid = None
+    if shutil.which("munged") and shutil.which("mungekey"):  # as a real cluster authenticates
+        # munged wants every directory above its socket traversable by all: pytest's tmp_path is
+        # under a 0700 directory, so munge gets a directory of its own in /tmp.
+        munge = Path(tempfile.mkdtemp(prefix="sae-dist-munge-"))
+        munge.chmod(0o755)
+        subprocess.run(["mungekey", "-c", "-k", str(munge / "munge.key")], check=True, capture_output=True)
+        subprocess.run(["munged", f"--socket={munge}/munge.sock", f"--key-file={munge}/munge.key",
+                        f"--pid-file={munge}/munged.pid", f"--log-file={d}/log/munged.log",
+                        f"--seed-file={munge}/munged.seed"], check=True, capture_output=True)
+        munged_pid = int((munge / "munged.pid").read_text().split()[0])
+        auth = indent.join(["AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={munge}/munge.sock"])
     memory = subprocess.run(["slurmd", "-C"], capture_output=True, text=True).stdout
     real_memory = next((f.split("=")[1] for f in memory.split() if f.startswith("RealMemory=")), "1000")
     cpus = os.cpu_count() or 1
@@ -48,8 +66,7 @@ def slurm(tmp_path):
         SlurmdUser=root
         SlurmctldPort={_free_port()}
         SlurmdPort={_free_port()}
-        AuthType=auth/none
-        CredType=cred/none
+        {auth}
         StateSaveLocation={d}/state
         SlurmdSpoolDir={d}/spool
         SlurmctldPidFile={d}/slurmctld.pid
@@ -94,11 +111,13 @@ def slurm(tmp_path):
                 p.wait(15)
             except subprocess.TimeoutExpired:
                 p.kill()
+        if munged_pid is not None:
+            os.kill(munged_pid, signal.SIGTERM)
+            shutil.rmtree(munge, ignore_errors=True)
 
 
-def test_exported_training_job_runs_under_slurm(slurm, tmp_path, monkeypatch):
-    monkeypatch.setenv("SAE_DIST_AUTOSTART", "0")
-    monkeypatch.setenv("SAE_DIST_VIRTUAL_GPUS", "2")
+def small_training(tmp_path: Path, extra: str = "") -> Path:
+    """tmp_path/run.toml: 20 steps of a small SAE on 2 ranks' worth of batch; its run directory."""
     run_dir = tmp_path / "run"
     (tmp_path / "run.toml").write_text(textwrap.dedent(f"""
         d_in = 32
@@ -109,7 +128,14 @@ def test_exported_training_job_runs_under_slurm(slurm, tmp_path, monkeypatch):
         log_every = 10
         checkpoint_every = 0
         out_dir = "{run_dir}"
-    """))
+    """) + extra + "\n")
+    return run_dir
+
+
+def test_exported_training_job_runs_under_slurm(slurm, tmp_path, monkeypatch):
+    monkeypatch.setenv("SAE_DIST_AUTOSTART", "0")
+    monkeypatch.setenv("SAE_DIST_VIRTUAL_GPUS", "2")
+    run_dir = small_training(tmp_path)
     sub = run_cli("submit", "--gpus", "2", "-t", "10", "--train", str(tmp_path / "run.toml"), "-J", "slurm-demo",
                   "-D", str(tmp_path), module="scheduler")
     assert sub.returncode == 0, sub.stderr
@@ -163,18 +189,7 @@ def test_submit_to_slurm_trains_on_two_ranks_into_postgres(slurm, postgres_url, 
     PostgreSQL; our queue and acct read the job's state from SLURM itself."""
     monkeypatch.setenv("SAE_DIST_AUTOSTART", "0")
     env = slurm_env(slurm)
-    run_dir = tmp_path / "run"
-    (tmp_path / "run.toml").write_text(textwrap.dedent(f"""
-        d_in = 32
-        d_sae = 128
-        k = 8
-        batch_size = 64
-        steps = 20
-        log_every = 10
-        checkpoint_every = 0
-        out_dir = "{run_dir}"
-        name = "on-slurm"
-    """))
+    run_dir = small_training(tmp_path, 'name = "on-slurm"')
     sub = run_cli("submit", "--cluster", "slurm", "--cpu", "--gpus-per-node", "2", "--train",
                   str(tmp_path / "run.toml"), "-J", "slurm-pg", "-D", str(tmp_path), "--json",
                   module="scheduler", env=env)
