@@ -173,7 +173,7 @@ def _continue_without(cfg, kind, argv, run_dir, ids, known, lost, failures):
         "lost_ranks": lost, "lost_devices": [ids[r] for r in lost], "reason": reason,
         "world_size_before": len(ids)})
     argv = [*argv, "--devices", f"{kind}:{n}", *(["--resume"] if checkpoint else [])]
-    return argv, n, [d for r, d in enumerate(ids) if r not in lost]
+    return argv, n, survive.survivors(ids, lost)
 
 
 def _record_faults(ids: list[str], lost: list[int], by_rank: dict) -> None:

@@ -87,9 +87,14 @@ def device_ids(kind: str, n: int) -> tuple[list[str], bool]:
     return [f"cpu:{i}" for i in range(n)], False
 
 
+def survivors(ids: list[str], lost: list[int]) -> list[str]:
+    """The devices of the ranks not lost, in rank order: the restarted job's devices."""
+    return [d for r, d in enumerate(ids) if r not in lost]
+
+
 def survivors_env(kind: str, ids: list[str], lost: list[int], known: bool) -> dict[str, str]:
     """Environment of the restarted job: only the devices still healthy are visible to it."""
-    keep = [d for r, d in enumerate(ids) if r not in lost]
+    keep = survivors(ids, lost)
     env = {}
     if kind == "cuda":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(keep)

@@ -307,8 +307,11 @@ def virtual_inventory(count: int, pids_by_device: dict[str, list[int]], sampler:
     return devices
 
 
+VIRTUAL_PREFIX = "virtual-"  # every virtual device's uuid starts so
+
+
 def virtual_uuid(i: int) -> str:
-    return f"virtual-{i}"
+    return f"{VIRTUAL_PREFIX}{i}"
 
 
 def virtual_count() -> int:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from sqlalchemy.engine import Engine
 
 from scheduler.faults import CLEARED_REASON, Fault, device_faults, faults_due
-from scheduler.probe import HEALTHY, VIRTUAL_PREFIX
+from scheduler.devices import VIRTUAL_PREFIX
+from scheduler.probe import HEALTHY
 
 log = logging.getLogger(__name__)
 

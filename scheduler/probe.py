@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import sys
 
+from scheduler.devices import VIRTUAL_PREFIX
+
 HEALTHY = "HEALTHY"
-VIRTUAL_PREFIX = "virtual-"
 
 
 def probe_gpu(uuid: str) -> None:

@@ -21,13 +21,13 @@ from pathlib import Path
 from sae_dist.db import get_engine
 from sae_dist.paths import state_home
 from scheduler import procs
+from scheduler.devices import VIRTUAL_PREFIX
 from scheduler.store import finish_job, get_job, record_process, requeue
 
 log = logging.getLogger(__name__)
 
 KILL_GRACE_S = float(os.environ.get("SAE_DIST_KILL_GRACE_S", "30"))  # SIGTERM -> SIGKILL
 POLL_S = 0.25  # how often the supervisor looks for a cancel request
-VIRTUAL_PREFIX = "virtual-"
 
 
 def job_environment(job, devices: list[str], base: dict[str, str]) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 The Benchmarks page and `scripts/bench_balance.py` read a run through these definitions:
 
-- a *report window* is one rank_stats row: a rank's mean step and compute times over the
+- a *report window* is one rank_stats row: a rank's median step and compute times over the
   steps since the previous report (ending at `step`) and its share of each step's batch in
   them (`batch_size`, None on runs from before shares were recorded);
 - a rebalance event at step e was decided from the windows ending at e; the new shares apply
