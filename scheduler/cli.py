@@ -443,10 +443,11 @@ def cmd_acct(args) -> int:
         row = _job_row(j, now)
         row.update(usage.get(j.id) or no_samples)
         rows.append(row)
+    if not args.jobs:  # -j takes local job ids only
+        rows += _cluster_rows(True, now)
     if args.json:
-        print(json.dumps(rows + _cluster_rows(True, now), indent=1))
+        print(json.dumps(rows, indent=1))
         return 0
-    rows += _cluster_rows(True, now)
     for r in rows:
         r["exit"] = f"{r['exit_code'] if r['exit_code'] is not None else 0}:{r['signal'] or 0}" \
             if r["state"] not in ("PENDING", "RUNNING") else None
