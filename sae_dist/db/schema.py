@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from sqlalchemy import BigInteger, DateTime, Index, MetaData, UniqueConstraint, text
+from sqlalchemy import false as sa_false, true as sa_true
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import registry
 from sqlalchemy.types import TypeDecorator
@@ -216,6 +217,9 @@ class Job(Base, table=True):
     begin_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     dependencies_json: str = Field(default="[]", sa_column_kwargs={"server_default": "[]"})  # [[kind, id]]
     held: bool = False
+    # SLURM's --exclusive: the job holds every device of the machine while it runs (benchmarks);
+    # on virtual devices (they share the CPU) it also waits until no other job runs.
+    exclusive: bool = Field(default=False, sa_column_kwargs={"server_default": sa_false()})
     requeue_on_failure: bool = False
     requeue_count: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     workdir: str
@@ -386,4 +390,11 @@ class BenchmarkPoint(Base, table=True):
     allreduce_bytes_per_s: float | None = None  # measured ring all-reduce (bus) bandwidth, DDP N > 1
     mean_utilization_pct: float | None = None  # from the daemon's samples; NULL if none were taken
     job_id: int | None = None  # the scheduler job that ran it
+    # The machine's other work while the point ran (JSON: CPU % of other processes before and
+    # during it; on GPUs, NVML's other processes and their utilisation). NULL: not recorded.
+    other_load_json: str | None = None
+    # False when the point cannot be trusted (beats its ceiling, superlinear, noisy, other load);
+    # `reason` says why. Unreliable points never enter a headline figure or the projection.
+    reliable: bool = Field(default=True, sa_column_kwargs={"server_default": sa_true()})
+    reason: str | None = None
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
