@@ -20,6 +20,13 @@ reserved devices (the head's estimate is "never", so nothing it was promised is 
 Unavailable devices (unreadable, or failed until a health check passes) come back at no known
 time: a job that needs one (it names it, or asks for more devices than the others) waits with
 SLURM's ReqNodeNotAvail naming them, and takes no reservation, so it holds nobody up.
+
+Exclusive jobs (SLURM's --exclusive: the whole node, here the whole machine) hold every device
+while they run and use `gpus` of them (the usual choice); they start only when every device is
+free and available and no other job of ours runs, 0-device jobs included (virtual devices share
+the CPU; real GPUs share the host's CPUs and PCIe). While one runs nothing else starts. An
+exclusive head reserves every device and needs every job gone, so a job behind it starts now
+only if its time limit ends it by the shadow time, whatever devices it asks for.
 """
 
 from __future__ import annotations
@@ -41,6 +48,11 @@ DEPENDENCY_NEVER = "DependencyNeverSatisfied"
 RESOURCES = "Resources"
 PRIORITY = "Priority"
 REQ_NODE_NOT_AVAIL = "ReqNodeNotAvail"  # given as "ReqNodeNotAvail, UnavailableNodes:<uuids>"
+# Exclusive jobs: "Resources, ExclusiveJob:<id>" (the machine is held by that job) and
+# "Resources, RunningJobs:<ids>" (an exclusive job waiting for those to end): the code stays
+# SLURM's Resources, the detail says who is in the way.
+EXCLUSIVE_JOB = "ExclusiveJob"
+RUNNING_JOBS = "RunningJobs"
 REASONS: frozenset[str] = frozenset({HELD, BEGIN_TIME, DEPENDENCY, DEPENDENCY_NEVER, RESOURCES, PRIORITY,
                                      REQ_NODE_NOT_AVAIL})
 
@@ -62,7 +74,8 @@ class JobView:
     held: bool = False
     dependencies: tuple[tuple[DependencyKind, int], ...] = ()
     started_at: float | None = None  # running jobs only
-    devices: tuple[str, ...] = ()  # running jobs only: uuids they hold
+    devices: tuple[str, ...] = ()  # running jobs only: uuids they hold (an exclusive job: every device)
+    exclusive: bool = False  # holds the whole machine while it runs; uses `gpus` of its devices
 
     def __post_init__(self) -> None:
         # Checked here so every helper can trust the shape (e.g. no duplicate uuids to double-book).
@@ -98,6 +111,7 @@ class Reservation:
     job_id: int
     start_at: float  # shadow time; math.inf when it depends on a job that never ends
     devices: tuple[str, ...]  # the reserved devices
+    exclusive: bool = False  # the head is exclusive: it also needs every other job gone
 
 
 @dataclass(frozen=True)
@@ -105,6 +119,8 @@ class Plan:
     starts: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)  # in start order
     reasons: dict[int, str] = field(default_factory=dict)  # every pending job that does not start
     reservation: Reservation | None = None  # the head's, for `queue` to show an expected start
+    # Exclusive jobs started: every device each holds (a superset of its devices in `starts`).
+    holds: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
 
 def order_key(job: JobView) -> tuple[int, float, int]:
@@ -172,8 +188,11 @@ def pick_devices(job: JobView, free_devices: Iterable[DeviceView]) -> tuple[str,
 
 def unavailable_needed(job: JobView, devices: list[DeviceView]) -> list[str]:
     """The unavailable devices `job` cannot start without: those it names, or, for a count larger
-    than the available devices, every unavailable one. [] when the available ones could do."""
+    than the available devices, every unavailable one; an exclusive job needs every device.
+    [] when the available ones could do."""
     unavailable = [d.uuid for d in sorted(devices, key=lambda d: d.index) if d.unavailable]
+    if job.exclusive:
+        return unavailable
     if job.gpu_ids is not None:
         return [u for u in job.gpu_ids if u in unavailable]
     return unavailable if job.gpus > len(devices) - len(unavailable) else []
@@ -182,6 +201,40 @@ def unavailable_needed(job: JobView, devices: list[DeviceView]) -> list[str]:
 def req_node_not_avail(uuids: list[str]) -> str:
     """SLURM's reason for a job waiting on devices that are down: it names them."""
     return f"{REQ_NODE_NOT_AVAIL}, UnavailableNodes:{','.join(uuids)}"
+
+
+def exclusive_job_runs(job_id: int) -> str:
+    """Why a job waits while an exclusive job holds the machine."""
+    return f"{RESOURCES}, {EXCLUSIVE_JOB}:{job_id}"
+
+
+def waits_for_jobs(job_ids: Iterable[int]) -> str:
+    """Why an exclusive job waits while other jobs of ours run (they all must end first)."""
+    return f"{RESOURCES}, {RUNNING_JOBS}:{','.join(str(i) for i in sorted(job_ids))}"
+
+
+def exclusive_pick(job: JobView, devices: list[DeviceView], active: list[JobView]) -> tuple[str, ...] | None:
+    """The devices an exclusive job would use now, or None: it needs every device free and no
+    other job running. It holds all of `devices`; it uses `gpus` of them, chosen as usual."""
+    if active or not all(d.free for d in devices):
+        return None
+    return pick_devices(job, devices)
+
+
+def exclusive_shadow_time(head: JobView, running: list[JobView], devices: list[DeviceView],
+                          now: float) -> Reservation | None:
+    """When an exclusive `head` can start: once every running job has ended (by its time limit)
+    and every device is back; a device busy with something not ours comes back only at infinity.
+    Reserves every device. None when it would not fit even then (e.g. not enough memory)."""
+    when = max((expected_end(job, now) for job in running), default=now)
+    ours = {u for job in running for u in job.devices}
+    if any(not d.free and d.uuid not in ours for d in devices):
+        when = math.inf
+    back = [d if d.free else replace(d, free=True, free_memory=None) for d in devices]
+    if pick_devices(head, back) is None:
+        return None
+    every = tuple(d.uuid for d in sorted(devices, key=lambda d: d.index))
+    return Reservation(head.id, when, every, exclusive=True)
 
 
 def expected_end(job: JobView, now: float) -> float:
@@ -235,6 +288,8 @@ def backfill_pick(job: JobView, free: list[DeviceView], reservation: Reservation
     """Devices for a job behind the head that cannot delay the head's reservation, or None."""
     if ends_before(job, now, reservation.start_at):
         return pick_devices(job, free)  # gone before the head needs anything
+    if reservation.exclusive:
+        return None  # the head needs every job gone, even one without devices
     reserved = set(reservation.devices)
     return pick_devices(job, [d for d in free if d.uuid not in reserved])
 
@@ -253,6 +308,7 @@ def plan(pending: list[JobView], running: list[JobView], devices: list[DeviceVie
             reasons[job.id] = reason
 
     starts: list[tuple[int, tuple[str, ...]]] = []
+    holds: dict[int, tuple[str, ...]] = {}
     taken: set[str] = set()
     active = list(running)  # running jobs plus those this plan starts, for the shadow time
     reservation: Reservation | None = None
@@ -260,27 +316,53 @@ def plan(pending: list[JobView], running: list[JobView], devices: list[DeviceVie
     def current_devices() -> list[DeviceView]:
         return [replace(d, free=False) if d.uuid in taken else d for d in devices]
 
+    def reserve(head: JobView, now_devices: list[DeviceView]) -> Reservation | None:
+        # A job that can never fit on this machine gets no reservation: it must not block others.
+        if head.exclusive:
+            return exclusive_shadow_time(head, active, now_devices, now)
+        return shadow_time(head, active, now_devices, now)
+
+    def waiting(job: JobView, now_devices: list[DeviceView]) -> str:
+        # An exclusive job that would fit once our jobs end names them; else SLURM's plain Resources.
+        if job.exclusive and active and exclusive_shadow_time(job, active, now_devices, now) is not None:
+            return waits_for_jobs(j.id for j in active)
+        return RESOURCES
+
     for job in eligible:
         now_devices = current_devices()
         down = unavailable_needed(job, now_devices)
         if down:
             reasons[job.id] = req_node_not_avail(down)
             continue
-        if reservation is None:
-            picked = pick_devices(job, now_devices)
+        holder = next((j for j in active if j.exclusive), None)
+        if holder is not None:  # the machine is someone's alone: nothing starts beside it
+            reasons[job.id] = exclusive_job_runs(holder.id)
+            if reservation is None:
+                reservation = reserve(job, now_devices)
+            continue
+        if job.exclusive:
+            fits = exclusive_pick(job, now_devices, active)
+            # It holds every device, so behind a head it may only borrow time it gives back:
+            # every reservation has devices, or is exclusive itself.
+            picked = fits if reservation is None or ends_before(job, now, reservation.start_at) else None
+        elif reservation is None:
+            fits = picked = pick_devices(job, now_devices)
         else:
+            fits = pick_devices(job, now_devices)
             picked = backfill_pick(job, now_devices, reservation, now)
         if picked is not None:
+            held = tuple(d.uuid for d in sorted(now_devices, key=lambda d: d.index)) if job.exclusive else picked
             starts.append((job.id, picked))
-            taken.update(picked)
-            active.append(replace(job, started_at=now, devices=picked))
+            if job.exclusive:
+                holds[job.id] = held
+            taken.update(held)
+            active.append(replace(job, started_at=now, devices=held))
             continue
         if reservation is None:
-            reasons[job.id] = RESOURCES
-            # A job that can never fit on this machine gets no reservation: it must not block others.
-            reservation = shadow_time(job, active, now_devices, now)
-        elif pick_devices(job, now_devices) is not None:
+            reasons[job.id] = waiting(job, now_devices)
+            reservation = reserve(job, now_devices)
+        elif fits is not None:
             reasons[job.id] = PRIORITY  # would fit, but would delay the head
         else:
-            reasons[job.id] = RESOURCES
-    return Plan(starts=starts, reasons=reasons, reservation=reservation)
+            reasons[job.id] = waiting(job, now_devices)
+    return Plan(starts=starts, reasons=reasons, reservation=reservation, holds=holds)

@@ -1,4 +1,5 @@
-"""The scheduling policy on plain data: order, device choice, eligibility and EASY backfill."""
+"""The scheduling policy on plain data: order, device choice, eligibility, EASY backfill and
+exclusive jobs."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import random
 
 import pytest
 
+from dataclasses import replace
+
 from scheduler.policy import (
     BEGIN_TIME, DEPENDENCY, DEPENDENCY_NEVER, HELD, PRIORITY, REASONS, RESOURCES,
-    DeviceView, JobView, Plan, Reservation, blocking_reason, dependency_status, ends_before, order_key,
-    pick_devices, plan, shadow_time,
+    DeviceView, JobView, Plan, Reservation, blocking_reason, dependency_status, ends_before,
+    exclusive_job_runs, exclusive_pick, exclusive_shadow_time, order_key, pick_devices, plan,
+    req_node_not_avail, shadow_time, waits_for_jobs,
 )
 
 GiB = 1 << 30
@@ -25,9 +29,11 @@ def job(id: int, **kw) -> JobView:
     return JobView(id=id, **kw)
 
 
-def running(id: int, devices: tuple[int, ...], started_at: float = 0.0, limit: float | None = None) -> JobView:
-    return JobView(id=id, gpus=len(devices), devices=tuple(f"GPU-{i}" for i in devices),
-                   started_at=started_at, time_limit_s=limit)
+def running(id: int, devices: tuple[int, ...], started_at: float = 0.0, limit: float | None = None,
+            **kw) -> JobView:
+    kw.setdefault("gpus", len(devices))
+    return JobView(id=id, devices=tuple(f"GPU-{i}" for i in devices), started_at=started_at,
+                   time_limit_s=limit, **kw)
 
 
 def uuids(*indices: int) -> tuple[str, ...]:
@@ -286,6 +292,123 @@ def test_only_one_reservation():
     assert p.reasons == {1: RESOURCES, 2: RESOURCES}
 
 
+# --- exclusive jobs ------------------------------------------------------------------------
+
+def test_exclusive_job_holds_every_device_and_uses_the_usual_choice():
+    devices = [dev(0, mem=8 * GiB), dev(1, mem=40 * GiB), dev(2, mem=16 * GiB), dev(3, mem=40 * GiB)]
+    p = run([job(1, gpus=2, exclusive=True)], devices)
+    assert p.starts == [(1, uuids(1, 3))]  # the 2 it runs on: most free memory, as any job
+    assert p.holds == {1: uuids(0, 1, 2, 3)}  # the whole machine
+    assert p.reasons == {}
+
+
+def test_exclusive_job_of_no_device_still_holds_the_machine():
+    p = run([job(1, gpus=0, exclusive=True), job(2, gpus=1)], [dev(0), dev(1)])
+    assert p.starts == [(1, ())] and p.holds == {1: uuids(0, 1)}
+    assert p.reasons == {2: exclusive_job_runs(1)}
+
+
+def test_exclusive_job_waits_for_running_jobs_even_with_enough_free_devices():
+    # Three of four devices are free, enough for its 2, but job 50 runs: it waits for it to end.
+    devices = [dev(0, free=False), dev(1), dev(2), dev(3)]
+    p = run([job(1, gpus=2, exclusive=True)], devices, [running(50, (0,), limit=100.0)], now=10.0)
+    assert p.starts == [] and p.holds == {}
+    assert p.reasons == {1: "Resources, RunningJobs:50"} == {1: waits_for_jobs([50])}
+    assert p.reservation == Reservation(1, 100.0, uuids(0, 1, 2, 3), exclusive=True)
+
+
+def test_exclusive_job_waits_for_a_running_job_of_no_device():
+    # Virtual devices share the CPU (and real GPUs the host): a CPU-only job in the way counts too.
+    p = run([job(1, gpus=2, exclusive=True)], [dev(0), dev(1)], [running(50, (), limit=None)])
+    assert p.starts == [] and p.reasons == {1: waits_for_jobs([50])}
+    assert p.reservation == Reservation(1, math.inf, uuids(0, 1), exclusive=True)
+
+
+def test_exclusive_job_waits_for_jobs_started_earlier_in_the_same_pass():
+    p = run([job(1, gpus=1, time_limit_s=30.0), job(2, gpus=1, exclusive=True)], [dev(0), dev(1), dev(2)], now=0.0)
+    assert p.starts == [(1, uuids(0))]
+    assert p.reasons == {2: waits_for_jobs([1])}
+    assert p.reservation == Reservation(2, 30.0, uuids(0, 1, 2), exclusive=True)
+
+
+def test_running_exclusive_job_lets_nothing_start():
+    # Job 50 holds all three devices (it runs on one of them); nothing starts beside it, not even
+    # a job of no device, and the head's expected start is its end.
+    devices = [dev(0, free=False), dev(1, free=False), dev(2, free=False)]
+    live = [running(50, (0, 1, 2), limit=100.0, gpus=1, exclusive=True)]
+    pending = [job(1, gpus=1), job(2, gpus=0), job(3, gpus=0, time_limit_s=1.0), job(4, gpus=2, exclusive=True)]
+    p = run(pending, devices, live, now=10.0)
+    assert p.starts == []
+    assert p.reasons == {i: "Resources, ExclusiveJob:50" for i in (1, 2, 3, 4)}
+    assert p.reservation == Reservation(1, 100.0, uuids(0))
+
+
+def test_running_exclusive_job_blocks_even_devices_reported_free():
+    # Whatever a device reading says, the machine is the exclusive job's until it ends.
+    live = [running(50, (0,), limit=None, exclusive=True)]
+    p = run([job(1, gpus=1, time_limit_s=5.0)], [dev(0, free=False), dev(1)], live)
+    assert p.starts == [] and p.reasons == {1: exclusive_job_runs(50)}
+
+
+def test_exclusive_first_in_order_starts_and_the_rest_wait_behind_it():
+    p = run([job(1, gpus=1, exclusive=True), job(2, gpus=1), job(3, gpus=0)], [dev(0), dev(1)])
+    assert p.starts == [(1, uuids(0))] and p.holds == {1: uuids(0, 1)}
+    assert p.reasons == {2: exclusive_job_runs(1), 3: exclusive_job_runs(1)}
+
+
+def test_backfill_respects_an_exclusive_reservation():
+    # The exclusive head can start at 100, when job 50 ends. Behind it, only jobs whose time
+    # limit ends them by then start, whether they need devices or not.
+    devices = [dev(0, free=False), dev(1), dev(2)]
+    live = [running(50, (0,), limit=100.0)]
+    pending = [job(1, gpus=1, exclusive=True), job(2, gpus=1, time_limit_s=90.0), job(3, gpus=1),
+               job(4, gpus=0), job(5, gpus=0, time_limit_s=50.0), job(6, gpus=1, time_limit_s=91.0),
+               job(7, gpus=5, time_limit_s=1.0)]
+    p = run(pending, devices, live, now=10.0)
+    assert p.reservation == Reservation(1, 100.0, uuids(0, 1, 2), exclusive=True)
+    assert p.starts == [(2, uuids(1)), (5, ())]
+    assert p.reasons == {1: waits_for_jobs([50]), 3: PRIORITY, 4: PRIORITY, 6: PRIORITY, 7: RESOURCES}
+
+
+def test_exclusive_job_behind_a_head_waits():
+    # Head 1 (2 devices) waits for the externally busy GPU-1; the exclusive job behind it cannot
+    # start either (GPU-1 is not free), and, not being the head, reserves nothing.
+    devices = [dev(0), dev(1, free=False)]
+    p = run([job(1, gpus=2), job(2, gpus=1, exclusive=True, time_limit_s=5.0)], devices)
+    assert p.starts == [] and p.reasons == {1: RESOURCES, 2: RESOURCES}
+    assert p.reservation == Reservation(1, math.inf, uuids(0, 1))
+
+
+def test_exclusive_job_waits_for_externally_busy_devices():
+    devices = [dev(0), dev(1, free=False)]  # GPU-1: someone else's process, not one of our jobs
+    p = run([job(1, gpus=1, exclusive=True), job(2, gpus=1, time_limit_s=60.0), job(3, gpus=0)], devices)
+    assert p.reservation == Reservation(1, math.inf, uuids(0, 1), exclusive=True)
+    assert p.starts == [(2, uuids(0))]  # borrows: the head's estimate is "never"
+    assert p.reasons == {1: RESOURCES, 3: PRIORITY}  # no time limit: it would never give it back
+
+
+def test_exclusive_job_waits_for_unavailable_devices_and_holds_nobody_up():
+    devices = [dev(0), replace(dev(1, free=False), unavailable=True), dev(2)]
+    p = run([job(1, gpus=1, exclusive=True), job(2, gpus=1)], devices)
+    assert p.reasons == {1: req_node_not_avail(["GPU-1"])}
+    assert p.reservation is None and p.starts == [(2, uuids(0))]
+
+
+def test_exclusive_job_that_can_never_fit_holds_nobody_up():
+    p = run([job(1, gpus=1, exclusive=True, mem_per_gpu=80 * GiB), job(2, gpus=1)],
+            [dev(0, mem=24 * GiB), dev(1, mem=24 * GiB)])
+    assert p.reasons == {1: RESOURCES} and p.reservation is None
+    assert p.starts == [(2, uuids(0))]
+
+
+def test_exclusive_shadow_time_is_the_last_end_of_every_job():
+    devices = [dev(0, free=False), dev(1, free=False), dev(2)]
+    live = [running(50, (0,), limit=300.0), running(51, (1,), limit=100.0), running(52, (), limit=400.0)]
+    r = exclusive_shadow_time(job(1, gpus=1, exclusive=True), live, devices, now=10.0)
+    assert r == Reservation(1, 400.0, uuids(0, 1, 2), exclusive=True)
+    assert exclusive_shadow_time(job(1, exclusive=True), [], [dev(0)], now=10.0).start_at == 10.0
+
+
 # --- validation and determinism ------------------------------------------------------------
 
 @pytest.mark.parametrize("kw", [
@@ -348,35 +471,84 @@ def test_random_queues_keep_the_invariants():
     now = 60.0
     for _ in range(400):
         pending, live, devices, finished = _random_case(rng)
+        _check_invariants(plan(pending, live, devices, finished, now), pending, live, devices, finished, now)
+
+
+def _with_exclusive_jobs(rng: random.Random, pending, live, devices):
+    """_random_case with some pending jobs exclusive, and sometimes an exclusive job running
+    (it holds every device, so none is free) or a running job of no device."""
+    pending = [replace(j, exclusive=True, gpu_ids=None) if rng.random() < 0.3 else j for j in pending]
+    if rng.random() < 0.2:
+        devices = [replace(d, free=False) for d in devices]
+        live = [running(999, tuple(d.index for d in devices), started_at=rng.uniform(0, 50),
+                        limit=rng.choice([None, 30.0, 200.0]), gpus=rng.randint(0, len(devices)), exclusive=True)]
+    elif rng.random() < 0.2:
+        live = [*live, running(998, (), started_at=rng.uniform(0, 50), limit=rng.choice([None, 100.0]))]
+    return pending, live, devices
+
+
+def test_random_queues_with_exclusive_jobs_keep_the_invariants():
+    rng = random.Random(4242)
+    now = 60.0
+    for _ in range(400):
+        pending, live, devices, finished = _random_case(rng)
+        pending, live, devices = _with_exclusive_jobs(rng, pending, live, devices)
         p = plan(pending, live, devices, finished, now)
+        _check_invariants(p, pending, live, devices, finished, now)
         by_id = {j.id: j for j in pending}
-        free = {d.uuid: d for d in devices if d.free}
-        started = dict(p.starts)
-        known = set(by_id) | {j.id for j in live}
-
-        assert set(started) | set(p.reasons) == set(by_id) and not set(started) & set(p.reasons)
-        assert set(p.reasons.values()) <= REASONS
-        used = [u for us in started.values() for u in us]
-        assert len(used) == len(set(used)), "a device allocated twice"
-        assert set(used) <= set(free) and len(used) <= len(free), "started on a device that was not free"
-        for jid, us in started.items():
-            j = by_id[jid]
-            assert dependency_status(j, finished, known) == "ok"
-            assert not j.held and (j.begin_at is None or j.begin_at <= now)
-            assert len(us) == j.gpus and (j.gpu_ids is None or us == j.gpu_ids)
-            assert all(free[u].free_memory is None or j.mem_per_gpu is None
-                       or free[u].free_memory >= j.mem_per_gpu for u in us)
-
-        # Backfill never delays the head: a later job on a reserved device ends by the shadow time.
-        if p.reservation is not None:
+        every = {d.uuid for d in devices}
+        exclusive_starts = [jid for jid, _ in p.starts if by_id[jid].exclusive]
+        assert set(p.holds) == set(exclusive_starts)
+        for jid in exclusive_starts:  # alone: nothing of ours runs, nothing else starts
+            assert set(p.holds[jid]) == every and set(dict(p.starts)[jid]) <= every
+            assert not live and len(p.starts) == 1
+            assert all(d.free and not d.unavailable for d in devices)
+        if any(j.exclusive for j in live):
+            assert p.starts == []
+        # An exclusive head needs every job gone: whatever starts behind it ends by the shadow time.
+        if p.reservation is not None and p.reservation.exclusive:
             head = by_id[p.reservation.job_id]
-            assert p.reasons[head.id] == RESOURCES
-            for jid, us in started.items():
-                if order_key(by_id[jid]) > order_key(head) and set(us) & set(p.reservation.devices):
+            assert head.exclusive and set(p.reservation.devices) == every
+            for jid, _ in p.starts:
+                if order_key(by_id[jid]) > order_key(head):
                     assert ends_before(by_id[jid], now, p.reservation.start_at)
 
-        # Free devices only shrink during a pass, so "Resources" still means "does not fit".
-        left = [d for d in devices if d.free and d.uuid not in set(used)]
-        for jid, reason in p.reasons.items():
-            if reason == RESOURCES:
+
+def _check_invariants(p: Plan, pending, live, devices, finished, now) -> None:
+    by_id = {j.id: j for j in pending}
+    free = {d.uuid: d for d in devices if d.free}
+    started = dict(p.starts)
+    known = set(by_id) | {j.id for j in live}
+
+    assert set(started) | set(p.reasons) == set(by_id) and not set(started) & set(p.reasons)
+    assert {r.split(",")[0] for r in p.reasons.values()} <= REASONS
+    held = [u for jid, us in started.items() for u in p.holds.get(jid, us)]
+    assert len(held) == len(set(held)), "a device allocated twice"
+    assert set(held) <= set(free) and len(held) <= len(free), "started on a device that was not free"
+    for jid, us in started.items():
+        j = by_id[jid]
+        assert set(us) <= set(p.holds.get(jid, us))
+        assert dependency_status(j, finished, known) == "ok"
+        assert not j.held and (j.begin_at is None or j.begin_at <= now)
+        assert len(us) == j.gpus and (j.gpu_ids is None or us == j.gpu_ids)
+        assert all(free[u].free_memory is None or j.mem_per_gpu is None
+                   or free[u].free_memory >= j.mem_per_gpu for u in us)
+
+    # Backfill never delays the head: a later job on a reserved device ends by the shadow time.
+    if p.reservation is not None:
+        head = by_id[p.reservation.job_id]
+        assert p.reasons[head.id].startswith(RESOURCES)
+        for jid, us in started.items():
+            if order_key(by_id[jid]) > order_key(head) and set(p.holds.get(jid, us)) & set(p.reservation.devices):
+                assert ends_before(by_id[jid], now, p.reservation.start_at)
+
+    # Free devices only shrink during a pass, so "Resources" still means "does not fit".
+    left = [d for d in devices if d.free and d.uuid not in set(held)]
+    taken = [replace(d, free=False) if d.uuid in set(held) else d for d in devices]
+    active = [*live, *[by_id[jid] for jid in started]]
+    for jid, reason in p.reasons.items():
+        if reason == RESOURCES:
+            if by_id[jid].exclusive:
+                assert exclusive_pick(by_id[jid], taken, active) is None
+            else:
                 assert pick_devices(by_id[jid], left) is None
