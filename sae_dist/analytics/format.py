@@ -6,7 +6,9 @@ Pure functions (no Streamlit), so the table the app shows is testable with plain
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 MISSING = "—"
@@ -228,3 +230,81 @@ def event_lines(events: list[dict[str, Any]], limit: int = 10) -> list[str]:
     if len(events) > limit:
         lines.append(f"- … and {len(events) - limit:,} earlier")
     return lines
+
+
+# ---- numbers as Vega-Lite writes them ---------------------------------------------------------
+
+_D3_SPEC = re.compile(r"^(?P<comma>,)?(?:\.(?P<precision>\d+))?(?P<trim>~)?(?P<type>[fgde%])$")
+D3_MINUS = "\u2212"  # d3-format's minus sign
+
+
+def fmt_d3(value: float | None, spec: str) -> str:
+    """`value` formatted as the d3-format `spec` of a chart's tooltip or axis writes it, so that
+    a card beside a chart reads exactly as the chart's own tooltip; "—" when missing.
+
+    The subset the app's charts use: an optional "," (thousands), ".N" precision, "~" (trim
+    insignificant zeros) and a type among f, g, d, e, %. Rounding as JavaScript's toFixed and
+    toPrecision (ties away from zero), exponents as d3 writes them ("1.5e-7", "2e+21")."""
+    match = _D3_SPEC.match(spec)
+    if match is None:
+        raise ValueError(f"unsupported d3 format {spec!r}")
+    if _missing(value):
+        return MISSING
+    kind, trim, comma = match["type"], bool(match["trim"]), bool(match["comma"])
+    precision = None if match["precision"] is None else int(match["precision"])
+    x = Decimal(value)  # exact: the float as JavaScript sees it
+    negative = x < 0
+    x = abs(x)
+    if kind == "f":
+        text = _to_fixed(x, 6 if precision is None else precision)
+    elif kind == "%":
+        text = _to_fixed(x * 100, 6 if precision is None else precision)
+    elif kind == "d":
+        text = _to_fixed(x, 0)
+    elif kind == "e":
+        text = _to_exponential(x, 6 if precision is None else precision)
+    else:
+        text = _to_precision(x, 6 if precision is None else max(1, precision))
+    if trim:
+        text = _trim(text)
+    if comma:
+        head, dot, tail = text.partition(".")
+        if "e" not in head:
+            head = f"{int(head):,}"
+        text = head + dot + tail
+    if negative and any(c not in "0.,e+-" for c in text.split("e")[0]):
+        text = D3_MINUS + text  # d3 drops the sign of a value that rounds to zero
+    return text + ("%" if kind == "%" else "")
+
+
+def _to_fixed(x: Decimal, digits: int) -> str:
+    return f"{x.quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP):f}"
+
+
+def _exponent(x: Decimal, significant: int) -> tuple[Decimal, int]:
+    """x rounded to `significant` digits, and the exponent of its leading digit after rounding."""
+    if x == 0:
+        return x, 0
+    e = x.adjusted()
+    rounded = x.quantize(Decimal(1).scaleb(e - significant + 1), rounding=ROUND_HALF_UP)
+    return rounded, rounded.adjusted()
+
+
+def _to_exponential(x: Decimal, digits: int) -> str:
+    rounded, e = _exponent(x, digits + 1)
+    mantissa = _to_fixed(rounded.scaleb(-e), digits)
+    return f"{mantissa}e{'+' if e >= 0 else '-'}{abs(e)}"
+
+
+def _to_precision(x: Decimal, significant: int) -> str:
+    rounded, e = _exponent(x, significant)
+    if e < -6 or e >= significant:
+        return _to_exponential(x, significant - 1)
+    return _to_fixed(rounded, max(0, significant - 1 - e))
+
+
+def _trim(text: str) -> str:
+    mantissa, e, exponent = text.partition("e")
+    if "." in mantissa:
+        mantissa = mantissa.rstrip("0").rstrip(".")
+    return mantissa + e + exponent

@@ -1,0 +1,74 @@
+"""How each plotted quantity reads: its title, its axis' tick format, the format of one value.
+
+One table for charts and cards alike: a chart's axis ticks use `axis`, its tooltip `value`,
+and the card beside it `value` too (through `format.fmt_d3`, which writes numbers as d3-format
+does), so a card reads exactly as the chart's last point does in its tooltip. The formats
+are d3-format specifiers (what Vega-Lite takes); "~" trims insignificant zeros, so a tick
+never reads "200.000000" and a nearly flat series (L0 of a TopK SAE: 3.9998, 4) keeps its
+ticks apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sae_dist.analytics.format import MISSING, fmt_d3
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A plotted quantity: `title` (the chart's), `axis` (tick format), `value` (tooltip and
+    card format), `suffix` written after a value on a card (" GiB"), `axis_title` (the value
+    axis' title, None for none) and `factor` (from the stored unit to the plotted one)."""
+
+    title: str
+    axis: str
+    value: str
+    suffix: str = ""
+    axis_title: str | None = None
+    factor: float = 1.0
+
+    def text(self, value: float | None) -> str:
+        """One plotted value as a card shows it: "25.0%", "3.0 GiB"; "—" when missing."""
+        return MISSING if value is None else fmt_d3(value, self.value) + self.suffix
+
+
+STEP_AXIS_FORMAT = ",d"
+"""Steps on an x axis: whole numbers, thousands separated ("12,000", never "12000.000")."""
+
+TRAINING = {
+    "loss": Unit("Loss", ".3~g", ".4~g"),
+    "mse": Unit("MSE", ".3~g", ".4~g"),
+    "fvu": Unit("FVU (fraction of variance unexplained)", ".3~g", ".4~g"),
+    "explained_variance": Unit("Explained variance", ".3~g", ".3f"),
+    "l0": Unit("L0 (active latents per sample)", ".4~g", ".3~g"),
+    "dead_fraction": Unit("Dead latents (fraction)", ".3~%", ".1%"),
+    "auxk_loss": Unit("AuxK loss", ".3~g", ".4~g"),
+    "lr": Unit("Learning rate", ".2~e", ".2e"),
+    "grad_norm": Unit("Gradient norm", ".3~g", ".4~g"),
+    "samples_per_s": Unit("Throughput (samples/s)", ",.4~g", ",.0f"),
+    "recovery_frac": Unit("Planted features recovered (cosine > 0.9)", ".3~%", ".1%"),
+    "recovery_mean_cos": Unit("Mean best cosine to a planted feature", ".3~f", ".3f"),
+    "imbalance": Unit("Imbalance (slowest / fastest rank)", ".3~g", ".2f", suffix="×"),
+}
+"""The step metrics (step_metrics columns) drawn against step."""
+
+RANK_TIME = Unit("Time per rank", ".3~g", ".2f", suffix=" ms", axis_title="ms", factor=1000.0)
+"""Per-rank step or compute times, stored in seconds, drawn in milliseconds."""
+
+PEAK_MEMORY = Unit("Peak memory per rank", ",.4~g", ",.1f", suffix=" MiB", axis_title="MiB",
+                   factor=1 / 2**20)
+
+DEVICE = {
+    "memory_used": Unit("Memory used", ".3~g", ".1f", suffix=" GiB", axis_title="GiB",
+                        factor=1 / 2**30),
+    "utilization_pct": Unit("Utilisation", "~g", ".0f", suffix="%", axis_title="%"),
+    "power_w": Unit("Power", ".4~g", ".0f", suffix=" W", axis_title="W"),
+    "temperature_c": Unit("Temperature", ".3~g", ".0f", suffix=" °C", axis_title="°C"),
+}
+"""Device readings (gpu_samples columns) against time."""
+
+
+def training_unit(metric: str) -> Unit:
+    """The unit of a step metric; an unknown one (a newer trainer's) reads as itself."""
+    return TRAINING.get(metric, Unit(metric, ".3~g", ".4~g"))
