@@ -4,11 +4,15 @@ Inputs are the plain column-wise data of `queries`; every series is thinned by
 `downsample` first, so a chart holds at most `MAX_ROWS_PER_CHART` rows however long the
 run (Altair's `to_dict()` refuses more than 5,000, and browsers slow down well before).
 A builder returns None when there is nothing measured to draw: the page then says so,
-rather than drawing an empty or zero line.
+rather than drawing an empty or zero line. The `*_panel` builders return the chart with the
+data frame it plots (`Panel`), so the metric card beside a chart is read from the very
+points it draws (`cards`); titles and formats come from `units`. Run events are grouped
+into a few marks (`events`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import altair as alt
@@ -21,60 +25,93 @@ from sae_dist.analytics.downsample import (
     downsample_indices,
     points_per_series,
 )
-from sae_dist.analytics.format import event_label
+from sae_dist.analytics import units
+from sae_dist.analytics.cards import Card, card_text, last_plotted_row, memory_text
+from sae_dist.analytics.events import MAX_EVENT_MARKS, group_events, kinds_text
 
-METRIC_LABELS = {
-    "loss": "Loss",
-    "mse": "MSE",
-    "fvu": "FVU (fraction of variance unexplained)",
-    "explained_variance": "Explained variance",
-    "l0": "L0 (active latents per sample)",
-    "dead_fraction": "Dead latents (fraction)",
-    "auxk_loss": "AuxK loss",
-    "lr": "Learning rate",
-    "grad_norm": "Gradient norm",
-    "samples_per_s": "Throughput (samples/s)",
-    "recovery_frac": "Planted features recovered (cosine > 0.9)",
-    "recovery_mean_cos": "Mean best cosine to a planted feature",
-}
-METRIC_FORMATS = {"dead_fraction": ".1%", "explained_variance": ".3f", "l0": ".2f", "lr": ".2e",
-                  "recovery_frac": ".1%", "recovery_mean_cos": ".3f"}
+METRIC_LABELS = {metric: unit.title for metric, unit in units.TRAINING.items()}
+"""A step metric's chart title (units.TRAINING holds its formats too)."""
 
 STRAGGLER_COLOR = "#d62728"
-# Not blue: the ranks' lines take Streamlit's blues, and a rule must not pass for one of them.
+# Not blue: the ranks' lines take Streamlit's blues, and an event mark must not pass for one.
 EVENT_COLORS = {"rebalance": "#57606a", "balance_limited": "#bf8700", "degraded": "#cf222e"}
 OTHER_EVENT_COLOR = "#6e7781"
-MAX_EVENT_RULES = 200  # rules a kind draws at most: beyond that they merge into a band anyway
 CHART_HEIGHT = 220
 STRAGGLER_BUDGET = 1_000  # rows of straggler marks per chart, out of MAX_ROWS_PER_CHART
 
 
-def training_curve(metrics: dict[str, list], metric: str,
-                   max_points: int = MAX_POINTS_PER_SERIES) -> alt.Chart | None:
-    """One metric against step (`metrics` from `queries.run_step_metrics`); None if the run
-    has no measured value of it yet."""
+@dataclass
+class Panel:
+    """A chart and the data frame it draws: `frame` holds exactly the rows plotted (after
+    bucketing and downsampling; a missing value stays None and is not drawn), so the card
+    beside the chart is read from it (`card`). `chart` is None when nothing was measured."""
+
+    frame: pd.DataFrame
+    chart: alt.Chart | alt.LayerChart | None
+    unit: units.Unit
+    help: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The card's text: the chart's last plotted value, in its unit; "—" without one."""
+        if "total" in self.frame:
+            return memory_text(self.frame, self.unit)
+        return card_text(self.frame, self.unit)
+
+    def card(self, label: str) -> Card:
+        return Card(label, self.text, self.help)
+
+
+def step_x() -> alt.X:
+    """The step axis: whole steps, thousands separated."""
+    return alt.X("step:Q", title="Step",
+                 axis=alt.Axis(format=units.STEP_AXIS_FORMAT, tickMinStep=1))
+
+
+def value_y(unit: units.Unit, field: str = "value", **scale: Any) -> alt.Y:
+    return alt.Y(f"{field}:Q", title=unit.axis_title, scale=alt.Scale(zero=False, **scale),
+                 axis=alt.Axis(format=unit.axis))
+
+
+def training_frame(metrics: dict[str, list], metric: str,
+                   max_points: int = MAX_POINTS_PER_SERIES) -> pd.DataFrame:
+    """The rows `training_curve` plots: the logged steps with a value of `metric`, thinned to
+    at most `max_points` (downsample keeps the last one)."""
     steps, values = downsample(metrics["step"], metrics[metric], max_points)
-    if not steps:
-        return None
-    label = METRIC_LABELS.get(metric, metric)
-    value_format = METRIC_FORMATS.get(metric, ".4g")
-    # "~g" (trailing zeros trimmed) keeps ticks of a nearly flat series apart (L0 of a TopK
-    # SAE: 3.9998, 4) where a fixed precision would print one label five times.
-    axis = alt.Axis(format=value_format if value_format.endswith("%") else "~g")
-    data = pd.DataFrame({"step": steps, "value": values})
-    line = alt.Chart(data).mark_line(point=len(steps) <= 60, interpolate="linear")
-    return line.encode(
-        x=alt.X("step:Q", title="Step"),
-        y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False),
-                axis=axis),
+    return pd.DataFrame({"step": pd.array(steps, dtype="Int64"),
+                         "value": pd.array(values, dtype="Float64")})
+
+
+def training_panel(metrics: dict[str, list], metric: str, events: list[dict] | None = None,
+                   max_points: int = MAX_POINTS_PER_SERIES) -> Panel:
+    """One metric against step (`metrics` from `queries.run_step_metrics`) and the data it
+    plots; `events` (`queries.run_events`) as grouped marks. No chart when the run has no
+    measured value of it yet."""
+    unit = units.training_unit(metric)
+    data = training_frame(metrics, metric, max_points)
+    row = last_plotted_row(data)
+    help_text = None if row is None else f"The chart's last point: step {int(row['step']):,}."
+    if not len(data):
+        return Panel(data, None, unit, help_text)
+    line = alt.Chart(data).mark_line(point=len(data) <= 60, interpolate="linear").encode(
+        x=step_x(), y=value_y(unit),
         tooltip=[alt.Tooltip("step:Q", title="Step", format=","),
-                 alt.Tooltip("value:Q", title=label, format=value_format)],
-    ).properties(title=label, height=CHART_HEIGHT)
+                 alt.Tooltip("value:Q", title=unit.title, format=unit.value)])
+    return Panel(data, _with_events([line], events, unit.title, None), unit, help_text)
 
 
-def rank_time_chart(stats: dict[str, list], field: str = "step_time_s") -> alt.LayerChart | None:
+def training_curve(metrics: dict[str, list], metric: str,
+                   max_points: int = MAX_POINTS_PER_SERIES,
+                   events: list[dict] | None = None) -> alt.Chart | alt.LayerChart | None:
+    """`training_panel`'s chart alone; None if the run has no measured value of `metric`."""
+    return training_panel(metrics, metric, events, max_points).chart
+
+
+def rank_time_chart(stats: dict[str, list], field: str = "step_time_s",
+                    events: list[dict] | None = None) -> alt.LayerChart | None:
     """Per-rank `field` ("step_time_s" or "compute_time_s", seconds) against step, one line
-    per rank, stragglers marked as red triangles; None without rank stats."""
+    per rank, stragglers marked as red triangles, `events` as grouped marks; None without
+    rank stats."""
     if field not in ("step_time_s", "compute_time_s"):
         raise ValueError(f"field must be step_time_s or compute_time_s, got {field!r}")
     ranks = sorted(set(stats["rank"]))
@@ -90,7 +127,7 @@ def rank_time_chart(stats: dict[str, list], field: str = "step_time_s") -> alt.L
         for j in downsample_indices(values, per_series):
             lines["step"].append(stats["step"][rows[j]])
             lines["rank"].append(label)
-            lines["ms"].append(1000 * values[j])
+            lines["ms"].append(values[j] * units.RANK_TIME.factor)
         flagged = [j for j, i in enumerate(rows) if stats["is_straggler"][i]]
         keep = downsample_indices([values[j] for j in flagged],
                                   max(4, STRAGGLER_BUDGET // len(ranks)))
@@ -98,12 +135,13 @@ def rank_time_chart(stats: dict[str, list], field: str = "step_time_s") -> alt.L
             j = flagged[k]
             marks["step"].append(stats["step"][rows[j]])
             marks["rank"].append(label)
-            marks["ms"].append(1000 * values[j])
+            marks["ms"].append(values[j] * units.RANK_TIME.factor)
     title = "Step time per rank" if field == "step_time_s" else "Compute time per rank"
+    unit = units.RANK_TIME
     tooltip = [alt.Tooltip("rank:N", title="Rank"), alt.Tooltip("step:Q", title="Step", format=","),
-               alt.Tooltip("ms:Q", title="Time (ms)", format=".2f")]
-    x = alt.X("step:Q", title="Step")
-    y = alt.Y("ms:Q", title="ms", scale=alt.Scale(zero=False))
+               alt.Tooltip("ms:Q", title="Time (ms)", format=unit.value)]
+    x = step_x()
+    y = value_y(unit, "ms")
     line = alt.Chart(pd.DataFrame(lines)).mark_line().encode(
         x=x, y=y, color=alt.Color("rank:N", title="Rank"), tooltip=tooltip)
     straggler = alt.Chart(pd.DataFrame(marks)).mark_point(
@@ -112,8 +150,7 @@ def rank_time_chart(stats: dict[str, list], field: str = "step_time_s") -> alt.L
              ).transform_calculate(straggler="'yes'")
     subtitle = (f"{sum(stats['is_straggler'])} straggler marks (red)" if any(stats["is_straggler"])
                 else "no straggler flagged")
-    return alt.layer(line, straggler).properties(
-        title=alt.TitleParams(title, subtitle=subtitle), height=CHART_HEIGHT)
+    return _with_events([line, straggler], events, title, subtitle)
 
 
 def peak_memory_chart(ranks: list[dict[str, Any]]) -> alt.Chart | None:
@@ -124,14 +161,15 @@ def peak_memory_chart(ranks: list[dict[str, Any]]) -> alt.Chart | None:
         return None
     data = pd.DataFrame({
         "rank": [_rank_label(r["rank"], r["device"]) for r in measured],
-        "mib": [r["peak_memory_bytes"] / 2**20 for r in measured],
+        "mib": [r["peak_memory_bytes"] * units.PEAK_MEMORY.factor for r in measured],
     })
     return alt.Chart(data).mark_bar().encode(
         x=alt.X("rank:N", title="Rank", sort=None, axis=alt.Axis(labelAngle=0)),
-        y=alt.Y("mib:Q", title="MiB"),
+        y=alt.Y("mib:Q", title=units.PEAK_MEMORY.axis_title,
+                axis=alt.Axis(format=units.PEAK_MEMORY.axis)),
         tooltip=[alt.Tooltip("rank:N", title="Rank"),
-                 alt.Tooltip("mib:Q", title="Peak memory (MiB)", format=",.1f")],
-    ).properties(title="Peak memory per rank", height=CHART_HEIGHT)
+                 alt.Tooltip("mib:Q", title="Peak memory (MiB)", format=units.PEAK_MEMORY.value)],
+    ).properties(title=units.PEAK_MEMORY.title, height=CHART_HEIGHT)
 
 
 def _rank_label(rank: int, device: str | None) -> str:
@@ -140,18 +178,16 @@ def _rank_label(rank: int, device: str | None) -> str:
 
 # ---- device readings over time (Monitor) ----------------------------------------------------
 
-DEVICE_PANELS = {
-    # field: (title, unit, scale factor from the stored unit, value format, fixed domain)
-    "memory_used": ("Memory used", "GiB", 1 / 2**30, ".1f", None),
-    "utilization_pct": ("Utilisation", "%", 1.0, ".0f", (0, 100)),
-    "power_w": ("Power", "W", 1.0, ".0f", None),
-    "temperature_c": ("Temperature", "°C", 1.0, ".0f", None),
-}
-"""The four device series, in the Monitor's order."""
+DEVICE_PANELS = {field: (None if field != "utilization_pct" else (0, 100))
+                 for field in units.DEVICE}
+"""The four device series, in the Monitor's order, with a fixed value domain where one fits
+(units.DEVICE holds their titles and formats)."""
 
 TOTAL_TITLES = {"memory_used": "Memory used (all devices)", "utilization_pct": "Mean utilisation",
                 "power_w": "Total power", "temperature_c": "Hottest temperature"}
 
+COUNT_FIELDS = {"memory_used": "memory_devices", "power_w": "power_devices"}
+"""The count of devices a total series says it covers, by field (`samples.total_series`)."""
 GAP_WIDTHS = 3  # buckets missing in a row before a line breaks (the sampler jitters by one)
 MIN_GAP_S = 10
 
@@ -175,46 +211,69 @@ def _time_axis() -> alt.X:
                  axis=alt.Axis(labelOverlap=True, tickCount=5))
 
 
-def device_history_chart(columns: dict[str, list], field: str, width_s: int, *,
-                         title: str | None = None, height: int = 170,
-                         total: bool = False) -> alt.LayerChart | alt.Chart | None:
-    """One device series against time (UTC), from `samples.Series.columns`; None when none
-    of its points was measured (a virtual device's power), so the page says "not measured".
+def device_frame(columns: dict[str, list], field: str, width_s: int) -> pd.DataFrame:
+    """The rows a device chart plots: time, value (in the plotted unit, None where not
+    measured or where readings stopped) and, for memory, the devices' total at each point."""
+    unit = units.DEVICE[field]
+    values = columns.get(field, [])
+    times, scaled = _with_gaps(columns["time"],
+                               [None if v is None else v * unit.factor for v in values], width_s)
+    data = pd.DataFrame({"time": pd.to_datetime(times, utc=True),
+                         "value": pd.array(scaled, dtype="Float64")})
+    if field == "memory_used" and any(v is not None for v in columns.get("memory_total", [])):
+        capacity = [None if v is None else v * unit.factor for v in columns["memory_total"]]
+        data["total"] = pd.array(_with_gaps(columns["time"], capacity, width_s)[1],
+                                 dtype="Float64")
+    for name in ("devices", COUNT_FIELDS.get(field)):  # over several devices: how many counted
+        if name in columns:
+            data[name] = pd.array(_with_gaps(columns["time"], columns[name], width_s)[1],
+                                  dtype="Int64")
+    return data
+
+
+def device_panel(columns: dict[str, list], field: str, width_s: int, *, title: str | None = None,
+                 height: int = 170, total: bool = False) -> Panel:
+    """One device series against time (UTC), from `samples.Series.columns`, and the data it
+    plots; no chart when none of its points was measured (a virtual device's power), so the
+    page says "not measured".
 
     Memory is drawn as GiB used with the devices' total as a dashed line; utilisation on a
     fixed 0-100 % scale. `total=True` titles it for several devices (TOTAL_TITLES).
     """
     if field not in DEVICE_PANELS:
         raise ValueError(f"field must be one of {', '.join(DEVICE_PANELS)}, got {field!r}")
-    label, unit, factor, value_format, domain = DEVICE_PANELS[field]
-    values = columns.get(field, [])
-    if not any(v is not None for v in values):
-        return None
-    times, scaled = _with_gaps(columns["time"],
-                               [None if v is None else v * factor for v in values], width_s)
-    data = pd.DataFrame({"time": pd.to_datetime(times, utc=True),
-                         "value": pd.array(scaled, dtype="Float64")})
-    name = title or (TOTAL_TITLES[field] if total else label)
+    unit, domain = units.DEVICE[field], DEVICE_PANELS[field]
+    data = device_frame(columns, field, width_s)
+    every = f"each point: {span_label(width_s)}"
+    if not data["value"].notna().any():
+        return Panel(data, None, unit, every)
+    name = title or (TOTAL_TITLES[field] if total else unit.title)
     scale = alt.Scale(domain=list(domain)) if domain else alt.Scale(zero=False, nice=True)
-    tooltip = [alt.Tooltip("time:T", title="Time (UTC)", format="%Y-%m-%d %H:%M:%S",
-                           formatType="utc"),
-               alt.Tooltip("value:Q", title=f"{label} ({unit})", format=value_format)]
+    when = alt.Tooltip("time:T", title="Time (UTC)", format="%Y-%m-%d %H:%M:%S", formatType="utc")
+    tooltip = [when, alt.Tooltip("value:Q", title=f"{unit.title} ({unit.axis_title})",
+                                 format=unit.value)]
     x = _time_axis()
-    y = alt.Y("value:Q", title=unit, scale=scale)
+    y = alt.Y("value:Q", title=unit.axis_title, scale=scale, axis=alt.Axis(format=unit.axis))
     line = alt.Chart(data).mark_line(interpolate="monotone", invalid=None,
                                      point=len(data) <= 2).encode(x=x, y=y, tooltip=tooltip)
-    every = f"each point: {span_label(width_s)}"
-    if field == "memory_used" and any(v is not None for v in columns.get("memory_total", [])):
-        capacity = [None if v is None else v * factor for v in columns["memory_total"]]
-        cap_t, cap_v = _with_gaps(columns["time"], capacity, width_s)
-        caps = pd.DataFrame({"time": pd.to_datetime(cap_t, utc=True),
-                             "value": pd.array(cap_v, dtype="Float64")})
-        limit = alt.Chart(caps).mark_line(strokeDash=[4, 3], color="gray", invalid=None).encode(
-            x=x, y=y, tooltip=[tooltip[0], alt.Tooltip("value:Q", title="Total (GiB)",
-                                                       format=".1f")])
-        return alt.layer(line, limit).properties(
+    if "total" in data:
+        limit = alt.Chart(data).mark_line(strokeDash=[4, 3], color="gray", invalid=None).encode(
+            x=x, y=alt.Y("total:Q", title=unit.axis_title, scale=scale,
+                         axis=alt.Axis(format=unit.axis)),
+            tooltip=[when, alt.Tooltip("total:Q", title=f"Total ({unit.axis_title})",
+                                       format=unit.value)])
+        chart = alt.layer(line, limit).properties(
             title=alt.TitleParams(name, subtitle=f"dashed: total · {every}"), height=height)
-    return line.properties(title=alt.TitleParams(name, subtitle=every), height=height)
+        return Panel(data, chart, unit, every)
+    chart = line.properties(title=alt.TitleParams(name, subtitle=every), height=height)
+    return Panel(data, chart, unit, every)
+
+
+def device_history_chart(columns: dict[str, list], field: str, width_s: int, *,
+                         title: str | None = None, height: int = 170,
+                         total: bool = False) -> alt.LayerChart | alt.Chart | None:
+    """`device_panel`'s chart alone; None when none of its points was measured."""
+    return device_panel(columns, field, width_s, title=title, height=height, total=total).chart
 
 
 def span_label(seconds: int) -> str:
@@ -227,35 +286,56 @@ def span_label(seconds: int) -> str:
 
 # ---- training curves bucketed by step (Monitor) ---------------------------------------------
 
+def binned_frame(curves: dict[str, list], metric: str) -> pd.DataFrame:
+    """The rows `binned_curve` plots: each bucket's last logged step, mean, min and max, for
+    the buckets where `metric` was measured."""
+    rows = [(s, v, lo, hi) for s, v, lo, hi in zip(curves["step"], curves.get(metric, []),
+                                                    curves.get(f"{metric}_min", []),
+                                                    curves.get(f"{metric}_max", []))
+            if v is not None]
+    return pd.DataFrame({"step": pd.array([r[0] for r in rows], dtype="Int64"),
+                         **{name: pd.array([r[i] for r in rows], dtype="Float64")
+                            for i, name in enumerate(("value", "low", "high"), 1)}})
+
+
+def binned_panel(curves: dict[str, list], metric: str, events: list[dict] | None = None
+                 ) -> Panel:
+    """A metric against step from `samples.run_curves` and the data it plots: the mean of each
+    bucket of steps as a line, its min-max as a band (only where a bucket holds several logged
+    steps); `events` (`queries.run_events`) as grouped marks. No chart when the metric was
+    never measured."""
+    unit = units.training_unit(metric)
+    data = binned_frame(curves, metric)
+    width = curves.get("width", 1)
+    row = last_plotted_row(data)
+    if row is None:
+        help_text = None
+    elif width <= 1:
+        help_text = f"The chart's last point: step {int(row['step']):,}."
+    else:
+        help_text = (f"The chart's last point: the mean of the logged steps in its bucket of "
+                     f"{width:,} steps, up to step {int(row['step']):,}.")
+    if not len(data):
+        return Panel(data, None, unit, help_text)
+    tooltip = [alt.Tooltip("step:Q", title="Step", format=","),
+               alt.Tooltip("value:Q", title=unit.title, format=unit.value)]
+    line = alt.Chart(data).mark_line(point=len(data) <= 60).encode(
+        x=step_x(), y=value_y(unit), tooltip=tooltip)
+    if width <= 1 or (data["low"] == data["high"]).all():
+        return Panel(data, _with_events([line], events, unit.title, None), unit, help_text)
+    band = alt.Chart(data).mark_area(opacity=0.25).encode(
+        x=step_x(), y=value_y(unit, "low"), y2="high:Q",
+        tooltip=[*tooltip, alt.Tooltip("low:Q", title="Min", format=unit.value),
+                 alt.Tooltip("high:Q", title="Max", format=unit.value)])
+    chart = _with_events([band, line], events, unit.title,
+                         f"mean of every {width:,} steps; band: min-max")
+    return Panel(data, chart, unit, help_text)
+
+
 def binned_curve(curves: dict[str, list], metric: str, events: list[dict] | None = None
                  ) -> alt.LayerChart | alt.Chart | None:
-    """A metric against step from `samples.run_curves`: the mean of each bucket of steps as a
-    line, its min-max as a band (only where a bucket holds several logged steps); `events`
-    (`queries.run_events`) as vertical rules. None when the metric was never measured."""
-    means = curves.get(metric, [])
-    rows = [(s, v, lo, hi) for s, v, lo, hi in zip(curves["step"], means, curves[f"{metric}_min"],
-                                                    curves[f"{metric}_max"]) if v is not None]
-    if not rows:
-        return None
-    label = METRIC_LABELS.get(metric, metric)
-    value_format = METRIC_FORMATS.get(metric, ".4g")
-    axis = alt.Axis(format=value_format if value_format.endswith("%") else "~g")
-    data = pd.DataFrame(rows, columns=["step", "value", "low", "high"])
-    x = alt.X("step:Q", title="Step")
-    tooltip = [alt.Tooltip("step:Q", title="Step", format=","),
-               alt.Tooltip("value:Q", title=label, format=value_format)]
-    line = alt.Chart(data).mark_line(point=len(data) <= 60).encode(
-        x=x, y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False), axis=axis),
-        tooltip=tooltip)
-    width = curves.get("width", 1)
-    if width <= 1 or (data["low"] == data["high"]).all():
-        return _with_events([line], events, label, None)
-    band = alt.Chart(data).mark_area(opacity=0.25).encode(
-        x=x, y=alt.Y("low:Q", title=None, scale=alt.Scale(zero=False), axis=axis), y2="high:Q",
-        tooltip=[*tooltip, alt.Tooltip("low:Q", title="Min", format=value_format),
-                 alt.Tooltip("high:Q", title="Max", format=value_format)])
-    return _with_events([band, line], events, label,
-                        f"mean of every {width:,} steps; band: min-max")
+    """`binned_panel`'s chart alone; None when the metric was never measured."""
+    return binned_panel(curves, metric, events).chart
 
 
 def binned_rank_time_chart(times: dict[str, list], field: str = "step_time_s",
@@ -267,21 +347,24 @@ def binned_rank_time_chart(times: dict[str, list], field: str = "step_time_s",
         return None
     labels = [_rank_label(r, d) for r, d in zip(times["rank"], times["device"])]
     data = pd.DataFrame({"step": times["step"], "rank": labels,
-                         "ms": [None if v is None else 1000 * v for v in times["mean_s"]],
-                         "max_ms": [None if v is None else 1000 * v for v in times["max_s"]],
+                         "ms": [None if v is None else v * units.RANK_TIME.factor
+                                for v in times["mean_s"]],
+                         "max_ms": [None if v is None else v * units.RANK_TIME.factor
+                                    for v in times["max_s"]],
                          "stragglers": times["stragglers"]})
     title = "Step time per rank" if field == "step_time_s" else "Compute time per rank"
-    x = alt.X("step:Q", title="Step")
+    x = step_x()
+    unit = units.RANK_TIME
     tooltip = [alt.Tooltip("rank:N", title="Rank"), alt.Tooltip("step:Q", title="Step", format=","),
-               alt.Tooltip("ms:Q", title="Mean (ms)", format=".2f")]
+               alt.Tooltip("ms:Q", title="Mean (ms)", format=unit.value)]
     line = alt.Chart(data).mark_line().encode(
-        x=x, y=alt.Y("ms:Q", title="ms", scale=alt.Scale(zero=False)),
+        x=x, y=value_y(unit, "ms"),
         color=alt.Color("rank:N", title="Rank"), tooltip=tooltip)
     flagged = data[data["stragglers"] > 0]
     marks = alt.Chart(flagged).mark_point(
         shape="triangle-up", filled=True, size=70, color=STRAGGLER_COLOR, opacity=0.9,
-    ).encode(x=x, y=alt.Y("max_ms:Q"),
-             tooltip=[*tooltip[:2], alt.Tooltip("max_ms:Q", title="Slowest (ms)", format=".2f"),
+    ).encode(x=x, y=value_y(unit, "max_ms"),
+             tooltip=[*tooltip[:2], alt.Tooltip("max_ms:Q", title="Slowest (ms)", format=unit.value),
                       alt.Tooltip("stragglers:Q", title="Straggler steps")])
     count = int(data["stragglers"].sum())
     subtitle = (f"{count:,} straggler steps (red)" if count else "no straggler flagged")
@@ -290,41 +373,49 @@ def binned_rank_time_chart(times: dict[str, list], field: str = "step_time_s",
     return _with_events([line, marks], events, title, subtitle)
 
 
-# ---- run events as vertical rules -----------------------------------------------------------
+# ---- run events, grouped -------------------------------------------------------------------
+
+def event_marks(events: list[dict] | None, kinds: tuple[str, ...] | None = None,
+                max_marks: int = MAX_EVENT_MARKS) -> list[alt.Chart]:
+    """Run events (`queries.run_events`) as one layer of at most `max_marks` vertical rules:
+    events close in steps are grouped (`events.group_events`) into one rule, thicker the more
+    it holds, its tooltip counting and listing them; coloured by kind with fixed colours (no
+    colour scale: it would merge with the ranks' legend). Only `kinds` when given; [] without
+    events."""
+    chosen = [e for e in events or [] if kinds is None or e["kind"] in kinds]
+    groups = group_events(chosen, max_marks)
+    if not groups:
+        return []
+    data = pd.DataFrame([{**g, "color": EVENT_COLORS.get(g["kind"], OTHER_EVENT_COLOR),
+                          "width": 1.5 + min(g["count"] - 1, 8) * 0.5} for g in groups])
+    return [alt.Chart(data).mark_rule(strokeDash=[5, 3], opacity=0.8).encode(
+        x=step_x(), color=alt.Color("color:N", scale=None),
+        strokeWidth=alt.StrokeWidth("width:Q", scale=None),
+        tooltip=[alt.Tooltip("start:Q", title="From step", format=","),
+                 alt.Tooltip("end:Q", title="To step", format=","),
+                 alt.Tooltip("count:Q", title="Run events"),
+                 alt.Tooltip("kinds:N", title="What happened"),
+                 alt.Tooltip("listing:N", title="Events")])]
+
 
 def event_rules(events: list[dict] | None, kinds: tuple[str, ...] | None = None) -> list[alt.Chart]:
-    """Vertical dashed rules at the steps of run events (`queries.run_events`), one layer per
-    kind in a fixed colour (no colour scale: it would merge with the ranks' legend); only
-    `kinds` when given. [] without events."""
-    chosen = [e for e in events or [] if kinds is None or e["kind"] in kinds]
-    layers = []
-    for kind in dict.fromkeys(e["kind"] for e in chosen):
-        rows = [{"step": e["step"], "event": event_label(kind), "message": e["message"]}
-                for e in chosen if e["kind"] == kind]
-        kept = downsample_indices([r["step"] for r in rows], MAX_EVENT_RULES, keep="last")
-        rows = [rows[i] for i in kept]
-        layers.append(alt.Chart(pd.DataFrame(rows)).mark_rule(
-            color=EVENT_COLORS.get(kind, OTHER_EVENT_COLOR), strokeDash=[5, 3], strokeWidth=1.5,
-        ).encode(x=alt.X("step:Q", title="Step"),
-                 tooltip=[alt.Tooltip("step:Q", title="Step", format=","),
-                          alt.Tooltip("event:N", title="Event"),
-                          alt.Tooltip("message:N", title="What happened")]))
-    return layers
+    """`event_marks` (kept for callers of its former name)."""
+    return event_marks(events, kinds)
 
 
 def events_subtitle(events: list[dict] | None) -> str | None:
-    """"dashed: rebalanced, continued on fewer devices" for the kinds drawn; None without."""
-    kinds = list(dict.fromkeys(event_label(e["kind"]) for e in events or []))
-    return f"dashed: {', '.join(kinds)}" if kinds else None
+    """"dashed: rebalanced ×44, balance limited ×2" for the events drawn; None without."""
+    kinds = kinds_text(events)
+    return f"dashed: {kinds}" if kinds else None
 
 
 def _with_events(layers: list[alt.Chart], events: list[dict] | None, title: str,
                  subtitle: str | None) -> alt.Chart | alt.LayerChart:
-    """The chart's layers with the event rules on top, titled; a lone layer stays a plain
-    chart when there is no event (the spec of a run without events does not change)."""
-    rules = event_rules(events)
+    """The chart's layers with the event marks on top, titled; a lone layer stays a plain
+    chart when there is no event (the spec of a chart without events does not change)."""
+    marks = event_marks(events)
     subtitle = " · ".join(p for p in (subtitle, events_subtitle(events)) if p) or None
     heading = alt.TitleParams(title, subtitle=subtitle) if subtitle else title
-    if len(layers) == 1 and not rules:
+    if len(layers) == 1 and not marks:
         return layers[0].properties(title=heading, height=CHART_HEIGHT)
-    return alt.layer(*layers, *rules).properties(title=heading, height=CHART_HEIGHT)
+    return alt.layer(*layers, *marks).properties(title=heading, height=CHART_HEIGHT)

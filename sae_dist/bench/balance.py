@@ -26,7 +26,8 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
-from sae_dist.analytics.charts import CHART_HEIGHT, event_rules, events_subtitle
+from sae_dist.analytics import units
+from sae_dist.analytics.charts import CHART_HEIGHT, event_marks, events_subtitle, step_x, value_y
 from sae_dist.analytics.downsample import MAX_ROWS_PER_CHART, downsample_indices, points_per_series
 from sae_dist.analytics.format import MISSING, fmt_ratio, fmt_seconds, fmt_share
 
@@ -159,23 +160,23 @@ def rank_time_chart(windows: list[dict], events: list[dict], field: str = "compu
                     ) -> alt.LayerChart | None:
     """Each rank's `field` (compute_time_s or step_time_s, drawn in ms) against step, one line
     per rank with its share in the tooltip, the rebalances (and any loss of devices) as
-    dashed rules. None without windows."""
+    dashed rules, grouped into a few marks when dense (`charts.event_marks`). None without
+    windows."""
     if field not in ("compute_time_s", "step_time_s"):
         raise ValueError(f"field must be compute_time_s or step_time_s, got {field!r}")
     if not windows:
         return None
     rows = _chart_rows(windows, field)
-    x = alt.X("step:Q", title="Step")
+    x = step_x()
     line = alt.Chart(pd.DataFrame(rows)).mark_line(point=len(rows) <= 120).encode(
-        x=x, y=alt.Y("ms:Q", title="ms", scale=alt.Scale(zero=False)),
-        color=alt.Color("rank:N", title="Rank"),
+        x=x, y=value_y(units.RANK_TIME, "ms"), color=alt.Color("rank:N", title="Rank"),
         tooltip=[alt.Tooltip("rank:N", title="Rank"), alt.Tooltip("step:Q", title="Step", format=","),
-                 alt.Tooltip("ms:Q", title="Time (ms)", format=".2f"),
+                 alt.Tooltip("ms:Q", title="Time (ms)", format=units.RANK_TIME.value),
                  alt.Tooltip("share:N", title="Share (samples/step)")])
     marked = [e for e in events if e["kind"] in MARKED_EVENTS]
     title = "Compute time per rank" if field == "compute_time_s" else "Step time per rank"
     subtitle = events_subtitle(marked) or "no rebalance"
-    return alt.layer(line, *event_rules(marked)).properties(
+    return alt.layer(line, *event_marks(marked)).properties(
         title=alt.TitleParams(title, subtitle=subtitle), height=CHART_HEIGHT)
 
 
