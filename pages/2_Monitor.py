@@ -13,10 +13,10 @@ from datetime import datetime, timedelta, timezone
 
 import streamlit as st
 
-from sae_dist.analytics import charts, jobs, queries, samples
+from sae_dist.analytics import cards, charts, jobs, queries, samples, units
 from sae_dist.analytics import format as fmt
 from sae_dist.db import get_engine
-from webui.widgets import run_metrics
+from webui.widgets import card_row, events_toggle
 from webui.sidebar import page_frame
 
 engine = page_frame("Monitor", ":material/speed:")
@@ -37,13 +37,14 @@ CURVE_POINTS = 1000
 STALE_S = 15  # a live device without a reading for this long: the daemon is not sampling it
 LIVE_STATES = ("PENDING", "RUNNING")
 TRAIN_CURVES = ("loss", "fvu", "l0", "dead_fraction", "samples_per_s")
+RECOVERY_CURVES = ("recovery_frac", "recovery_mean_cos")
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
 def load_curves(db_url: str, run_id: int, last_step: int, last_update: datetime | None):
     # Keyed by what changes when rows land: a finished run is read once, a live one per step.
     return samples.run_curves(get_engine(db_url), run_id,
-                              (*TRAIN_CURVES, "recovery_frac", "recovery_mean_cos"), CURVE_POINTS)
+                              (*TRAIN_CURVES, *RECOVERY_CURVES), CURVE_POINTS)
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
@@ -67,23 +68,6 @@ def sync_url() -> None:
 def device_label(device: dict) -> str:
     kind = "virtual GPU" if device.get("virtual") else "GPU"
     return f"{kind} {device['index']}" if device.get("index") is not None else device["uuid"]
-
-
-def fmt_memory(used: float | None, total: float | None) -> str:
-    if used is None:
-        return fmt.MISSING
-    return f"{fmt.fmt_bytes(used)} of {fmt.fmt_bytes(total)}" if total else fmt.fmt_bytes(used)
-
-
-def fmt_unit(value: float | None, unit: str, digits: int = 0) -> str:
-    if value is None:
-        return fmt.MISSING
-    return f"{value:.{digits}f}{'' if unit == '%' else ' '}{unit}"
-
-
-def sparkline(values: list) -> list | None:
-    points = [v for v in values if v is not None]
-    return points if len(points) >= 2 else None
 
 
 # ---- which job, which view, which window ------------------------------------------------------
@@ -169,7 +153,7 @@ def monitor(job_id: int, view: str, window_s: int | None, known_state: str | Non
         if view == "Per-GPU":
             per_gpu(devices, latest, start, end, show_jobs=job is None)
         else:
-            aggregated(devices, latest, start, end)
+            aggregated(devices, start, end)
         if any(d.get("virtual") for d in devices):
             st.caption("Virtual GPUs are CPU-backed: their memory is the ranks' resident memory "
                        "out of a share of the machine's RAM, their utilisation the ranks' CPU "
@@ -201,43 +185,54 @@ def job_header(job: dict, now: datetime) -> None:
                 title="Final state", icon=":material/flag:")
 
 
-def aggregated(devices: list[dict], latest: dict, start: datetime, end: datetime) -> None:
-    now_totals = samples.current_totals(latest)
-    n = len(devices)
-    with st.container(horizontal=True):
-        st.metric("Memory used", fmt_memory(now_totals["memory_used"], now_totals["memory_total"]),
-                  border=True, help=f"Read on {now_totals['memory_devices']} of {n} devices")
-        st.metric("Mean utilisation", fmt_unit(now_totals["utilization_pct"], "%"), border=True,
-                  help=f"Mean over the {now_totals['devices']} devices with a reading")
-        st.metric("Total power", fmt_unit(now_totals["power_w"], "W"), border=True,
-                  help=f"Measured on {now_totals['power_devices']} of {n} devices")
-        st.metric("Hottest", fmt_unit(now_totals["temperature_c"], "°C"), border=True,
-                  help="The hottest device's temperature")
+def aggregated(devices: list[dict], start: datetime, end: datetime) -> None:
     series = samples.total_series(engine, [d["uuid"] for d in devices], start, end,
                                   max_points=CHART_POINTS)
+    # Each card is its chart's last point (cards.py): the same buckets, unit and rounding.
+    panels = {field: charts.device_panel(series.columns, field, series.width_s, total=True)
+              for field in charts.DEVICE_PANELS}
+    n = len(devices)
+    last = {field: cards.last_plotted_row(panel.frame) or {} for field, panel in panels.items()}
+    point = f"the charts' last point ({charts.span_label(series.width_s)})"
+    with st.container(horizontal=True):
+        st.metric("Memory used", panels["memory_used"].text, border=True,
+                  help=f"Of the total of the {last['memory_used'].get('memory_devices') or 0} "
+                       f"of {n} devices whose memory was read, at {point}")
+        st.metric("Mean utilisation", panels["utilization_pct"].text, border=True,
+                  help=f"Mean over the {last['utilization_pct'].get('devices') or 0} devices "
+                       f"with a reading, at {point}")
+        st.metric("Total power", panels["power_w"].text, border=True,
+                  help=f"Measured on {last['power_w'].get('power_devices') or 0} of {n} devices, "
+                       f"at {point}")
+        st.metric("Hottest", panels["temperature_c"].text, border=True,
+                  help=f"The hottest device's temperature, at {point}")
     if not len(series):
         st.info("No reading in this window.")
         return
     grid = st.columns(2)
-    for i, field in enumerate(charts.DEVICE_PANELS):
+    for i, (field, panel) in enumerate(panels.items()):
         with grid[i % 2]:
-            chart = charts.device_history_chart(series.columns, field, series.width_s, total=True)
-            if chart is None:
+            if panel.chart is None:
                 st.caption(f"{charts.TOTAL_TITLES[field]}: not measured on these devices "
                            f"({fmt.MISSING})")
             else:
-                st.altair_chart(chart, alt=f"{charts.TOTAL_TITLES[field]} over time")
+                st.altair_chart(panel.chart, alt=f"{charts.TOTAL_TITLES[field]} over time")
 
 
 def per_gpu(devices: list[dict], latest: dict, start: datetime, end: datetime,
             show_jobs: bool) -> None:
     uuids = [d["uuid"] for d in devices]
     series = samples.device_series(engine, uuids, start, end, max_points=PANEL_POINTS)
+    memory, util = units.DEVICE["memory_used"], units.DEVICE["utilization_pct"]
     with st.grid(2 if len(devices) > 1 else 1, gap="medium"):
         for device in devices:
             uuid = device["uuid"]
             reading = latest[uuid] or {}
             columns = series[uuid].columns
+            # The bars and cards read the sparklines' last points, as the cards' rule is.
+            at, used = cards.last_present(columns["memory_used"])
+            total = columns["memory_total"][at] if at is not None else None
+            _, busy = cards.last_present(columns["utilization_pct"])
             with st.container(border=True, key=f"gpu_panel_{uuid}"):
                 with st.container(horizontal=True, vertical_alignment="center"):
                     number = f"GPU {device['index']}" if device.get("index") is not None else uuid
@@ -246,24 +241,24 @@ def per_gpu(devices: list[dict], latest: dict, start: datetime, end: datetime,
                         st.badge("virtual", color="violet", icon=":material/memory:")
                     if show_jobs and reading.get("job_id") is not None:
                         st.badge(f"job {reading['job_id']}", color="blue")
-                used, total = reading.get("memory_used"), reading.get("memory_total")
+                held = memory.text(None if used is None else used * memory.factor)
+                if used is not None and total:
+                    held += f" of {memory.text(total * memory.factor)}"
                 st.progress(min(used / total, 1.0) if used is not None and total else 0.0,
-                            text=f"Memory {fmt_memory(used, total)}")
-                util = reading.get("utilization_pct")
-                st.progress(min(util / 100, 1.0) if util is not None else 0.0,
-                            text=f"Utilisation {fmt_unit(util, '%')}")
+                            text=f"Memory {held}")
+                st.progress(min(busy / 100, 1.0) if busy is not None else 0.0,
+                            text=f"Utilisation {util.text(busy)}")
                 with st.container(horizontal=True):
-                    st.metric("Memory", fmt.fmt_bytes(used), chart_type="area",
-                              chart_data=sparkline(columns["memory_used"]))
-                    st.metric("Utilisation", fmt_unit(util, "%"), chart_type="area",
-                              chart_data=sparkline(columns["utilization_pct"]))
-                    st.metric("Temperature", fmt_unit(reading.get("temperature_c"), "°C"),
-                              chart_data=sparkline(columns["temperature_c"]))
-                    st.metric("Power", fmt_unit(reading.get("power_w"), "W"),
-                              chart_data=sparkline(columns["power_w"]))
+                    for field, label in (("memory_used", "Memory"), ("utilization_pct", "Utilisation"),
+                                         ("temperature_c", "Temperature"), ("power_w", "Power")):
+                        unit = units.DEVICE[field]
+                        st.metric(label, cards.sparkline_text(columns[field], unit),
+                                  chart_type="area" if field in ("memory_used", "utilization_pct")
+                                  else "line",
+                                  chart_data=cards.sparkline(columns[field], unit.factor))
     width = next((s.width_s for s in series.values()), 1)
-    st.caption(f"Sparklines: {window_name} window, {charts.span_label(width)} a point. "
-               f"{fmt.MISSING}: not measured.")
+    st.caption(f"Sparklines: {window_name} window, {charts.span_label(width)} a point; each "
+               f"figure is its sparkline's last point. {fmt.MISSING}: not measured.")
 
 
 def training(job: dict) -> None:
@@ -298,26 +293,27 @@ def training(job: dict) -> None:
     elif orphaned:
         st.caption(f"The job ended ({job['state']}) before the training recorded its end: the "
                    "figures below are the last it logged.")
-    which = "Final" if run["final"] else "Latest"
-    run_metrics(run)
-
     db_url = engine.url.render_as_string(hide_password=False)
     # Not cached: both are a few indexed rows, and an event can land after its step's metrics.
     events = queries.run_events(engine, run_id)
     window = queries.latest_rank_window(engine, run_id)
-    load_balance(run, events, window)
     curves = load_curves(db_url, run_id, run["last_step"], run["last_update"])
+    show = events_toggle("monitor_show_events", events)
+    drawn = events if show else None
+    # Cards and charts from the same panels: a card is its chart's last point (cards.py).
+    panels = {metric: charts.binned_panel(curves, metric, drawn) for metric in TRAIN_CURVES}
+    card_row(cards.training_cards(panels, run["final"]))
+    load_balance(run, events, window)
     if not curves["step"]:
         st.info("No step logged yet.")
         return
     grid = st.columns(2)
-    for i, metric in enumerate(TRAIN_CURVES):
+    for i, (metric, panel) in enumerate(panels.items()):
         with grid[i % 2]:
-            chart = charts.binned_curve(curves, metric, events)
-            if chart is None:
-                st.caption(f"{charts.METRIC_LABELS[metric]}: not measured ({fmt.MISSING})")
+            if panel.chart is None:
+                st.caption(f"{panel.unit.title}: not measured ({fmt.MISSING})")
             else:
-                st.altair_chart(chart, alt=f"{charts.METRIC_LABELS[metric]} against step")
+                st.altair_chart(panel.chart, alt=f"{panel.unit.title} against step")
     with grid[len(TRAIN_CURVES) % 2]:
         # DDP ranks wait for each other every step, so their step times match; the compute time
         # (before the gradient all-reduce) is where a slow rank shows.
@@ -327,7 +323,7 @@ def training(job: dict) -> None:
             format_func={"step_time_s": "Step time", "compute_time_s": "Compute time"}.get)
         field = field or "step_time_s"
         times = load_rank_times(db_url, run_id, field, run["last_step"], run["last_update"])
-        chart = charts.binned_rank_time_chart(times, field, events)
+        chart = charts.binned_rank_time_chart(times, field, drawn)
         if chart is None:
             st.caption("Time per rank: no per-rank statistics logged yet.")
         else:
@@ -335,17 +331,17 @@ def training(job: dict) -> None:
                                        "and run events marked")
         shares(window)
 
-    recovery = charts.binned_curve(curves, "recovery_frac")
-    if run["recovery_frac"] is not None or recovery is not None:
+    recovery = {metric: charts.binned_panel(curves, metric) for metric in RECOVERY_CURVES}
+    if run["recovery_frac"] is not None or any(p.chart is not None for p in recovery.values()):
         st.subheader("Feature recovery", anchor=False)
-        st.caption("Synthetic data plants a known dictionary: how much of it the SAE has found.")
-        with st.container(horizontal=True):
-            st.metric(f"{which} features recovered", fmt.fmt_percent(run["recovery_frac"]),
-                      border=True, help="Planted features with a decoder direction at cosine > 0.9")
-            st.metric(f"{which} mean best cosine", fmt.fmt_number(run["recovery_mean_cos"], 3),
-                      border=True)
-        if recovery is not None:
-            st.altair_chart(recovery, alt="Planted features recovered against step")
+        st.caption("Synthetic data plants a known dictionary: how much of it the SAE has found "
+                   "(measured at checkpoints).")
+        card_row(cards.training_cards(recovery, run["final"]))
+        columns = st.columns(2)
+        for column, panel in zip(columns, recovery.values()):
+            with column:
+                if panel.chart is not None:
+                    st.altair_chart(panel.chart, alt=f"{panel.unit.title} against step")
 
 
 def load_balance(run: dict, events: list[dict], window: list[dict]) -> None:

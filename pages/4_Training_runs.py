@@ -7,21 +7,23 @@ from datetime import datetime, timezone
 
 import streamlit as st
 
-from sae_dist.analytics import charts, queries
+from sae_dist.analytics import cards, charts, queries
 from sae_dist.analytics import format as fmt
 from sae_dist.db import get_engine
-from webui.widgets import run_metrics
+from webui.widgets import card_row, events_toggle
 from webui.sidebar import REFRESH_SECONDS, page_frame
 
 engine = page_frame("Training runs", ":material/monitoring:")
 STALE_AFTER_S = 600  # a RUNNING run silent this long may have died without saying so
+TRAIN_CURVES = ("loss", "fvu", "l0", "dead_fraction", "samples_per_s")
+RECOVERY_CURVES = ("recovery_frac", "recovery_mean_cos")  # synthetic data, at checkpoints
 
 
 # Keyed by what changes when new rows land, so a finished run is read once and a live one
 # once per new logged step. The URL is in the key: one process may serve several databases.
 @st.cache_data(max_entries=32, show_spinner=False)
 def load_metrics(db_url: str, run_id: int, last_step: int, last_update: datetime | None):
-    return queries.run_step_metrics(get_engine(db_url), run_id)
+    return queries.run_step_metrics(get_engine(db_url), run_id, (*TRAIN_CURVES, *RECOVERY_CURVES))
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
@@ -85,26 +87,36 @@ def run_view(run_id: int, live: bool) -> None:
         st.warning(f"The last metrics arrived {fmt.fmt_ago(silent)}: the training process "
                    "may have stopped without recording it.")
 
-    run_metrics(run)
-    if run["recovery_frac"] is not None or run["recovery_mean_cos"] is not None:
-        st.caption(f"Planted features recovered (cosine > 0.9): {fmt.fmt_percent(run['recovery_frac'])}"
-                   f" · mean best cosine {fmt.fmt_number(run['recovery_mean_cos'], 3)}")
-
     db_url = engine.url.render_as_string(hide_password=False)
     metrics = load_metrics(db_url, run_id, run["last_step"], run["last_update"])
+    events = queries.run_events(engine, run_id)  # a few indexed rows: not cached
+    show = events_toggle("runs_show_events", events)
+    drawn = events if show else None
+    # Cards and charts from the same panels: a card is its chart's last point (cards.py).
+    panels = {metric: charts.training_panel(metrics, metric, drawn) for metric in TRAIN_CURVES}
+    card_row(cards.training_cards(panels, run["final"]))
     st.subheader("Training curves", anchor=False)
     if not metrics["step"]:
         st.info("No step logged yet.")
     else:
         grid = st.columns(2)
-        for i, metric in enumerate(queries.CURVE_METRICS):
+        for i, panel in enumerate(panels.values()):
             with grid[i % 2]:
-                chart = charts.training_curve(metrics, metric)
-                label = charts.METRIC_LABELS[metric]
-                if chart is None:
-                    st.caption(f"{label}: not measured ({fmt.MISSING})")
+                if panel.chart is None:
+                    st.caption(f"{panel.unit.title}: not measured ({fmt.MISSING})")
                 else:
-                    st.altair_chart(chart, alt=f"{label} against training step")
+                    st.altair_chart(panel.chart, alt=f"{panel.unit.title} against training step")
+
+    recovery = {metric: charts.training_panel(metrics, metric) for metric in RECOVERY_CURVES}
+    if any(panel.chart is not None for panel in recovery.values()):
+        st.subheader("Feature recovery", anchor=False)
+        st.caption("Synthetic data plants a known dictionary: how much of it the SAE has found "
+                   "(measured at checkpoints).")
+        card_row(cards.training_cards(recovery, run["final"]))
+        for column, panel in zip(st.columns(2), recovery.values()):
+            with column:
+                if panel.chart is not None:
+                    st.altair_chart(panel.chart, alt=f"{panel.unit.title} against training step")
 
     st.subheader("Ranks", anchor=False)
     ranks = queries.rank_summary(engine, run_id)
@@ -130,7 +142,7 @@ def run_view(run_id: int, live: bool) -> None:
                 "Time", ["compute_time_s", "step_time_s"], default="compute_time_s",
                 key="rank_time_field", label_visibility="collapsed",
                 format_func={"compute_time_s": "Compute time", "step_time_s": "Step time"}.get)
-            chart = charts.rank_time_chart(stats, field or "compute_time_s")
+            chart = charts.rank_time_chart(stats, field or "compute_time_s", drawn)
             st.altair_chart(chart, alt="Time per step of each rank, stragglers marked")
         with right:
             chart = charts.peak_memory_chart(ranks)

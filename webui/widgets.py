@@ -2,15 +2,23 @@
 
 import streamlit as st
 
-from sae_dist.analytics import format as fmt
+from sae_dist.analytics.cards import Card
+from sae_dist.analytics.events import events_summary
 
 
-def run_metrics(run: dict) -> None:
-    """A training run's latest (or final) loss, FVU, L0, dead latents and throughput as metrics."""
-    which = "Final" if run["final"] else "Latest"
+def card_row(cards: list[Card]) -> None:
+    """Metric cards in a row; each one's value comes from the chart it belongs to
+    (`charts.Panel.card`), so a card never disagrees with its chart."""
     with st.container(horizontal=True):
-        st.metric(f"{which} loss", fmt.fmt_number(run["loss"]), border=True)
-        st.metric(f"{which} FVU", fmt.fmt_number(run["fvu"]), border=True)
-        st.metric(f"{which} L0", fmt.fmt_number(run["l0"], 3), border=True)
-        st.metric(f"{which} dead latents", fmt.fmt_percent(run["dead_fraction"]), border=True)
-        st.metric(f"{which} samples/s", fmt.fmt_number(run["samples_per_s"], 3), border=True)
+        for card in cards:
+            st.metric(card.label, card.value, border=True, help=card.help)
+
+
+def events_toggle(key: str, events: list[dict]) -> bool:
+    """The opt-in for run events on the training charts (off by default; disabled for a run
+    without events): whether to draw them."""
+    summary = events_summary(events)
+    return st.toggle(
+        "Show run events on the charts", key=key, value=False, disabled=not events,
+        help=(f"{summary}. Close ones are drawn as one dashed mark (thicker the more it holds; "
+              "its tooltip lists them)." if summary else "This run recorded no event."))
