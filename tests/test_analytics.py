@@ -216,7 +216,8 @@ def test_charts_draw_nothing_that_was_not_measured(engine):
 
 def test_analytics_imports_neither_streamlit_nor_scheduler():
     code = ("import sys; import sae_dist.analytics.queries, sae_dist.analytics.charts, "
-            "sae_dist.analytics.downsample, sae_dist.analytics.format; "
+            "sae_dist.analytics.downsample, sae_dist.analytics.format, "
+            "sae_dist.analytics.cards, sae_dist.analytics.events, sae_dist.analytics.units; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('streamlit', 'scheduler')]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

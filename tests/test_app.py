@@ -122,9 +122,9 @@ def test_runs_page_defaults_to_latest_and_shows_curves(runs):
     assert metrics["Latest FVU"] == "0.03333"
     assert metrics["Latest samples/s"] == "1,000"
     charts = at.get("vega_lite_chart")
-    assert len(charts) == 5  # four training curves and the per-rank times
+    assert len(charts) == 6  # five training curves and the per-rank times
     titles = " ".join(str(c.proto.spec) for c in charts)
-    for label in ("Loss", "FVU", "L0", "Dead latents", "Compute time per rank"):
+    for label in ("Loss", "FVU", "L0", "Dead latents", "Throughput", "Compute time per rank"):
         assert label in titles
     assert "Peak memory per rank: not measured (—)" in texts(at)  # None is not drawn as 0
     ranks = at.dataframe[0].value

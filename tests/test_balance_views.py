@@ -135,8 +135,9 @@ def test_rank_time_chart_marks_the_rebalances():
               {"step": 20, "kind": "balance_limited", "message": "slow", "details": {}}]
     spec = balance.rank_time_chart(windows, events).to_dict()
     rows = [row for data in spec["datasets"].values() for row in data]
-    rules = [row for row in rows if "event" in row]
-    assert rules == [{"step": 10, "event": "rebalanced", "message": "shares [128, 128] -> [192, 64]"}]
+    marks = [row for row in rows if "listing" in row]  # the balance-limited event is not drawn
+    assert [(m["step"], m["count"], m["kinds"], m["listing"]) for m in marks] == [
+        (10, 1, "rebalanced", "step 10 rebalanced: shares [128, 128] -> [192, 64]")]
     assert {row["share"] for row in rows if "share" in row} == {"128", "192", "64"}
     assert spec["title"]["subtitle"] == "dashed: rebalanced"
     assert balance.rank_time_chart([], events) is None
@@ -153,6 +154,11 @@ def test_event_rules_on_the_monitor_curves_only_when_there_are_events():
     layered = charts.binned_curve(curves, "fvu", [degraded]).to_dict()
     assert [layer["mark"]["type"] for layer in layered["layer"]] == ["line", "rule"]
     assert layered["title"]["subtitle"] == "dashed: continued on fewer devices"
+    many = [rebalance(5 * i, [128, 128], [192, 64]) for i in range(1, 47)]
+    dense = charts.binned_curve(curves, "fvu", many).to_dict()
+    assert dense["title"]["subtitle"] == "dashed: rebalanced ×46"
+    marks = [row for data in dense["datasets"].values() for row in data if "listing" in row]
+    assert len(marks) <= 20 and sum(m["count"] for m in marks) == 46
 
 
 def test_balance_limited_slowdown_is_measured_or_absent():
@@ -295,7 +301,12 @@ def test_monitor_shows_shares_imbalance_events_and_the_limit(engine):
     text = page_text(at)
     assert "- step 10 · **rebalanced** · Rebalanced: rank 1 was 3.0x slower" in text
     assert "- step 30 · **balance limited** ·" in text
-    assert "dashed: rebalanced, balance limited" in specs(at)  # rules on the curves
+    toggle = at.toggle(key="monitor_show_events")
+    assert not toggle.value and not toggle.disabled  # opt-in: the curves come bare
+    assert "dashed:" not in specs(at)
+    toggle.set_value(True).run()
+    assert not at.exception
+    assert "dashed: rebalanced, balance limited" in specs(at)  # marks on the curves
 
 
 def test_monitor_renders_an_old_run_as_before(engine):
@@ -306,6 +317,7 @@ def test_monitor_renders_an_old_run_as_before(engine):
     assert "Imbalance" not in {m.label for m in at.metric}
     assert not [df for df in at.dataframe if "Share" in df.value.columns]
     assert "Run events" not in page_text(at) and "dashed:" not in specs(at)
+    assert at.toggle(key="monitor_show_events").disabled  # nothing to show
     assert "Step time per rank" in specs(at)  # the per-rank chart as before
 
 
