@@ -28,6 +28,8 @@ from sae_dist.analytics.format import MISSING, fmt_d3
     (2.5, "d", "3"), (1234567, ",d", "1,234,567"), (0.5, ".0f", "1"),  # ties away from zero
     (3.0, ".1f", "3.0"), (0.0003, ".2e", "3.00e-4"), (-0.5, ".1f", "\u22120.5"),
     (-0.0001, ".1f", "0.0"),  # a negative that rounds to zero loses its sign, as in d3
+    (-2.5, "d", "\u22122"),  # Math.round: ties towards +infinity
+    (0.145, ".1%", "14.5%"),  # multiplied by 100 in floating point first, as d3 does
 ])
 def test_fmt_d3_writes_numbers_as_the_chart_does(value, spec, text):
     assert fmt_d3(value, spec) == text

@@ -244,7 +244,9 @@ def fmt_d3(value: float | None, spec: str) -> str:
 
     The subset the app's charts use: an optional "," (thousands), ".N" precision, "~" (trim
     insignificant zeros) and a type among f, g, d, e, %. Rounding as JavaScript's toFixed and
-    toPrecision (ties away from zero), exponents as d3 writes them ("1.5e-7", "2e+21")."""
+    toPrecision (ties away from zero), exponents as d3 writes them ("1.5e-7", "2e+21"); checked
+    against Node's toFixed, toPrecision and toExponential for magnitudes under 1e21 (where
+    JavaScript's toFixed turns exponential and this does not)."""
     match = _D3_SPEC.match(spec)
     if match is None:
         raise ValueError(f"unsupported d3 format {spec!r}")
@@ -252,15 +254,15 @@ def fmt_d3(value: float | None, spec: str) -> str:
         return MISSING
     kind, trim, comma = match["type"], bool(match["trim"]), bool(match["comma"])
     precision = None if match["precision"] is None else int(match["precision"])
-    x = Decimal(value)  # exact: the float as JavaScript sees it
-    negative = x < 0
-    x = abs(x)
-    if kind == "f":
+    negative = value < 0
+    # Exact decimals of the float JavaScript holds; a percentage is multiplied in floating
+    # point first, as d3 does.
+    x = abs(Decimal(value * 100 if kind == "%" else value))
+    if kind in ("f", "%"):
         text = _to_fixed(x, 6 if precision is None else precision)
-    elif kind == "%":
-        text = _to_fixed(x * 100, 6 if precision is None else precision)
-    elif kind == "d":
-        text = _to_fixed(x, 0)
+    elif kind == "d":  # Math.round: ties towards +infinity
+        text = f"{abs(math.floor(value + 0.5))}"
+        negative = math.floor(value + 0.5) < 0
     elif kind == "e":
         text = _to_exponential(x, 6 if precision is None else precision)
     else:
