@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from datetime import datetime, timedelta, timezone
+from collections.abc import Iterable
 from pathlib import Path
 
 from filelock import FileLock, Timeout
@@ -172,18 +173,25 @@ class Daemon:
                 deps = {d for j in pending for _, d in json.loads(j.dependencies_json)}
                 finished = store.finished_states(conn, deps)
                 known = set(finished) | {j.id for j in pending} | {j.id for j in running}
+            # Samples name the job that runs on a device; an exclusive job's other devices are
+            # held but idle, and must not dilute its utilisation (acct, benchmarks).
+            in_use = {u: j.id for j in running for u in json.loads(j.devices_json or "[]")
+                      if allocations.get(u) == j.id}
             running = self._reap(running, now)
             devices = self._read_devices(running, allocations, self._faults(now))
             started_at = {j.id: j.started_at.timestamp() for j in running if j.started_at}
             our_pids = {p for j in running for p in job_pids(j)}
             states = classify(devices, {u: j for u, j in allocations.items()}, started_at, our_pids, now)
-            self._sample(devices, allocations)
+            self._sample(devices, in_use)
             views = [DeviceView(uuid=d.uuid, index=d.index, free=states[d.uuid].state == "idle",
                                 free_memory=d.memory_free, unavailable=states[d.uuid].state == "unavailable")
                      for d in devices]
-            decision = plan([_job_view(j) for j in pending], [_job_view(j) for j in running], views,
-                            {**finished, **{d: "UNKNOWN" for d in deps - known}}, now)
-            started = store.start_jobs(self.engine, decision.starts, decision.reasons)
+            held: dict[int, list[str]] = {}
+            for uuid, job_id in allocations.items():
+                held.setdefault(job_id, []).append(uuid)
+            decision = plan([_job_view(j) for j in pending], [_job_view(j, held.get(j.id, ())) for j in running],
+                            views, {**finished, **{d: "UNKNOWN" for d in deps - known}}, now)
+            started = store.start_jobs(self.engine, decision.starts, decision.reasons, holds=decision.holds)
             for job_id, _, _ in started:
                 self._spawn_supervisor(job_id)
         return [job_id for job_id, _, _ in started]
@@ -275,13 +283,14 @@ class Daemon:
                     conn.execute(insert(table).values(**row))
 
     # ---- samples ----
-    def _sample(self, devices: list[DeviceInfo], allocations: dict[str, int]) -> None:
+    def _sample(self, devices: list[DeviceInfo], in_use: dict[str, int]) -> None:
+        """Queue one sample of each device, with the job running on it (`in_use`: uuid -> job id)."""
         now = utcnow()
         for d in devices:
             self.samples.append({
                 "device_uuid": d.uuid, "time": now, "utilization_pct": d.utilization_pct,
                 "memory_used": d.memory_used, "memory_total": d.memory_total,
-                "temperature_c": d.temperature_c, "power_w": d.power_w, "job_id": allocations.get(d.uuid)})
+                "temperature_c": d.temperature_c, "power_w": d.power_w, "job_id": in_use.get(d.uuid)})
         self._flush_samples()
 
     def _flush_samples(self, force: bool = False) -> None:
@@ -368,7 +377,10 @@ def _rank_devices(devices: list[str], pids: list[int]) -> list[tuple[str, int]]:
     return out
 
 
-def _job_view(job) -> JobView:
+def _job_view(job, held: Iterable[str] = ()) -> JobView:
+    """The policy's view of a job; a running one holds the devices it runs on plus `held` (its
+    allocations: for an exclusive job, every device)."""
+    runs_on = tuple(json.loads(job.devices_json)) if job.devices_json else ()
     return JobView(
         id=job.id, priority=job.priority, submitted_at=job.submitted_at.timestamp(), gpus=job.gpus,
         gpu_ids=tuple(json.loads(job.gpu_ids_json)) if job.gpu_ids_json else None,
@@ -376,7 +388,8 @@ def _job_view(job) -> JobView:
         begin_at=job.begin_at.timestamp() if job.begin_at else None, held=job.held,
         dependencies=tuple((k, int(i)) for k, i in json.loads(job.dependencies_json)),
         started_at=job.started_at.timestamp() if job.started_at else None,
-        devices=tuple(json.loads(job.devices_json)) if job.devices_json else ())
+        devices=runs_on + tuple(sorted(u for u in set(held) if u not in runs_on)),
+        exclusive=bool(job.exclusive))
 
 
 def main() -> int:

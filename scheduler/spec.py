@@ -32,7 +32,7 @@ FLAGS: dict[str, str] = {
     "name": "--job-name", "kind": "submit", "argv": "the command after --", "train_config": "--train",
     "gpus": "--gpus", "gpu_ids": "--gpu-ids", "mem_per_gpu": "--mem-per-gpu", "priority": "--nice",
     "time_limit_s": "--time", "begin_at": "--begin", "dependencies": "--dependency", "held": "--hold",
-    "requeue": "--requeue", "workdir": "--chdir", "env": "--env", "stdout": "--output", "stderr": "--error",
+    "requeue": "--requeue", "exclusive": "--exclusive", "workdir": "--chdir", "env": "--env", "stdout": "--output", "stderr": "--error",
 }
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -275,7 +275,8 @@ class JobSpec:
     argv: list[str] = field(default_factory=list)  # the command; empty for kind "train"
     train_config: dict[str, Any] | None = None  # kind "train": the TrainConfig, normalised to a full dict
     name: str | None = None  # default: the program's basename; for training the run name, else "train"
-    gpus: int | None = None  # devices wanted; default len(gpu_ids), else the train config's N, else 1;
+    gpus: int | None = None  # devices wanted; default len(gpu_ids), else the train config's N, else 1
+    # (exclusive: None stays, meaning every device; see resolve_gpus);
     # 0 = no device (commands only: CPU work that should still queue behind dependencies, etc.)
     gpu_ids: list[str] | None = None  # exact devices as typed: indices ("0") or uuids
     mem_per_gpu: int | None = None  # bytes of free memory needed on each device
@@ -285,6 +286,7 @@ class JobSpec:
     dependencies: list[tuple[str, int]] = field(default_factory=list)  # (afterok|afterany|afternotok, id)
     held: bool = False  # submitted held (JobHeldUser) until `release`
     requeue: bool = False  # requeued instead of ending FAILED/NODE_FAIL
+    exclusive: bool = False  # SLURM's --exclusive: holds every device, runs alone, uses `gpus` of them
     workdir: str = field(default_factory=os.getcwd)  # absolute; SLURM's default: where you submit
     env: dict[str, str] = field(default_factory=dict)  # extra environment, on top of the daemon's
     stdout: str | None = None  # pattern with %j/%x; relative to workdir; None: the log directory
@@ -335,7 +337,13 @@ class JobSpec:
             raise _err("--job-name", f"is {len(self.name)} characters long; at most {MAX_NAME_CHARS}")
 
     def _check_devices(self) -> None:
+        if not isinstance(self.exclusive, bool):
+            raise _err("--exclusive", f"must be true or false, got {self.exclusive!r}")
         if self.gpu_ids is not None:
+            if self.exclusive:
+                # The job holds every device; which ones it runs on is the scheduler's usual choice.
+                raise _err("--gpu-ids", "cannot be combined with --exclusive (the job holds every device); "
+                           "ask for a count with --gpus N instead")
             self.gpu_ids = _check_gpu_ids(self.gpu_ids)
         config_gpus = self._gpus_from_train_config()
         if self.gpus is not None:
@@ -351,7 +359,8 @@ class JobSpec:
         if self.gpus is None:
             # As in `python -m sae_dist train`, flags win over the TOML: the config's cuda:N / cpu:N
             # is only the default count (train_argv replaces it by the allocation anyway).
-            self.gpus = config_gpus if config_gpus is not None else 1
+            # An exclusive job without a count keeps None: every device, known only at submit.
+            self.gpus = config_gpus if config_gpus is not None else (None if self.exclusive else 1)
         if self.gpus == 0 and self.kind == "train":
             raise _err("--gpus", "a training job needs at least 1 device (virtual ones on a CPU machine)")
         if self.mem_per_gpu is not None:
@@ -432,6 +441,18 @@ def validate_train_config(config: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
+def resolve_gpus(spec: JobSpec, devices: list[tuple[int, str]]) -> int:
+    """The device count to store: the spec's, or for an exclusive job that gave none, every
+    device of this machine (given as (index, uuid)). Checked as resolve_devices checks it."""
+    if spec.gpus is not None:
+        return spec.gpus
+    count = len(devices)
+    if count == 0 and (spec.kind == "train" or spec.mem_per_gpu is not None):
+        what = "a training job needs at least 1 device" if spec.kind == "train" else "--mem-per-gpu needs a device"
+        raise _err("--exclusive", f"this machine has no devices; {what}")
+    return count
+
+
 def resolve_devices(spec: JobSpec, devices: list[tuple[int, str]]) -> list[str] | None:
     """The exact devices a spec names, as uuids (None when it asks for a count), checked against
     this machine's devices given as (index, uuid). Ids are indices ("2") or uuids, as typed."""
@@ -439,7 +460,11 @@ def resolve_devices(spec: JobSpec, devices: list[tuple[int, str]]) -> list[str] 
     count = len(devices)
     if spec.gpu_ids is None:
         if gpus > count:
-            raise UserError(f"asked for {gpus} GPU{'s' if gpus != 1 else ''}, this machine has {count}")
+            plural = "s" if gpus != 1 else ""
+            if spec.exclusive:
+                raise _err("--exclusive", f"asked to run on {gpus} GPU{plural} of the whole machine, "
+                           f"this machine has {count}; ask for at most {count} with --gpus")
+            raise UserError(f"asked for {gpus} GPU{plural}, this machine has {count}")
         return None
     by_index = {index: uuid for index, uuid in devices}
     uuids = {uuid for _, uuid in devices}

@@ -50,6 +50,7 @@ class NewJob:
     dependencies: tuple[tuple[str, int], ...] = ()
     held: bool = False
     requeue: bool = False
+    exclusive: bool = False  # holds every device while it runs (SLURM's --exclusive)
     env: dict[str, str] | None = None
     stdout: str | None = None
     stderr: str | None = None
@@ -63,7 +64,7 @@ def _row(job: NewJob, now: datetime) -> dict:
         "gpus": job.gpus, "gpu_ids_json": json.dumps(job.gpu_ids) if job.gpu_ids else None,
         "mem_per_gpu": job.mem_per_gpu, "time_limit_s": job.time_limit_s, "begin_at": job.begin_at,
         "dependencies_json": json.dumps([list(d) for d in job.dependencies]), "held": job.held,
-        "requeue_on_failure": job.requeue, "requeue_count": 0, "workdir": job.workdir,
+        "exclusive": job.exclusive, "requeue_on_failure": job.requeue, "requeue_count": 0, "workdir": job.workdir,
         "env_json": json.dumps(job.env or {}), "stdout_pattern": job.stdout, "stderr_pattern": job.stderr,
         "cancel_requested": False, "submitted_at": now,
     }
@@ -127,13 +128,17 @@ def active_allocations(conn: Connection) -> dict[str, int]:
 # ---- starting and ending jobs ----
 
 def start_jobs(engine: Engine, starts: list[tuple[int, tuple[str, ...]]], reasons: dict[int, str],
-               now: datetime | None = None) -> list[tuple[int, tuple[str, ...], int | None]]:
+               now: datetime | None = None, holds: dict[int, tuple[str, ...]] | None = None,
+               ) -> list[tuple[int, tuple[str, ...], int | None]]:
     """Apply a scheduling plan: allocate devices and mark jobs RUNNING, in one transaction.
 
+    A job runs on its devices in `starts` (its devices_json); `holds` (exclusive jobs) names every
+    device it is allocated, those included, so no other job can have the rest.
     A job that is no longer PENDING (cancelled or held meanwhile) is skipped; a device that is no
     longer free makes the unique index refuse the whole transaction, so nothing half-applies.
     Returns (job id, devices, port) of the jobs started.
     """
+    holds = holds or {}
     now = now or utcnow()
     started = []
     with immediate_transaction(engine) as conn:
@@ -152,9 +157,10 @@ def start_jobs(engine: Engine, starts: list[tuple[int, tuple[str, ...]]], reason
                         devices_json=json.dumps(list(devices)), exit_code=None, signal=None, ended_at=None))
             if claimed.rowcount != 1:
                 continue
-            if devices:
+            allocated = holds.get(job_id, devices)
+            if allocated:
                 conn.execute(insert(ALLOCATIONS), [{"job_id": job_id, "device_uuid": d, "allocated_at": now}
-                                                   for d in devices])
+                                                   for d in allocated])
             if port is not None:
                 used_ports.add(port)
             started.append((job_id, tuple(devices), port))

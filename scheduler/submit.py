@@ -13,11 +13,23 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from scheduler.devices import DeviceInfo
-from scheduler.spec import JobSpec, resolve_devices
+from scheduler.spec import JobSpec, resolve_devices, resolve_gpus
 from scheduler.store import NewJob, submit
 
 DEMO_DEVICES = 2
 """The demo trains on this many devices when they are free (else on 1)."""
+
+
+def new_job(spec: JobSpec, devices: list[tuple[int, str]]) -> NewJob:
+    """The row to store for `spec` on this machine's devices, (index, uuid): its device ids as
+    uuids and its count resolved (an exclusive job's default is every device)."""
+    uuids = resolve_devices(spec, devices)
+    return NewJob(
+        name=spec.name, kind=spec.kind, argv=spec.argv, gpus=resolve_gpus(spec, devices), workdir=spec.workdir,
+        train_config=spec.train_config, gpu_ids=uuids, mem_per_gpu=spec.mem_per_gpu,
+        priority=spec.priority, time_limit_s=spec.time_limit_s, begin_at=spec.begin_at,
+        dependencies=tuple(spec.dependencies), held=spec.held, requeue=spec.requeue,
+        exclusive=spec.exclusive, env=spec.env, stdout=spec.stdout, stderr=spec.stderr)
 
 
 def submit_spec(engine: Engine, spec: JobSpec, devices: list[DeviceInfo] | None = None) -> int:
@@ -29,13 +41,7 @@ def submit_spec(engine: Engine, spec: JobSpec, devices: list[DeviceInfo] | None 
         from scheduler.devices import inventory
 
         devices = inventory({}, None)
-    uuids = resolve_devices(spec, [(d.index, d.uuid) for d in devices])
-    job_id = submit(engine, NewJob(
-        name=spec.name, kind=spec.kind, argv=spec.argv, gpus=spec.gpus, workdir=spec.workdir,
-        train_config=spec.train_config, gpu_ids=uuids, mem_per_gpu=spec.mem_per_gpu,
-        priority=spec.priority, time_limit_s=spec.time_limit_s, begin_at=spec.begin_at,
-        dependencies=tuple(spec.dependencies), held=spec.held, requeue=spec.requeue, env=spec.env,
-        stdout=spec.stdout, stderr=spec.stderr))
+    job_id = submit(engine, new_job(spec, [(d.index, d.uuid) for d in devices]))
     ensure_daemon()
     return job_id
 
