@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("submit", help="queue a command (after --) or an SAE training (--train run.toml)")
     s.add_argument("--train", metavar="TOML", help="an SAE training config (the trainer's TOML keys)")
-    s.add_argument("-G", "--gpus", type=int, help="number of GPUs (default 1)")
+    s.add_argument("-G", "--gpus", type=int, help="number of GPUs (default 1; with --exclusive, every device)")
     s.add_argument("--gpu-ids", help="exact devices, by index or UUID: 0,2")
     s.add_argument("--mem", help="memory needed per GPU: 20GiB, 512M (plain number: MB, as SLURM)")
     s.add_argument("-J", "--job-name", help="job name (default: the program's name, or 'train')")
@@ -40,6 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--begin", help="start no earlier than: now+10minutes, 16:00, 2026-12-01T09:00")
     s.add_argument("-H", "--hold", action="store_true", help="submit held (release it later)")
     s.add_argument("--requeue", action="store_true", help="requeue automatically when it fails")
+    s.add_argument("--exclusive", action="store_true",
+                   help="SLURM's --exclusive: the job gets the whole machine. It starts once every device is "
+                        "free and no other job runs, holds every device while it runs (nothing else starts), "
+                        "and runs on --gpus N of them (default: all; SAE_DIST_NUM_GPUS=N); not with --gpu-ids")
     s.add_argument("-D", "--chdir", help="working directory (default: the current one)")
     s.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment (repeatable)")
     s.add_argument("-o", "--output", help="stdout file; %%j = job id, %%x = job name")
@@ -194,7 +198,7 @@ def _iso(dt: datetime | None) -> str | None:
 
 def cmd_submit(args) -> int:
     from scheduler import spec as S
-    from scheduler.store import NewJob, submit
+    from scheduler.store import submit
 
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     now = datetime.now(timezone.utc)
@@ -215,7 +219,8 @@ def cmd_submit(args) -> int:
         time_limit_s=_parsed("--time", S.parse_time_limit, args.time) if args.time else None,
         begin_at=_parsed("--begin", S.parse_begin, args.begin, now) if args.begin else None,
         dependencies=S.parse_dependency(args.dependency) if args.dependency else [],
-        held=args.hold, requeue=args.requeue, workdir=os.path.abspath(args.chdir or os.getcwd()),
+        held=args.hold, requeue=args.requeue, exclusive=args.exclusive,
+        workdir=os.path.abspath(args.chdir or os.getcwd()),
         env=S.parse_env(args.env), stdout=args.output, stderr=args.error)
     for _, dep_id in job_spec.dependencies:
         if dep_id > MAX_SQL_INT:  # no job has such an id (and SQLite could not even look it up)
@@ -225,14 +230,9 @@ def cmd_submit(args) -> int:
     if args.nodes is not None or args.gpus_per_node is not None or args.cpu:
         raise UserError("--nodes, --gpus-per-node and --cpu are for --cluster slurm")
     from scheduler.devices import inventory
+    from scheduler.submit import new_job
 
-    uuids = S.resolve_devices(job_spec, [(d.index, d.uuid) for d in inventory({}, None)])
-    job_id = submit(_engine(), NewJob(
-        name=job_spec.name, kind=job_spec.kind, argv=job_spec.argv, gpus=job_spec.gpus, workdir=job_spec.workdir,
-        train_config=job_spec.train_config, gpu_ids=uuids, mem_per_gpu=job_spec.mem_per_gpu,
-        priority=job_spec.priority, time_limit_s=job_spec.time_limit_s, begin_at=job_spec.begin_at,
-        dependencies=tuple(job_spec.dependencies), held=job_spec.held, requeue=job_spec.requeue,
-        env=job_spec.env, stdout=job_spec.stdout, stderr=job_spec.stderr))
+    job_id = submit(_engine(), new_job(job_spec, [(d.index, d.uuid) for d in inventory({}, None)]))
     _ensure_daemon()
     print(json.dumps({"job_id": job_id}) if args.json else f"Submitted job {job_id}")
     return 0
@@ -246,6 +246,9 @@ def _submit_to_cluster(args, job_spec) -> int:
     if args.hold or args.dependency or args.begin or args.requeue or args.gpu_ids or args.mem:
         raise UserError("with --cluster slurm, SLURM decides when and where: -H, -d, --begin, --requeue, "
                         "--gpu-ids and --mem are for this machine's queue")
+    if job_spec.gpus is None and args.gpus_per_node is None:  # --exclusive without a count
+        raise UserError("--exclusive with --cluster slurm: give --gpus-per-node (or --gpus); the GPUs of "
+                        "a cluster's node cannot be counted from here")
     script = sbatch_script(cluster.script_job(job_spec), nodes=args.nodes or 1, gpus_per_node=args.gpus_per_node,
                            cpu=args.cpu, db_url=default_db_url())
     slurm_id = cluster.submit(_engine(), job_spec, script, state_home() / "slurm")
@@ -268,7 +271,8 @@ def _cluster_rows(final_too: bool, now: float) -> list[dict[str, Any]]:
             "gpus": None, "devices": [], "priority": None, "submitted": _iso(j.submitted_at),
             "start": _iso(j.started_at), "end": _iso(j.ended_at),
             "elapsed_s": (end or now) - start if start else None, "time_limit_s": None,
-            "exit_code": j.exit_code, "signal": j.signal, "kind": j.kind, "held": False, "cluster": j.cluster})
+            "exit_code": j.exit_code, "signal": j.signal, "kind": j.kind, "held": False,
+            "exclusive": None, "cluster": j.cluster})  # SLURM's to know; not recorded here
     return rows
 
 
@@ -282,6 +286,7 @@ def _job_row(job, now: float) -> dict[str, Any]:
         "end": _iso(job.ended_at), "elapsed_s": (end or now) - start if start else None,
         "time_limit_s": job.time_limit_s, "exit_code": job.exit_code, "signal": job.signal,
         "kind": job.kind, "held": bool(job.held),  # the fast SQLite read gives 0/1
+        "exclusive": bool(getattr(job, "exclusive", False)),  # absent from a database not yet migrated
     }
 
 
@@ -301,6 +306,9 @@ def cmd_queue(args) -> int:
 
     if has_cluster_jobs() is not False:
         rows += _cluster_rows(args.all, now)
+    held = _exclusive_allocations(rows)
+    for r in rows:  # what each job holds now: its devices, or for an exclusive job every device
+        r["allocated"] = held.get(r["job_id"], r["devices"]) if r["state"] == "RUNNING" else []
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
@@ -308,10 +316,38 @@ def cmd_queue(args) -> int:
         r["st"] = SHORT.get(r["state"], r["state"])
         r["elapsed"] = _duration(r["elapsed_s"]) or "0:00"
         r["limit"] = _duration(r["time_limit_s"]) or "UNLIMITED"
-        r["why"] = ",".join(r["devices"]) if r["state"] == "RUNNING" else (r["reason"] or "")
+        r["why"] = _running_devices(r) if r["state"] == "RUNNING" else (r["reason"] or "")
     _print_table(rows, [("job_id", "JOBID"), ("name", "NAME"), ("user", "USER"), ("st", "ST"), ("gpus", "GPUS"),
                         ("elapsed", "TIME"), ("limit", "TIME_LIMIT"), ("why", "DEVICES(REASON)")])
     return 0
+
+
+def _exclusive_allocations(rows: list[dict]) -> dict[int, list[str]]:
+    """Every device each running exclusive job holds (job id -> uuids, in the order allocated:
+    by index); read only when one runs, so the usual `queue` reads nothing more."""
+    wanted = {r["job_id"] for r in rows if r["exclusive"] and r["state"] == "RUNNING"}
+    if not wanted:
+        return {}
+    from scheduler.fastread import read_allocations
+
+    held = read_allocations()
+    if held is None:  # not plain SQLite: the regular path
+        from scheduler.store import active_allocations
+
+        with _engine().connect() as conn:
+            held = {}
+            for uuid, job_id in active_allocations(conn).items():
+                held.setdefault(job_id, []).append(uuid)
+    return {job_id: uuids for job_id, uuids in held.items() if job_id in wanted}
+
+
+def _running_devices(row: dict) -> str:
+    """A running job's devices; an exclusive job's also say which others it holds."""
+    text = ",".join(row["devices"])
+    others = [u for u in row["allocated"] if u not in row["devices"]]
+    if row["exclusive"]:
+        text = f"{text} (exclusive, also holds {','.join(others)})" if others else f"{text} (exclusive)"
+    return text.strip()
 
 
 def _each_job(args, action) -> int:

@@ -125,7 +125,8 @@ def submit(engine: Engine, spec, script: str, script_dir: Path) -> str:
 
 def script_job(spec) -> SimpleNamespace:
     """What sbatch_script reads of a job, from a validated JobSpec (no local job row)."""
-    return SimpleNamespace(id=None, name=spec.name, kind=spec.kind, gpus=spec.gpus or 1, workdir=spec.workdir,
+    return SimpleNamespace(id=None, name=spec.name, kind=spec.kind, gpus=spec.gpus or 1, exclusive=spec.exclusive,
+                           workdir=spec.workdir,
                            time_limit_s=spec.time_limit_s, env_json=json.dumps(spec.env or {}),
                            train_config_json=json.dumps(spec.train_config) if spec.train_config else None,
                            argv_json=json.dumps(spec.argv))

@@ -64,6 +64,30 @@ def read_jobs(states: tuple[str, ...] | None) -> list[SimpleNamespace] | None:
     return out
 
 
+def read_allocations() -> dict[int, list[str]] | None:
+    """The devices each job holds now (job id -> uuids, in the order allocated), or None to use
+    the regular path."""
+    path = sqlite_file()
+    if path is None or not path.is_file():
+        return None
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    except sqlite3.Error:
+        return None
+    try:
+        con.execute("PRAGMA busy_timeout=30000")
+        rows = con.execute("SELECT job_id, device_uuid FROM allocations WHERE released_at IS NULL "
+                           "ORDER BY id").fetchall()
+    except sqlite3.Error:
+        return None
+    finally:
+        con.close()
+    held: dict[int, list[str]] = {}
+    for job_id, uuid in rows:
+        held.setdefault(job_id, []).append(uuid)
+    return held
+
+
 def has_cluster_jobs() -> bool | None:
     """Whether any job was handed to a SLURM cluster (so `queue` must ask SLURM); None: unknown."""
     path = sqlite_file()

@@ -53,6 +53,8 @@ def sbatch_script(job, nodes: int = 1, gpus_per_node: int | None = None, cpu: bo
     ]
     if not cpu:
         lines.insert(5, f"#SBATCH --gpus-per-node={ranks}")
+    if getattr(job, "exclusive", False):
+        lines.append("#SBATCH --exclusive")  # the nodes to itself, as it asked here
     if job.time_limit_s:
         lines.append(f"#SBATCH --time={slurm_time(job.time_limit_s)}")
     lines += ["", "set -euo pipefail", f"cd {shlex.quote(job.workdir)}", "export CUDA_DEVICE_ORDER=PCI_BUS_ID"]
