@@ -3,15 +3,17 @@ plain dicts (the benchmark_points rows), so the app, the report and the tests sh
 
 from __future__ import annotations
 
-from sae_dist.bench import scaling
+from sae_dist.bench import reliability, scaling
 
 PROJECTED_COUNTS = (2, 4, 8)
 
 
 def summarize(points: list[dict]) -> list[dict]:
     """Per device count: median DDP throughput over repeats (and its spread), speedup and
-    efficiency against the 1-device median, the ceiling's median and the efficiency against it,
-    the median communication share, the largest peak memory, the mean utilisation."""
+    efficiency against the 1-device median, the ceiling's median (and spread) and the efficiency
+    against it, the median communication share, the largest peak memory, the mean utilisation,
+    the most other load any of its points saw, and whether it can be trusted (`reliable`,
+    `reason`: see sae_dist.bench.reliability)."""
     by_n: dict[int, dict[str, list[dict]]] = {}
     for p in points:
         by_n.setdefault(p["devices"], {}).setdefault(p["kind"], []).append(p)
@@ -26,7 +28,8 @@ def summarize(points: list[dict]) -> list[dict]:
         throughput = scaling.median(tp)
         # One device has no communication: it is its own ceiling (the same measurement).
         ceiling_points = by_n[n].get("ceiling") or (ddp if n == 1 else [])
-        ceiling = scaling.median([p["samples_per_s"] for p in ceiling_points]) if ceiling_points else None
+        ceiling_tp = [p["samples_per_s"] for p in ceiling_points]
+        ceiling = scaling.median(ceiling_tp) if ceiling_tp else None
         speedup = scaling.speedup(throughput, base_tp) if base_tp else None
         shares = [p["comm_share"] for p in ddp if p.get("comm_share") is not None]
         memory = [p["peak_memory"] for p in ddp if p.get("peak_memory") is not None]
@@ -46,8 +49,29 @@ def summarize(points: list[dict]) -> list[dict]:
             "grad_bytes": ddp[0].get("grad_bytes"),
             "allreduce_bytes_per_s": _median_known([p.get("allreduce_bytes_per_s") for p in ddp]),
             "target_speedup": scaling.TARGET_SPEEDUP.get(n),
+            "ceiling_spread": scaling.spread(ceiling_tp) if n > 1 and ceiling_tp else None,
+            **_other_load(ddp + by_n[n].get("ceiling", [])),
         })
-    return rows
+    return reliability.judge(rows)
+
+
+def _other_load(points: list[dict]) -> dict:
+    """The most other load any of these points saw while it ran (CPU: percent of one core; GPU:
+    the busiest other process's SM utilisation); None where none was recorded."""
+    loads = [reliability.point_load(p.get("other_load_json")) for p in points]
+    cpu = [(l["cpu_pct"], l["top"]) for l in loads if l["cpu_pct"] is not None]
+    gpu = [l["gpu_pct"] for l in loads if l["gpu_pct"] is not None]
+    worst = max(cpu, key=lambda c: c[0]) if cpu else (None, "")
+    return {"other_cpu_pct": worst[0], "other_cpu_top": worst[1],
+            "other_gpu_pct": max(gpu) if gpu else None,
+            "other_gpu_unknown": max((l["gpu_unknown"] for l in loads), default=0),
+            "other_jobs": sorted({(j["id"], j["name"], j["user"]) for l in loads for j in l["jobs"]})}
+
+
+def best_speedup(rows: list[dict]) -> dict | None:
+    """The headline: the reliable multi-device row with the highest speedup (None without one)."""
+    ok = [r for r in rows if r["devices"] > 1 and r.get("reliable", True) and r["speedup"] is not None]
+    return max(ok, key=lambda r: r["speedup"]) if ok else None
 
 
 def _median_known(values: list) -> float | None:
@@ -81,9 +105,10 @@ def link_bandwidth(link: str, rows: list[dict] | None = None) -> tuple[str, floa
 def projection_rows(rows: list[dict], mode: str, bandwidth: float,
                     counts: tuple[int, ...] = PROJECTED_COUNTS) -> list[dict]:
     """Expected speedup on `counts` devices from the 1-device row (step time, gradient size,
-    batch): a model, not a measurement. Empty without a 1-device row."""
+    batch): a model, not a measurement. Empty without a reliable 1-device row (projection_note
+    says why)."""
     one = next((r for r in rows if r["devices"] == 1), None)
-    if one is None or not one.get("grad_bytes"):
+    if one is None or not one.get("reliable", True) or not one.get("grad_bytes"):
         return []
     out = []
     for n in counts:
@@ -95,6 +120,18 @@ def projection_rows(rows: list[dict], mode: str, bandwidth: float,
                     "break_even_batch": scaling.break_even_batch(one["step_s"], one["per_device_batch"],
                                                                  one["grad_bytes"], bandwidth, n)})
     return out
+
+
+def projection_note(rows: list[dict]) -> str | None:
+    """Why there is no projection (None when there is one to draw)."""
+    one = next((r for r in rows if r["devices"] == 1), None)
+    if one is None:
+        return "No projection: no 1-device point to project from."
+    if not one.get("reliable", True):
+        return f"No projection: the 1-device point is unreliable ({one['reason']}); measure it again on a quiet machine."
+    if not one.get("grad_bytes"):
+        return "No projection: the 1-device point recorded no gradient size."
+    return None
 
 
 MODEL_TEXT = ("Projection (a model, not a measurement): ring all-reduce time = 2(N-1)/N x gradient "
