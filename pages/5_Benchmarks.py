@@ -10,7 +10,7 @@ import streamlit as st
 
 from sae_dist.analytics import queries
 from sae_dist.analytics import format as fmt
-from sae_dist.bench import balance, charts, report, scaling
+from sae_dist.bench import balance, charts, reliability, report, scaling
 from sae_dist.bench import summary as S
 from webui.sidebar import page_frame
 
@@ -28,7 +28,8 @@ st.title("Benchmarks", anchor=False)
 st.header("Scaling", anchor=False)
 st.caption("Throughput, speedup and efficiency on 1 and N devices, measured by "
            "`python -m sae_dist bench`; efficiency against ideal (N x) and against the ceiling "
-           "(the same per-device work as N independent processes, no communication).")
+           "(the same per-device work as N independent processes, no communication). Points that "
+           "fail the reliability checks are drawn hollow and grey and never counted as results.")
 benches = report.list_benchmarks(engine)
 by_id = {b["id"]: b for b in benches}
 
@@ -87,12 +88,30 @@ def show(bench_id: int, compact: bool, link: str) -> None:
         st.warning(str(error), title="Projected for PCIe 4 instead")
         link_label, bandwidth = S.link_bandwidth("pcie4")
     projection = S.projection_rows(rows, run["mode"], bandwidth)
+    warning = reliability.warning_text(rows)
+    if warning:
+        st.warning("\n".join(f"- {line}" for line in reliability.unreliable_lines(rows)),
+                   title="Unreliable points: left out of the best speedup and the projection",
+                   icon=":material/warning:")
+    best = S.best_speedup(rows)
+    with st.container(horizontal=True):
+        st.metric("Best speedup", "—" if best is None else f"{best['speedup']:.2f}× on {best['devices']}",
+                  border=True, help="The highest speedup among reliable multi-device points only")
+        st.metric("Reliable device counts", f"{sum(r['reliable'] for r in rows)} of {len(rows)}", border=True,
+                  help=reliability.RULES_TEXT)
     st.altair_chart(charts.speedup_chart(rows, projection, title=f"Speedup ({run['mode']} scaling)"),
                     alt="Measured speedup against device count, with the ideal line, targets and projection")
     if not compact:
         st.altair_chart(charts.efficiency_chart(rows), alt="Efficiency against ideal and against the ceiling")
     st.markdown("**Measured**")
+    st.caption(report.headline_text(rows) + ". Samples/s: median over repeats ± spread (half the range "
+               "over the median).")
     st.dataframe(report.measured_table(rows), hide_index=True)
+    with st.expander("Other load, point by point (in the order measured)", expanded=bool(warning) and not compact):
+        st.caption("CPU of other processes in percent of one core (100% = one core kept busy): the "
+                   "machine's busy time minus the point's own processes, just before it and while it ran. "
+                   + reliability.RULES_TEXT)
+        st.dataframe(report.other_load_table(points), hide_index=True)
     comm = [r for r in rows if r["comm_share"] is not None]
     if comm:
         st.caption("Communication: the share of a DDP step spent in the gradient all-reduce, from the "
@@ -108,7 +127,7 @@ def show(bench_id: int, compact: bool, link: str) -> None:
                    f"{worst['devices']} devices, the all-reduce of {report.fmt_bytes(one['grad_bytes'])} "
                    f"takes longer than the compute (measured batch {one['per_device_batch']:,}).")
     else:
-        st.caption("No 1-device point to project from.")
+        st.caption(S.projection_note(rows) or "No projection.")
 
 
 def run_label(run: dict) -> str:

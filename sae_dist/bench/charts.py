@@ -2,6 +2,8 @@
 
 Measured series are solid with points; the ideal line, the targets and the projection are
 drawn apart (dashed or hollow) and say what they are in the legend: a projection is a model.
+A measured point that fails the reliability checks (sae_dist.bench.reliability) is drawn hollow
+and grey, with its reason in the tooltip, and the measured line does not pass through it.
 """
 
 from __future__ import annotations
@@ -14,26 +16,35 @@ from sae_dist.bench import scaling
 SERIES_ORDER = ["measured (DDP)", "ceiling (no communication)", "ideal (N x)", "target",
                 "projected, no overlap", "projected, full overlap"]
 SERIES_COLORS = ["#1f6feb", "#8250df", "#8c959f", "#cf222e", "#bf8700", "#1a7f37"]
+UNRELIABLE_COLOR = "#8c959f"
+MEASURED = ["measured (DDP)", "ceiling (no communication)"]
+COLUMNS = ["devices", "speedup", "series", "reliable", "reason"]
 
 
 def speedup_frame(rows: list[dict], projection: list[dict] | None = None) -> pd.DataFrame:
-    """Long-form (devices, speedup, series) rows: measured, ceiling, ideal, targets, projection."""
+    """Long-form (devices, speedup, series, reliable, reason) rows: measured, ceiling, ideal,
+    targets, projection. Only measured rows can be unreliable (reliable False, reason why)."""
     records = []
     counts = sorted({r["devices"] for r in rows} | {p["devices"] for p in projection or []} | {1})
+
+    def add(n, speedup, series, row=None):
+        ok = True if row is None else bool(row.get("reliable", True))
+        records.append({"devices": n, "speedup": speedup, "series": series, "reliable": ok,
+                        "reason": None if ok else row.get("reason")})
+
     for r in rows:
         if r["speedup"] is not None:
-            records.append({"devices": r["devices"], "speedup": r["speedup"], "series": "measured (DDP)"})
+            add(r["devices"], r["speedup"], "measured (DDP)", r)
         if r.get("ceiling_speedup") is not None:
-            records.append({"devices": r["devices"], "speedup": r["ceiling_speedup"],
-                            "series": "ceiling (no communication)"})
+            add(r["devices"], r["ceiling_speedup"], "ceiling (no communication)", r)
     for n in counts:
-        records.append({"devices": n, "speedup": float(n), "series": "ideal (N x)"})
+        add(n, float(n), "ideal (N x)")
         if n in scaling.TARGET_SPEEDUP:
-            records.append({"devices": n, "speedup": scaling.TARGET_SPEEDUP[n], "series": "target"})
+            add(n, scaling.TARGET_SPEEDUP[n], "target")
     for p in projection or []:
-        records.append({"devices": p["devices"], "speedup": p["speedup_no_overlap"], "series": "projected, no overlap"})
-        records.append({"devices": p["devices"], "speedup": p["speedup_overlap"], "series": "projected, full overlap"})
-    return pd.DataFrame.from_records(records, columns=["devices", "speedup", "series"])
+        add(p["devices"], p["speedup_no_overlap"], "projected, no overlap")
+        add(p["devices"], p["speedup_overlap"], "projected, full overlap")
+    return pd.DataFrame.from_records(records, columns=COLUMNS)
 
 
 def speedup_chart(rows: list[dict], projection: list[dict] | None = None, title: str = "Speedup") -> alt.Chart:
@@ -43,32 +54,43 @@ def speedup_chart(rows: list[dict], projection: list[dict] | None = None, title:
     base = alt.Chart(data).encode(
         x=alt.X("devices:Q", title="Devices", scale=alt.Scale(nice=False), axis=alt.Axis(tickMinStep=1)),
         y=alt.Y("speedup:Q", title="Speedup over 1 device"), color=color,
-        tooltip=["series:N", "devices:Q", alt.Tooltip("speedup:Q", format=".2f")])
-    measured = base.transform_filter(alt.FieldOneOfPredicate(
-        field="series", oneOf=["measured (DDP)", "ceiling (no communication)"])).mark_line(point=True)
+        tooltip=["series:N", "devices:Q", alt.Tooltip("speedup:Q", format=".2f"), "reason:N"])
+    measured_only = base.transform_filter(alt.FieldOneOfPredicate(field="series", oneOf=MEASURED))
+    measured = measured_only.transform_filter(alt.datum.reliable).mark_line(point=alt.OverlayMarkDef(filled=True))
+    unreliable = measured_only.transform_filter(~alt.datum.reliable).mark_point(
+        filled=False, size=90, strokeWidth=2).encode(
+        color=alt.value(UNRELIABLE_COLOR),  # a channel value: the series colour would win over the mark's
+        shape=alt.Shape("series:N", legend=alt.Legend(title="Unreliable (hollow, grey)", orient="right")))
     ideal = base.transform_filter(alt.datum.series == "ideal (N x)").mark_line(strokeDash=[4, 4])
     target = base.transform_filter(alt.datum.series == "target").mark_point(shape="diamond", size=90, filled=True)
     projected = base.transform_filter(alt.FieldOneOfPredicate(
         field="series", oneOf=["projected, no overlap", "projected, full overlap"])).mark_line(
         strokeDash=[2, 3], point=alt.OverlayMarkDef(filled=False))
-    return alt.layer(ideal, target, projected, measured).properties(title=title, height=300)
+    return alt.layer(ideal, target, projected, measured, unreliable).properties(title=title, height=300)
 
 
 def efficiency_chart(rows: list[dict]) -> alt.Chart:
-    """Bars: efficiency against ideal and against the ceiling, with the 80% floor."""
+    """Bars: efficiency against ideal and against the ceiling, with the 80% floor; an unreliable
+    device count's bars are hollow and grey."""
     records = []
     for r in rows:
+        ok = bool(r.get("reliable", True))
+        mark = {"reliable": ok, "reason": None if ok else r.get("reason")}
         if r["efficiency"] is not None:
-            records.append({"devices": str(r["devices"]), "efficiency": r["efficiency"], "against": "ideal (N x)"})
+            records.append({"devices": str(r["devices"]), "efficiency": r["efficiency"], "against": "ideal (N x)", **mark})
         if r.get("efficiency_vs_ceiling") is not None and r["devices"] > 1:
             records.append({"devices": str(r["devices"]), "efficiency": r["efficiency_vs_ceiling"],
-                            "against": "ceiling (same processes, no communication)"})
-    data = pd.DataFrame.from_records(records, columns=["devices", "efficiency", "against"])
-    bars = alt.Chart(data).mark_bar().encode(
+                            "against": "ceiling (same processes, no communication)", **mark})
+    data = pd.DataFrame.from_records(records, columns=["devices", "efficiency", "against", "reliable", "reason"])
+    base = alt.Chart(data).encode(
         x=alt.X("devices:N", title="Devices"), xOffset="against:N",
         y=alt.Y("efficiency:Q", title="Efficiency", axis=alt.Axis(format="%")),
-        color=alt.Color("against:N", legend=alt.Legend(title="Against", orient="bottom")),
-        tooltip=["devices:N", "against:N", alt.Tooltip("efficiency:Q", format=".1%")])
+        tooltip=["devices:N", "against:N", alt.Tooltip("efficiency:Q", format=".1%"), "reason:N"])
+    solid = base.transform_filter(alt.datum.reliable).mark_bar().encode(
+        color=alt.Color("against:N", legend=alt.Legend(title="Against", orient="bottom")))
+    hollow = base.transform_filter(~alt.datum.reliable).mark_bar(
+        filled=False, color=UNRELIABLE_COLOR, strokeWidth=2, strokeDash=[3, 2])
+    bars = alt.layer(solid, hollow)
     floor = alt.Chart(pd.DataFrame({"y": [scaling.TARGET_EFFICIENCY]})).mark_rule(
         color="#cf222e", strokeDash=[4, 4]).encode(y="y:Q")
     return alt.layer(bars, floor).properties(title=f"Efficiency (target over {scaling.TARGET_EFFICIENCY:.0%})",

@@ -1,8 +1,10 @@
 """`python -m sae_dist report RUN_ID --format md|csv|html`: a benchmark's report in a file.
 
-md: tables (measured, projected, environment) and the speedup chart as an embedded Vega-Lite
-spec in a fenced block; csv: one row per device count; html: a standalone page with the tables
-and the charts (Vega-Lite, embedded). The queries live here too: the app's page uses them.
+md: tables (measured, projected, environment, each point's other load) and the speedup chart as
+an embedded Vega-Lite spec in a fenced block; csv: one row per device count, with `reliable`
+(true/false) and `reason`; html: a standalone page with the tables and the charts (Vega-Lite,
+embedded). md and html put a warning above the measured table naming every unreliable device
+count and why (sae_dist.bench.reliability). The queries live here too: the app's page uses them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 
 from sqlmodel import Session, select
 
+from sae_dist.bench import reliability as R
 from sae_dist.bench import summary as S
 from sae_dist.db import BenchmarkPoint, BenchmarkRun, get_engine
 from sae_dist.errors import UserError
@@ -22,7 +25,8 @@ from sae_dist.errors import UserError
 MISSING = "—"
 CSV_FIELDS = ("devices", "repeats", "per_device_batch", "samples_per_s", "spread", "step_s", "speedup",
               "efficiency", "ceiling_samples_per_s", "efficiency_vs_ceiling", "comm_share", "peak_memory",
-              "mean_utilization_pct", "grad_bytes", "target_speedup")
+              "mean_utilization_pct", "grad_bytes", "target_speedup", "ceiling_spread", "other_cpu_pct",
+              "other_gpu_pct", "reliable", "reason")
 
 
 def list_benchmarks(engine=None) -> list[dict]:
@@ -58,15 +62,29 @@ def fmt_bytes(value) -> str:
     return f"{value} B"
 
 
+def fmt_other_load(row: dict) -> str:
+    """The most other load a device count's points saw, as text ('—': not recorded)."""
+    parts = []
+    if row.get("other_cpu_pct") is not None:
+        parts.append(f"{row['other_cpu_pct']:.0f}% of a core")
+    if row.get("other_gpu_pct"):
+        parts.append(f"GPU {row['other_gpu_pct']:.0f}% SM")
+    if row.get("other_gpu_unknown"):
+        parts.append(f"{row['other_gpu_unknown']} GPU process(es), utilisation unknown")
+    return ", ".join(parts) or MISSING
+
+
 def measured_table(rows: list[dict]) -> list[dict[str, str]]:
     """The measured rows as display strings (shared by md, html and the app)."""
     return [{
+        "Reliable": "yes" if r.get("reliable", True) else "NO",
         "Devices": str(r["devices"]), "Batch/device": f"{r['per_device_batch']:,}",
         "Samples/s": _num(r["samples_per_s"]) + (f" ± {r['spread']:.0%}" if r["repeats"] > 1 else ""),
         "Step": f"{r['step_s'] * 1e3:.1f} ms",
         "Speedup": _num(r["speedup"], ".2f") + (f" (target {r['target_speedup']})" if r["target_speedup"] else ""),
         "Efficiency": _num(r["efficiency"], ".0%"),
-        "Ceiling samples/s": _num(r["ceiling_samples_per_s"]),
+        "Ceiling samples/s": _num(r["ceiling_samples_per_s"]) + (
+            f" ± {r['ceiling_spread']:.0%}" if r.get("ceiling_spread") is not None and r["repeats"] > 1 else ""),
         "Efficiency vs ceiling": _num(r["efficiency_vs_ceiling"], ".0%"),
         "Communication": _num(r["comm_share"], ".0%"),
         "Peak memory/device": fmt_bytes(r["peak_memory"]),
@@ -74,7 +92,45 @@ def measured_table(rows: list[dict]) -> list[dict[str, str]]:
         "Gradient all-reduced/step": fmt_bytes(r["grad_bytes"]),
         "All-reduce bandwidth": (MISSING if r["allreduce_bytes_per_s"] is None
                                  else f"{r['allreduce_bytes_per_s'] / 1e9:.2f} GB/s"),
+        "Other load (most, while running)": fmt_other_load(r),
+        "Why unreliable": r.get("reason") or "",
     } for r in rows]
+
+
+def _pct(value) -> str:
+    return MISSING if value is None else f"{value:.0f}%"
+
+
+def other_load_table(points: list[dict]) -> list[dict[str, str]]:
+    """Each point in the order it ran (repeats interleave across device counts): the other
+    processes' CPU (percent of one core) just before it and while it ran, the busiest of them,
+    other scheduler jobs seen running, and other GPU processes."""
+    out = []
+    for p in sorted(points, key=lambda p: (p.get("created_at") is None, p.get("created_at"), p.get("id") or 0)):
+        load = R.point_load(p.get("other_load_json"))
+        gpu = MISSING
+        if load["gpu_pct"] is not None or load["gpu_unknown"]:
+            gpu = (f"{load['gpu_pct']:.0f}% SM" if load["gpu_pct"] is not None else "") + (
+                f" ({load['gpu_unknown']} of unknown use)" if load["gpu_unknown"] else "")
+        out.append({
+            "Devices": str(p["devices"]), "Kind": p["kind"], "Repeat": str(p["repeat"] + 1),
+            "Other CPU before": _pct(load["before_cpu_pct"]), "Other CPU while running": _pct(load["cpu_pct"]),
+            "Busiest other processes": load["top"] or MISSING,
+            "Other jobs running": ", ".join(f"{j['id']} {j['name']} ({j['user']})" for j in load["jobs"]) or MISSING,
+            "Other GPU processes": gpu,
+        })
+    return out
+
+
+def headline_text(rows: list[dict]) -> str:
+    """The best speedup, from reliable rows only."""
+    best = S.best_speedup(rows)
+    if best is None:
+        multi = [r for r in rows if r["devices"] > 1]
+        return ("Best speedup: none — no multi-device point is reliable" if multi
+                else "Best speedup: none — no multi-device point measured")
+    return (f"Best speedup: {best['speedup']:.2f}x on {best['devices']} devices "
+            f"(efficiency {best['efficiency']:.0%}; reliable points only)")
 
 
 def fmt_batch(value: float) -> str:
@@ -133,23 +189,36 @@ def render(run: dict, points: list[dict], fmt: str, link: str = "pcie4") -> str:
         out = io.StringIO()
         writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({**r, "reliable": "true" if r["reliable"] else "false", "reason": r["reason"] or ""}
+                         for r in rows)
         return out.getvalue()
+    warning = R.warning_text(rows)
+    no_projection = S.projection_note(rows)
     from sae_dist.bench.charts import efficiency_chart, speedup_chart
 
     speed = speedup_chart(rows, projection, title=f"Speedup ({run['mode']} scaling; projection: {link_label})")
     title = f"sae-dist scaling benchmark {run['id']}: {run['name']}"
     if fmt == "md":
         parts = [f"# {title}", "", *[f"- {line}" for line in environment_lines(run)], "",
-                 "## Measured", "", _md_table(measured_table(rows)),
+                 "## Measured", "", *([f"> **Warning:** {warning}", ""] if warning else []),
+                 f"**{headline_text(rows)}**", "", _md_table(measured_table(rows)),
                  "Speedup and efficiency are against the 1-device median; the ceiling is the same "
-                 "per-device work as N independent processes at once, without communication.", "",
-                 f"## Projected for {link_label}", "", S.MODEL_TEXT, "", _md_table(projection_table(projection)),
+                 "per-device work as N independent processes at once, without communication. "
+                 "Samples/s: median over repeats ± spread (half the range over the median).", "",
+                 R.RULES_TEXT, "",
+                 "## Other load, point by point (in the order measured)", "",
+                 "CPU of other processes in percent of one core (100% = one core kept busy), from "
+                 "/proc: the machine's busy time minus the point's own processes.", "",
+                 _md_table(other_load_table(points)),
+                 f"## Projected for {link_label}", "", S.MODEL_TEXT, "",
+                 *([f"_{no_projection}_", ""] if no_projection else [_md_table(projection_table(projection))]),
                  "## Speedup chart (Vega-Lite)", "", "```vega-lite", speed.to_json(indent=None), "```", ""]
         return "\n".join(parts)
     if fmt == "html":
         eff = efficiency_chart(rows)
         env = "".join(f"<li>{html.escape(line)}</li>" for line in environment_lines(run))
+        warn_html = (f'<p class="warning" style="background:#fff8c5;border:1px solid #d4a72c;padding:6px 10px">'
+                     f"<strong>Warning:</strong> {html.escape(warning)}</p>" if warning else "")
         return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <script src="https://cdn.jsdelivr.net/npm/vega@5"></script>
@@ -158,10 +227,12 @@ def render(run: dict, points: list[dict], fmt: str, link: str = "pcie4") -> str:
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}</style></head><body>
 <h1>{html.escape(title)}</h1><ul>{env}</ul>
-<h2>Measured</h2>{_html_table(measured_table(rows))}
+<h2>Measured</h2>{warn_html}<p><strong>{html.escape(headline_text(rows))}</strong></p>
+{_html_table(measured_table(rows))}<p>{html.escape(R.RULES_TEXT)}</p>
 <h2>Charts</h2><div id="speedup"></div><div id="efficiency"></div>
+<h2>Other load, point by point (in the order measured)</h2>{_html_table(other_load_table(points))}
 <h2>Projected for {html.escape(link_label)}</h2><p>{html.escape(S.MODEL_TEXT)}</p>
-{_html_table(projection_table(projection))}
+{f"<p><em>{html.escape(no_projection)}</em></p>" if no_projection else _html_table(projection_table(projection))}
 <script>
 vegaEmbed("#speedup", {speed.to_json(indent=None)});
 vegaEmbed("#efficiency", {eff.to_json(indent=None)});
