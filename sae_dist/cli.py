@@ -60,7 +60,13 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--steps", type=int, default=30, dest="timed_steps",
                        help="steps timed per point, after the warm-up (default 30)")
     bench.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
-    bench.add_argument("--repeats", type=int, default=1, help="measure every point this often (default 1)")
+    bench.add_argument("--repeats", type=int, default=3,
+                       help="measure every point this often, interleaved across device counts "
+                            "(1, 2, 4, 1, 2, 4, ...; default 3)")
+    bench.add_argument("--start-within", type=float, default=3600.0, metavar="SECONDS",
+                       help="queued: each point must get the machine alone (an exclusive job) within "
+                            "this many seconds, else the benchmark stops naming the jobs that held it "
+                            "(default 3600)")
     bench.add_argument("--no-queue", action="store_true",
                        help="run the points here, not as scheduler jobs (the devices must be free)")
     bench.add_argument("--device-kind", choices=("cuda", "cpu"), help="default: cuda where visible, else cpu")
@@ -216,7 +222,7 @@ def _bench(ns: argparse.Namespace) -> int:
     cfg = _with_source_d_in(config_from_args(ns))
     bench_id = run_benchmark(cfg, counts, mode=ns.mode, steps=ns.timed_steps, warmup=ns.warmup,
                              repeats=ns.repeats, queued=not ns.no_queue, name=ns.bench_name,
-                             kind=ns.device_kind)
+                             kind=ns.device_kind, start_within=ns.start_within)
     print(f"benchmark {bench_id} done: python -m sae_dist report {bench_id} --format md")
     return 0
 

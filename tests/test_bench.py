@@ -6,11 +6,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 
 import pytest
 from sqlmodel import Session, select
 
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, wait_for
 from sae_dist.bench import summary as S
 from sae_dist.db import BenchmarkPoint, BenchmarkRun, get_engine
 
@@ -72,40 +73,59 @@ def bench_rows(bench_id: int):
 
 @pytest.mark.slow
 def test_direct_benchmark_writes_rows_reports_and_page(tmp_path):
-    result = run_cli("bench", "--devices", "1,2", "--no-queue", *SMALL, timeout=300)
+    result = run_cli("bench", "--devices", "1,2", "--no-queue", "--repeats", "2", *SMALL, timeout=400)
     assert result.returncode == 0, result.stderr
     run, points = bench_rows(1)
-    assert run["status"] == "COMPLETED" and run["virtual"] and run["backend"] == "gloo"
-    assert sorted((p["devices"], p["kind"]) for p in points) == [(1, "ddp"), (2, "ceiling"), (2, "ddp")]
-    by = {(p["devices"], p["kind"]): p for p in points}
-    assert by[(1, "ddp")]["per_device_batch"] == 256 and by[(2, "ddp")]["per_device_batch"] == 128  # strong
-    assert 0 <= by[(2, "ddp")]["comm_share"] <= 1 and by[(1, "ddp")]["comm_share"] is None
-    assert by[(2, "ddp")]["grad_bytes"] == (32 * 128 * 2 + 128 + 32) * 4  # W_enc, W_dec, b_enc, b_dec
+    assert run["status"] == "COMPLETED" and run["virtual"] and run["backend"] == "gloo" and run["repeats"] == 2
+    # repeats interleave across device counts: 1, 2, 1, 2 (each 2 as DDP, then its ceiling)
+    order = [(p["devices"], p["kind"], p["repeat"]) for p in sorted(points, key=lambda p: p["id"])]
+    assert order == [(1, "ddp", 0), (2, "ddp", 0), (2, "ceiling", 0), (1, "ddp", 1), (2, "ddp", 1), (2, "ceiling", 1)]
+    assert [p["created_at"] for p in sorted(points, key=lambda p: p["id"])] == sorted(p["created_at"] for p in points)
+    by = {(p["devices"], p["kind"], p["repeat"]): p for p in points}
+    assert by[(1, "ddp", 0)]["per_device_batch"] == 256 and by[(2, "ddp", 0)]["per_device_batch"] == 128  # strong
+    assert 0 <= by[(2, "ddp", 0)]["comm_share"] <= 1 and by[(1, "ddp", 0)]["comm_share"] is None
+    assert by[(2, "ddp", 0)]["grad_bytes"] == (32 * 128 * 2 + 128 + 32) * 4  # W_enc, W_dec, b_enc, b_dec
     assert all(p["samples_per_s"] > 0 and p["mean_utilization_pct"] is None for p in points)
-    assert by[(2, "ddp")]["allreduce_bytes_per_s"] > 0 and by[(1, "ddp")]["allreduce_bytes_per_s"] is None
+    assert by[(2, "ddp", 0)]["allreduce_bytes_per_s"] > 0 and by[(1, "ddp", 0)]["allreduce_bytes_per_s"] is None
+    # every point recorded the machine's other load before and while it ran, and its verdict
+    rows = S.summarize(points)
+    verdict = {r["devices"]: r for r in rows}
+    for p in points:
+        load = json.loads(p["other_load_json"])
+        assert load["cores"] >= 1 and "gpu" not in load and load["jobs"] == []
+        assert load["cpu"]["before"]["other_cpu_pct"] >= 0 and load["cpu"]["during"]["other_cpu_pct"] >= 0
+        assert p["reliable"] == verdict[p["devices"]]["reliable"] and p["reason"] == verdict[p["devices"]]["reason"]
+        assert p["reliable"] or p["reason"]
+    median = {key: S.scaling.median([p[key[2]] for p in points if (p["devices"], p["kind"]) == key[:2]])
+              for key in ((1, "ddp", "samples_per_s"), (2, "ddp", "samples_per_s"), (2, "ceiling", "samples_per_s"),
+                          (2, "ddp", "allreduce_bytes_per_s"))}
 
-    # csv: the figures of the database, per device count
+    # csv: the figures of the database, per device count, with the verdict
     out = run_cli("report", "1", "--format", "csv", "-o", str(tmp_path / "r.csv"))
     assert out.returncode == 0, out.stderr
     table = list(csv.DictReader(io.StringIO((tmp_path / "r.csv").read_text())))
-    assert [r["devices"] for r in table] == ["1", "2"]
-    assert float(table[1]["samples_per_s"]) == pytest.approx(by[(2, "ddp")]["samples_per_s"])
-    assert float(table[1]["speedup"]) == pytest.approx(by[(2, "ddp")]["samples_per_s"] / by[(1, "ddp")]["samples_per_s"])
-    assert float(table[1]["ceiling_samples_per_s"]) == pytest.approx(by[(2, "ceiling")]["samples_per_s"])
-    # md and html: the same figures, the model, and the chart
+    assert [r["devices"] for r in table] == ["1", "2"] and [r["repeats"] for r in table] == ["2", "2"]
+    assert float(table[1]["samples_per_s"]) == pytest.approx(median[(2, "ddp", "samples_per_s")])
+    assert float(table[1]["speedup"]) == pytest.approx(median[(2, "ddp", "samples_per_s")] / median[(1, "ddp", "samples_per_s")])
+    assert float(table[1]["ceiling_samples_per_s"]) == pytest.approx(median[(2, "ceiling", "samples_per_s")])
+    assert [r["reliable"] for r in table] == [str(r["reliable"]).lower() for r in rows]
+    assert [r["reason"] for r in table] == [r["reason"] or "" for r in rows]
+    # md and html: the same figures, the model, the chart, and a warning when something is unreliable
     assert run_cli("report", "1", "--format", "md", "-o", str(tmp_path / "r.md")).returncode == 0
     md = (tmp_path / "r.md").read_text()
-    assert f"{by[(2, 'ddp')]['samples_per_s']:,.0f}" in md and "2(N-1)/N" in md and "```vega-lite" in md
-    assert "virtual (CPU-backed)" in md
+    assert f"{median[(2, 'ddp', 'samples_per_s')]:,.0f} ± " in md and "2(N-1)/N" in md and "```vega-lite" in md
+    assert "virtual (CPU-backed)" in md and "## Other load, point by point" in md
+    assert ("> **Warning:**" in md) == (not all(r["reliable"] for r in rows))
     json.loads(md.split("```vega-lite\n")[1].split("\n```")[0])  # a valid embedded spec
     assert run_cli("report", "1", "--format", "html", "-o", str(tmp_path / "r.html"), "--link", "25").returncode == 0
     page = (tmp_path / "r.html").read_text()
     assert "vegaEmbed(\"#speedup\"" in page and "measured all-reduce bandwidth 25 GB/s" in page
     assert run_cli("report", "1", "-o", str(tmp_path / "here.md"), "--link", "here").returncode == 0
-    gbps = by[(2, "ddp")]["allreduce_bytes_per_s"] / 1e9
+    gbps = median[(2, "ddp", "allreduce_bytes_per_s")] / 1e9
     assert f"all-reduce measured here on 2 devices ({gbps:.2f} GB/s)" in (tmp_path / "here.md").read_text()
 
-    # the app's page renders it, alone and side by side, with a measured link
+    # the app's page renders it, alone and side by side, with a measured link; the shared
+    # machine may well have been busy: the page says so exactly when the rows say so
     from streamlit.testing.v1 import AppTest
 
     at = AppTest.from_file(str(REPO / "app.py"), default_timeout=60)
@@ -113,8 +133,12 @@ def test_direct_benchmark_writes_rows_reports_and_page(tmp_path):
     at.switch_page("pages/5_Benchmarks.py").run()
     assert not at.exception
     assert any("Benchmark 1 (" in c.value for c in at.caption)
+    assert any(w.value.startswith("- 1 device") or w.value.startswith("- 2 devices") for w in at.warning) == (
+        not all(r["reliable"] for r in rows))
     at.segmented_control(key="bench_link").set_value("measured").run()
-    assert not at.exception and any("Break-even" in c.value for c in at.caption)
+    baseline_ok = verdict[1]["reliable"]
+    assert not at.exception and any(("Break-even" if baseline_ok else "No projection: the 1-device point is unreliable")
+                                     in c.value for c in at.caption)
     at.segmented_control(key="bench_link").set_value("here").run()
     assert not at.exception and any("measured here on 2 devices" in m.value for m in at.markdown)
 
@@ -123,7 +147,7 @@ def test_direct_benchmark_writes_rows_reports_and_page(tmp_path):
 def test_queued_benchmark_runs_each_point_as_a_job(monkeypatch):
     monkeypatch.setenv("SAE_DIST_VIRTUAL_GPUS", "2")
     try:
-        result = run_cli("bench", "--devices", "2", "--mode", "weak", *SMALL, timeout=300)
+        result = run_cli("bench", "--devices", "2", "--mode", "weak", "--repeats", "1", *SMALL, timeout=300)
         assert result.returncode == 0, result.stderr
     finally:
         run_cli("daemon", "--stop", module="scheduler", timeout=60)
@@ -136,8 +160,47 @@ def test_queued_benchmark_runs_each_point_as_a_job(monkeypatch):
     assert {"bench-1-1-ddp-0", "bench-1-2-ddp-0", "bench-1-2-ceiling-0"} <= set(jobs)
     assert all(j["state"] == "COMPLETED" for j in jobs.values())
     assert jobs["bench-1-2-ddp-0"]["gpus"] == 2
+    # each point ran alone: an exclusive job, with no other job seen while it ran
+    assert all(jobs[f"bench-1-{tag}-0"]["exclusive"] for tag in ("1-ddp", "2-ddp", "2-ceiling"))
+    for p in points:
+        load = json.loads(p["other_load_json"])
+        assert load["jobs"] == [] and load["cpu"]["during"]["other_cpu_pct"] >= 0
     # the daemon sampled the devices while the points ran
     assert any(p["mean_utilization_pct"] is not None for p in points)
+
+
+def test_a_point_that_cannot_get_the_machine_alone_stops_the_benchmark(monkeypatch):
+    """Another job holds the machine: the exclusive point waits --start-within seconds, then the
+    benchmark ends with one line naming what held it, and its own job is cancelled."""
+    monkeypatch.setenv("SAE_DIST_VIRTUAL_GPUS", "2")
+    sleeper = None
+    try:
+        sub = run_cli("submit", "-J", "other-training", "--gpus", "1", "--json", "--", sys.executable, "-c",
+                      "import time; time.sleep(600)", module="scheduler")
+        assert sub.returncode == 0, sub.stderr
+        sleeper = json.loads(sub.stdout)["job_id"]
+
+        def jobs():
+            return {j["job_id"]: j for j in json.loads(run_cli("queue", "--all", "--json", module="scheduler").stdout)}
+
+        user = wait_for(lambda: jobs()[sleeper]["state"] == "RUNNING" and jobs()[sleeper]["user"], timeout=60,
+                        what="the other job to run")
+        result = run_cli("bench", "--devices", "1", "--repeats", "1", "--start-within", "3", *SMALL, timeout=120)
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr
+        assert lines[0].startswith("error: benchmark point 1-1-ddp-0 could not get the machine alone within 3 s "
+                                   f"(held by job {sleeper} 'other-training' (user {user}))"), lines[0]
+        run, points = bench_rows(1)
+        assert run["status"] == "FAILED" and f"held by job {sleeper} 'other-training'" in run["error"] and not points
+        after = jobs()
+        assert after[sleeper]["state"] == "RUNNING"  # the other job is left alone
+        mine = next(j for j in after.values() if j["name"] == "bench-1-1-ddp-0")
+        assert mine["state"] == "CANCELLED" and mine["exclusive"]
+    finally:
+        if sleeper is not None:
+            run_cli("cancel", str(sleeper), module="scheduler", timeout=60)
+        run_cli("daemon", "--stop", module="scheduler", timeout=60)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -147,6 +210,7 @@ def test_queued_benchmark_runs_each_point_as_a_job(monkeypatch):
     (["--devices", "1", "--steps", "0"], "--steps 0: must be 1 or more"),
     (["--devices", "1", "--warmup", "-1"], "--warmup -1: must be 0 or more"),
     (["--devices", "1", "--repeats", "0"], "--repeats 0: must be 1 or more"),
+    (["--devices", "1", "--start-within", "0"], "--start-within 0: must be more than 0 seconds"),
     (["--devices", "1", "--k", "0"], "k"),
 ])
 def test_bad_bench_arguments_are_one_line_and_store_nothing(args, message):

@@ -2,6 +2,13 @@
 `repeats` times, every point a process of its own (a scheduler job, or started here with
 --no-queue). Rows go to benchmark_runs / benchmark_points as each point ends.
 
+Repeats are interleaved across device counts (1, 2, 4, 1, 2, 4, ...), so that a drift in the
+machine hits every count alike. A queued point is an exclusive scheduler job (`submit
+--exclusive`): it holds every device of the machine, and on virtual devices it also waits until
+no other job runs. Around each point the machine's other load is recorded
+(sae_dist.bench.load), and after each point every count's reliability is judged again
+(sae_dist.bench.reliability) and stored with its points.
+
 Strong scaling keeps the global batch (the config's batch_size) and splits it over N devices;
 weak scaling keeps the per-device batch. The ceiling runs the same per-device work as N
 independent single-device processes at the same time: on shared CPUs (or one shared GPU) that is
@@ -28,12 +35,14 @@ from pathlib import Path
 from sqlalchemy import func
 from sqlmodel import Session, select
 
-from sae_dist.bench import scaling
+from sae_dist.bench import reliability, scaling, summary
+from sae_dist.bench.load import SAMPLE_EVERY_S, LoadMonitor
 from sae_dist.config import TrainConfig
 from sae_dist.db import FINAL_JOB_STATES, BenchmarkPoint, BenchmarkRun, GpuSample, Job, get_engine, utcnow
 from sae_dist.errors import UserError
 
-POINT_TIMEOUT_S = 3600.0
+POINT_TIMEOUT_S = 3600.0  # a point's run, once started
+START_WITHIN_S = 3600.0  # default wait for a queued point to get the machine alone
 # The daemon writes its device samples every 5 s: wait that long before averaging them.
 SAMPLE_FLUSH_WAIT_S = 6.0
 
@@ -110,9 +119,11 @@ def _nvml_link() -> str | None:
 
 
 def run_benchmark(cfg: TrainConfig, counts: list[int], mode: str = "strong", steps: int = 30,
-                  warmup: int = 5, repeats: int = 1, queued: bool = True, name: str | None = None,
-                  kind: str | None = None, engine=None, log=print) -> int:
-    """Measure every point; returns the benchmark run's id."""
+                  warmup: int = 5, repeats: int = 3, queued: bool = True, name: str | None = None,
+                  kind: str | None = None, engine=None, log=print, start_within: float = START_WITHIN_S) -> int:
+    """Measure every point, repeats interleaved across device counts; returns the benchmark run's
+    id. A queued point that cannot get the machine alone within `start_within` seconds stops the
+    benchmark with a UserError naming the jobs that held it."""
     if mode not in ("strong", "weak"):
         raise UserError(f"--mode {mode!r}: choose strong or weak")
     for label, value in (("--steps", steps), ("--repeats", repeats)):
@@ -120,6 +131,8 @@ def run_benchmark(cfg: TrainConfig, counts: list[int], mode: str = "strong", ste
             raise UserError(f"{label} {value}: must be 1 or more")
     if warmup < 0:
         raise UserError(f"--warmup {warmup}: must be 0 or more")
+    if not start_within > 0:
+        raise UserError(f"--start-within {start_within:g}: must be more than 0 seconds")
     for n in counts:
         try:
             scaling.per_device_batch(mode, cfg.batch_size, n)
@@ -144,25 +157,47 @@ def run_benchmark(cfg: TrainConfig, counts: list[int], mode: str = "strong", ste
         f"after {warmup} warm-up, {repeats} repeat(s), {'as scheduler jobs' if queued else 'directly'}")
     try:
         with tempfile.TemporaryDirectory(prefix="sae-dist-bench-") as tmp:
-            for repeat in range(repeats):
+            for repeat in range(repeats):  # interleaved: 1, 2, 4, 1, 2, 4, ...
                 for n in counts:
                     batch = scaling.per_device_batch(mode, cfg.batch_size, n)
                     point_cfg = replace(cfg, batch_size=batch, devices=f"{kind}:{n}", db=False)
                     kinds = ("ddp", "ceiling") if n > 1 else ("ddp",)  # one device: nothing to compare
                     for what in kinds:
-                        result, job_id = _measure_point(point_cfg, n, what, kind, steps, warmup, queued,
-                                                        Path(tmp), f"{bench_id}-{n}-{what}-{repeat}")
-                        row = _point_row(bench_id, n, repeat, what, result, job_id, engine)
+                        result, job_id, load = _measure_point(point_cfg, n, what, kind, steps, warmup, queued,
+                                                              Path(tmp), f"{bench_id}-{n}-{what}-{repeat}",
+                                                              start_within, engine)
+                        row = _point_row(bench_id, n, repeat, what, result, job_id, load, engine)
+                        other = reliability.point_load(load)["cpu_pct"]
                         log(f"  {n} device(s), {what:7s} repeat {repeat + 1}: {row.samples_per_s:,.0f} samples/s, "
                             f"step {row.step_s * 1e3:.1f} ms"
-                            + (f", communication {row.comm_share:.0%}" if row.comm_share is not None else ""))
+                            + (f", communication {row.comm_share:.0%}" if row.comm_share is not None else "")
+                            + (f", other load {other:.0f}% of a core" if other is not None else ""))
+                        store_reliability(engine, bench_id)
         if queued:
             _fill_utilization(engine, bench_id)
     except BaseException as e:
-        _finish(engine, bench_id, "FAILED", f"{type(e).__name__}: {e}"[:2000])
+        _finish(engine, bench_id, "FAILED", (str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}")[:2000])
         raise
     _finish(engine, bench_id, "COMPLETED", None)
+    for line in reliability.unreliable_lines(store_reliability(engine, bench_id)):
+        log(f"  unreliable: {line}")
     return bench_id
+
+
+def store_reliability(engine, bench_id: int) -> list[dict]:
+    """Judge every device count from the points so far and store the verdict on its points;
+    returns the summary rows."""
+    with Session(engine) as s:
+        points = s.exec(select(BenchmarkPoint).where(BenchmarkPoint.bench_id == bench_id)).all()
+        rows = summary.summarize([p.model_dump() for p in points])
+        verdict = {r["devices"]: r for r in rows}
+        for p in points:
+            r = verdict.get(p.devices)
+            p.reliable = r["reliable"] if r else True
+            p.reason = r["reason"] if r else None
+            s.add(p)
+        s.commit()
+    return rows
 
 
 def _fill_utilization(engine, bench_id: int) -> None:
@@ -185,7 +220,7 @@ def _finish(engine, bench_id: int, status: str, error: str | None) -> None:
 
 
 def _point_row(bench_id: int, n: int, repeat: int, what: str, result: dict, job_id: int | None,
-               engine) -> BenchmarkPoint:
+               other_load_json: str | None, engine) -> BenchmarkPoint:
     share = None
     if result.get("step_no_comm_s") is not None:
         share = scaling.comm_share(result["step_s"], result["step_no_comm_s"])
@@ -194,7 +229,8 @@ def _point_row(bench_id: int, n: int, repeat: int, what: str, result: dict, job_
                          step_s=result["step_s"], step_no_comm_s=result.get("step_no_comm_s"),
                          comm_share=share, peak_memory=result.get("peak_memory"),
                          grad_bytes=result.get("grad_bytes"), job_id=job_id,
-                         allreduce_bytes_per_s=result.get("allreduce_bytes_per_s"))
+                         allreduce_bytes_per_s=result.get("allreduce_bytes_per_s"),
+                         other_load_json=other_load_json)
     with Session(engine) as s:
         s.add(row)
         s.commit()
@@ -214,44 +250,104 @@ def _mean_utilization(engine, job_id: int | None) -> float | None:
 
 
 def _measure_point(cfg: TrainConfig, n: int, what: str, kind: str, steps: int, warmup: int, queued: bool,
-                   tmp: Path, tag: str) -> tuple[dict, int | None]:
+                   tmp: Path, tag: str, start_within: float, engine) -> tuple[dict, int | None, str]:
+    """Run one point (a scheduler job, or a process here) and watch the machine's other load
+    before and while it runs: (result, job id, other_load_json)."""
     spec_path, result_path = tmp / f"{tag}.spec.json", tmp / f"{tag}.result.json"
     spec = {"config": cfg.to_dict(), "warmup": warmup, "steps": steps, "kind": what, "devices": n}
     spec_path.write_text(json.dumps(spec))
     argv = [sys.executable, "-m", "sae_dist", "bench-point", str(spec_path), str(result_path)]
+    monitor = LoadMonitor(kind)
+    monitor.baseline()
     job_id = None
     if queued:
         job_id = _submit(argv, n, f"bench-{tag}")
-        job = _wait_job(job_id)
+        try:
+            job = _follow_job(job_id, tag, monitor, start_within, engine)
+        except BaseException:
+            _cancel(job_id)  # a pending or running point is never left behind
+            raise
         if job.state != "COMPLETED":
             raise UserError(f"benchmark point {tag}: scheduler job {job_id} ended {job.state} "
                             f"(exit code {job.exit_code}); its log: {job.stdout_path}")
     else:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=POINT_TIMEOUT_S)
-        if done.returncode != 0:
-            raise UserError(f"benchmark point {tag} failed (exit code {done.returncode}): "
-                            f"{done.stderr.strip()[-1500:]}")
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        monitor.start_point()
+        deadline = time.monotonic() + POINT_TIMEOUT_S
+        while True:
+            try:
+                _, err = proc.communicate(timeout=SAMPLE_EVERY_S / 2)
+                break
+            except subprocess.TimeoutExpired:
+                monitor.tick({proc.pid})
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.communicate()
+                raise UserError(f"benchmark point {tag} did not finish within {timedelta(seconds=POINT_TIMEOUT_S)}")
+        if proc.returncode != 0:
+            raise UserError(f"benchmark point {tag} failed (exit code {proc.returncode}): "
+                            f"{err.strip()[-1500:]}")
     if not result_path.exists():
         raise UserError(f"benchmark point {tag} wrote no result")
-    return json.loads(result_path.read_text()), job_id
+    return json.loads(result_path.read_text()), job_id, monitor.finish()
 
 
 def _submit(argv: list[str], n: int, name: str) -> int:
-    done = subprocess.run([sys.executable, "-m", "scheduler", "submit", "--gpus", str(n), "-J", name,
-                           "--chdir", os.getcwd(), "--", *argv], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "scheduler", "submit", "--exclusive", "--json", "--gpus", str(n),
+                           "-J", name, "--chdir", os.getcwd(), "--", *argv], capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
-        raise UserError(f"could not queue a benchmark point: {done.stderr.strip() or done.stdout.strip()}")
-    return int(done.stdout.split()[-1])
+        said = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        raise UserError(f"could not queue a benchmark point: {said[-1] if said else f'exit code {done.returncode}'}")
+    try:
+        return int(json.loads(done.stdout)["job_id"])
+    except (ValueError, KeyError, TypeError):
+        raise UserError(f"could not queue a benchmark point: submit --json printed {done.stdout.strip()[:200]!r}") from None
 
 
-def _wait_job(job_id: int) -> Job:
-    engine = get_engine()
-    deadline = time.monotonic() + POINT_TIMEOUT_S
-    while time.monotonic() < deadline:
+def _cancel(job_id: int) -> None:
+    subprocess.run([sys.executable, "-m", "scheduler", "cancel", str(job_id)], capture_output=True, timeout=120)
+
+
+def running_jobs(engine, but: int | None = None) -> list[dict]:
+    """The scheduler's running jobs (id, name, user), but one."""
+    with Session(engine) as s:
+        jobs = s.exec(select(Job).where(Job.state == "RUNNING").order_by(Job.id)).all()
+        return [{"id": j.id, "name": j.name, "user": j.user} for j in jobs if j.id != but]
+
+
+def held_by_text(jobs: list[dict]) -> str:
+    return ", ".join(f"job {j['id']} {j['name']!r} (user {j['user']})" for j in jobs)
+
+
+def _follow_job(job_id: int, tag: str, monitor: LoadMonitor, start_within: float, engine) -> Job:
+    """Wait for the job to start (within start_within seconds) and to end, sampling the other
+    load meanwhile: before it starts, then while it runs (its process tree is the point's)."""
+    start_deadline = time.monotonic() + start_within
+    run_deadline = None
+    while True:
         with Session(engine) as s:
             job = s.get(Job, job_id)
-            if job is not None and job.state in FINAL_JOB_STATES:
-                s.expunge(job)
-                return job
-        time.sleep(0.5)
-    raise UserError(f"scheduler job {job_id} did not finish within {timedelta(seconds=POINT_TIMEOUT_S)}")
+            if job is None:
+                raise UserError(f"benchmark point {tag}: scheduler job {job_id} vanished from the queue")
+            s.expunge(job)
+        if job.state in FINAL_JOB_STATES:
+            return job
+        if job.state == "RUNNING":
+            if run_deadline is None:
+                monitor.start_point()
+                run_deadline = time.monotonic() + POINT_TIMEOUT_S
+            monitor.note_jobs(running_jobs(engine, but=job_id))
+            monitor.tick({p for p in (job.pid, job.pgid) if p})
+            if time.monotonic() > run_deadline:
+                raise UserError(f"benchmark point {tag}: scheduler job {job_id} did not finish within "
+                                f"{timedelta(seconds=POINT_TIMEOUT_S)}; cancelled")
+        else:
+            monitor.tick(set())
+            if time.monotonic() > start_deadline:
+                others = running_jobs(engine, but=job_id)
+                why = (f"held by {held_by_text(others)}" if others else
+                       f"no other job was running; the scheduler's reason: {job.reason or 'none given'}")
+                raise UserError(f"benchmark point {tag} could not get the machine alone within "
+                                f"{start_within:g} s ({why}); the benchmark stopped and its job {job_id} "
+                                "was cancelled")
+        time.sleep(min(0.5, SAMPLE_EVERY_S / 2))
