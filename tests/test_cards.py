@@ -7,6 +7,7 @@ axes take their formats from `units`; dense run events are grouped into at most 
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta, timezone
 
 import pandas as pd
@@ -71,7 +72,7 @@ def test_recovery_card_reads_the_checkpoint_the_chart_plots():
     plotted = [row for data in spec["datasets"].values() for row in data]
     assert [row["step"] for row in plotted] == [100, 200]
     assert spec["encoding"]["tooltip"][1]["format"] == ".1%"  # the card's format
-    assert spec["encoding"]["y"]["axis"]["format"] == ".3~%"  # ticks: 25%, never 0.250000
+    assert spec["encoding"]["y"]["axis"]["format"] == "~%"  # ticks: 25%, never 0.250000
 
     metrics = {"step": steps, "recovery_frac": recovery}
     assert charts.training_panel(metrics, "recovery_frac").text == "25.0%"
@@ -137,8 +138,8 @@ def _axes(spec: dict) -> dict[str, str | None]:
 
 
 @pytest.mark.parametrize("metric, axis", [
-    ("loss", ".3~g"), ("fvu", ".3~g"), ("l0", ".4~g"), ("dead_fraction", ".3~%"),
-    ("samples_per_s", ",.4~g"), ("recovery_frac", ".3~%"), ("recovery_mean_cos", ".3~f"),
+    ("loss", "~r"), ("fvu", "~r"), ("l0", "~r"), ("dead_fraction", "~%"),
+    ("samples_per_s", ",~r"), ("recovery_frac", "~%"), ("recovery_mean_cos", "~r"),
 ])
 def test_training_axes_have_a_format_per_metric(metric, axis):
     steps = [100, 200, 300]
@@ -155,19 +156,28 @@ def test_training_axes_have_a_format_per_metric(metric, axis):
         assert all(fmt for fmt in found.values())  # no axis left to Vega's default
 
 
+def test_axis_formats_leave_the_precision_to_the_tick_step():
+    """A fixed precision on an axis writes "200.000000" or "1e+2"; a type alone lets Vega
+    work out the digits the ticks need (and "r" never turns exponential)."""
+    table = [*units.TRAINING.values(), *units.DEVICE.values(), units.RANK_TIME, units.PEAK_MEMORY]
+    assert all(re.fullmatch(r",?~[r%e]", unit.axis) for unit in table), \
+        [unit.axis for unit in table if not re.fullmatch(r",?~[r%e]", unit.axis)]
+    assert units.STEP_AXIS_FORMAT == ",d"
+
+
 def test_rank_memory_and_device_axes():
     stats = {"step": [10, 10, 20, 20], "rank": [0, 1, 0, 1], "device": ["cpu:0", "cpu:1"] * 2,
              "step_time_s": [0.02] * 4, "compute_time_s": [0.01, 0.02, 0.01, 0.03],
              "is_straggler": [False, True, False, True]}
     found = _axes(charts.rank_time_chart(stats, "compute_time_s").to_dict())
-    assert found == {"x:step": ",d", "y:ms": ".3~g"}
+    assert found == {"x:step": ",d", "y:ms": "~r"}
     times = {"width": 1, "step": [10, 10], "rank": [0, 1], "device": ["cpu:0", "cpu:1"],
              "mean_s": [0.01, 0.02], "max_s": [0.01, 0.02], "stragglers": [0, 1]}
     assert _axes(charts.binned_rank_time_chart(times).to_dict()) == {
-        "x:step": ",d", "y:ms": ".3~g", "y:max_ms": ".3~g"}
+        "x:step": ",d", "y:ms": "~r", "y:max_ms": "~r"}
     memory = charts.peak_memory_chart([{"rank": 0, "device": "cpu:0", "peak_memory_bytes": 3 * 2**20}])
     spec = memory.to_dict()
-    assert spec["encoding"]["y"]["axis"]["format"] == ",.4~g" and spec["encoding"]["y"]["title"] == "MiB"
+    assert spec["encoding"]["y"]["axis"]["format"] == ",~r" and spec["encoding"]["y"]["title"] == "MiB"
     columns = {"time": _times(3), "memory_used": [2**30] * 3, "memory_total": [2**31] * 3,
                "utilization_pct": [50.0] * 3}
     spec = charts.device_history_chart(columns, "memory_used", 1).to_dict()
@@ -175,7 +185,7 @@ def test_rank_memory_and_device_axes():
     assert spec["layer"][0]["encoding"]["x"]["type"] == "temporal"  # a time axis, in UTC
     assert spec["layer"][0]["encoding"]["x"]["scale"]["type"] == "utc"
     util = charts.device_history_chart(columns, "utilization_pct", 1).to_dict()
-    assert util["encoding"]["y"]["axis"]["format"] == "~g" and util["encoding"]["y"]["title"] == "%"
+    assert util["encoding"]["y"]["axis"]["format"] == "~r" and util["encoding"]["y"]["title"] == "%"
 
 
 # ---- run events, grouped -----------------------------------------------------------------------

@@ -388,7 +388,7 @@ def event_marks(events: list[dict] | None, kinds: tuple[str, ...] | None = None,
         return []
     data = pd.DataFrame([{**g, "color": EVENT_COLORS.get(g["kind"], OTHER_EVENT_COLOR),
                           "width": 1.5 + min(g["count"] - 1, 8) * 0.5} for g in groups])
-    return [alt.Chart(data).mark_rule(strokeDash=[5, 3], opacity=0.8).encode(
+    return [alt.Chart(data).mark_rule(strokeDash=[5, 3], opacity=0.6).encode(
         x=step_x(), color=alt.Color("color:N", scale=None),
         strokeWidth=alt.StrokeWidth("width:Q", scale=None),
         tooltip=[alt.Tooltip("start:Q", title="From step", format=","),
