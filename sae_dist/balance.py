@@ -11,6 +11,12 @@ move away from a straggler (`rebalance`): to each rank in proportion to its meas
 second, bounded to [MIN_SHARE, MAX_SHARE] x the equal share (a rank never takes more than twice the
 batch it was configured for: its memory; nor less than a quarter). A rank that is slower than the
 others even at the smallest share is reported: rebalancing cannot help it.
+
+A move needs evidence, not a noisy median (see `rebalance`): the straggler's per-step compute
+times must sit above the fastest rank's by REBALANCE_AT, quartile against quartile, for
+EVIDENCE_WINDOWS report windows running. Moves back need twice that streak, and after MAX_MOVES
+moves only an OVERWHELMING_AT gap moves the shares again. Since the shares never change what is
+learnt (every source serves a step's samples whatever the shares), a move only costs time.
 """
 
 from __future__ import annotations
@@ -20,8 +26,13 @@ from dataclasses import dataclass
 
 MIN_SHARE = 0.25  # x the equal share
 MAX_SHARE = 2.0
-REBALANCE_AT = 1.2  # slowest / fastest compute time over a window that triggers a rebalance
-MIN_GAP_S = 0.002  # ...and at least this much slower in absolute terms (jitter on tiny steps)
+REBALANCE_AT = 1.2  # a straggler's lower quartile / the fastest rank's upper quartile, per window
+MIN_GAP_S = 0.002  # ...and its median at least this much above the fastest's (jitter on tiny steps)
+EVIDENCE_WINDOWS = 3  # windows running in which the same rank must pass REBALANCE_AT
+REVERSE_WINDOWS = 6  # ...for a rank that gained share in the last move (hysteresis: no flip-flop)
+MAX_MOVES = 3  # moves per run at REBALANCE_AT; after that only at OVERWHELMING_AT
+OVERWHELMING_AT = 2.0
+MIN_WINDOW_STEPS = 4  # a shorter window (a run's last, a checkpoint's) is no evidence either way
 LIMITED_AT = 1.5  # predicted imbalance after rebalancing that is reported as "cannot help"
 MIN_CHANGE = 0.05  # shares move only when some rank's share changes by this fraction or more
 
@@ -139,17 +150,6 @@ def initial_weights(balance: str, free_memory: list[int | None], speed: list[flo
     return [1.0] * n, "equal"
 
 
-@dataclass(frozen=True)
-class BalanceDecision:
-    shares: tuple[int, ...]  # new shares (the same tuple when nothing changes)
-    imbalance: float | None  # slowest / fastest compute time of the window
-    limited_rank: int | None  # still slower than LIMITED_AT x the others at its smallest share
-    predicted_imbalance: float | None
-
-    def changed(self, before: tuple[int, ...]) -> bool:
-        return self.shares != before
-
-
 def imbalance(times: list[float]) -> float | None:
     positive = [t for t in times if t > 0]
     if len(positive) < 2 or len(positive) != len(times):
@@ -157,41 +157,163 @@ def imbalance(times: list[float]) -> float | None:
     return max(times) / min(times)
 
 
-def smoothed_costs(previous: list[float] | None, shares: tuple[int, ...], times: list[float],
-                   keep: float = 0.5) -> list[float] | None:
-    """Seconds per sample of each rank, averaged over windows (a share change, a busy neighbour on
-    a shared machine: one window's figure is noisy). None until every rank measured something."""
-    if any(t <= 0 for t in times):
-        return previous
-    costs = [t / s for t, s in zip(times, shares)]
-    if previous is None:
-        return costs
-    return [keep * p + (1 - keep) * c for p, c in zip(previous, costs)]
+@dataclass(frozen=True)
+class WindowTimes:
+    """One rank's per-step compute times (data + forward, seconds, at its share) over one report
+    window, as quartiles: what each rank all-gathers at a report."""
+
+    low: float  # lower quartile
+    median: float
+    high: float  # upper quartile
+    steps: int
+
+    @classmethod
+    def of(cls, times: list[float]) -> WindowTimes:
+        if not times:
+            return cls(0.0, 0.0, 0.0, 0)
+        ordered = sorted(times)
+        return cls(_quantile(ordered, 0.25), _quantile(ordered, 0.5), _quantile(ordered, 0.75), len(times))
+
+    def row(self) -> list[float]:
+        return [self.low, self.median, self.high, float(self.steps)]
+
+    @classmethod
+    def from_row(cls, row: list[float]) -> WindowTimes:
+        return cls(float(row[0]), float(row[1]), float(row[2]), int(row[3]))
 
 
-def rebalance(shares: tuple[int, ...], times: list[float], allowed: bool = True,
-              slowest_before: int | None = None) -> BalanceDecision:
-    """New shares from one window's per-rank compute times (seconds per step at these shares).
+def _quantile(ordered: list[float], q: float) -> float:
+    """Linear interpolation between the closest ranks (numpy's default), of a sorted list."""
+    at = q * (len(ordered) - 1)
+    lo = math.floor(at)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (at - lo)
 
-    Each rank's speed is shares / time; a rank that stays behind (the slowest in this window and
-    the one before, by REBALANCE_AT and MIN_GAP_S) moves the shares to the speeds, bounded. Small
-    changes (< MIN_CHANGE) are not made: noise, not skew.
+
+def slow_ranks(window: list[WindowTimes], at: float = REBALANCE_AT) -> list[int]:
+    """The ranks that are slower than the fastest beyond the window's noise: their lower quartile is
+    at least `at` x the fastest rank's upper quartile, and their median MIN_GAP_S above its median.
+    Empty when a rank measured too few steps (nothing is known) or there is a single rank."""
+    if len(window) < 2 or any(w.steps < MIN_WINDOW_STEPS or w.low <= 0 for w in window):
+        return []
+    fastest = min(range(len(window)), key=lambda r: window[r].median)
+    f = window[fastest]
+    return [r for r, w in enumerate(window)
+            if r != fastest and w.low >= at * f.high and w.median - f.median >= MIN_GAP_S]
+
+
+@dataclass(frozen=True)
+class BalanceState:
+    """What the rebalancer remembers between windows; part of the checkpoint, so a resumed run
+    decides as the straight one would from the same times."""
+
+    streak: tuple[int, ...]  # per rank: windows running in slow_ranks() at REBALANCE_AT
+    strong: tuple[int, ...]  # ...at OVERWHELMING_AT
+    gained: tuple[bool, ...]  # per rank: its share grew in the last move
+    moves: int  # moves so far in this run
+    recent: tuple[tuple[WindowTimes, ...], ...]  # the last REVERSE_WINDOWS windows at the current shares
+
+    @classmethod
+    def fresh(cls, world_size: int, moves: int = 0) -> BalanceState:
+        return cls((0,) * world_size, (0,) * world_size, (False,) * world_size, moves, ())
+
+    def to_dict(self) -> dict:
+        return {"streak": list(self.streak), "strong": list(self.strong), "gained": list(self.gained),
+                "moves": self.moves, "recent": [[w.row() for w in window] for window in self.recent]}
+
+    @classmethod
+    def from_dict(cls, d: dict | None, world_size: int) -> BalanceState:
+        """The saved state; a fresh one (moves kept) when there is none or it was for other ranks."""
+        if not d:
+            return cls.fresh(world_size)
+        if len(d.get("streak", ())) != world_size:
+            return cls.fresh(world_size, int(d.get("moves", 0)))
+        return cls(tuple(int(v) for v in d["streak"]), tuple(int(v) for v in d["strong"]),
+                   tuple(bool(v) for v in d["gained"]), int(d["moves"]),
+                   tuple(tuple(WindowTimes.from_row(r) for r in window) for window in d["recent"]))
+
+
+@dataclass(frozen=True)
+class BalanceDecision:
+    shares: tuple[int, ...]  # new shares (the same tuple when nothing changes)
+    imbalance: float | None  # slowest / fastest median compute time of the window
+    limited_rank: int | None  # slower than LIMITED_AT x the others even at its smallest share
+    predicted_imbalance: float | None
+    state: BalanceState | None = None
+    # When the shares move: the rank that triggered it and, per window of its streak, its lower
+    # quartile, the fastest rank's upper quartile and their ratio (the figures that passed the rule).
+    slow_rank: int | None = None
+    evidence: tuple[tuple[float, float, float], ...] = ()
+    threshold: float | None = None
+
+    def changed(self, before: tuple[int, ...]) -> bool:
+        return self.shares != before
+
+    def describe(self) -> str:
+        """Why the shares moved, with the numbers that passed the rule."""
+        if self.slow_rank is None:
+            return "shares unchanged"
+        lows = "/".join(f"{lo * 1000:.1f}" for lo, _, _ in self.evidence)
+        highs = "/".join(f"{hi * 1000:.1f}" for _, hi, _ in self.evidence)
+        ratios = ", ".join(f"{r:.2f}x" for _, _, r in self.evidence)
+        return (f"rank {self.slow_rank} slower for {len(self.evidence)} windows running: its compute time's "
+                f"lower quartile {lows} ms vs the fastest rank's upper quartile {highs} ms ({ratios}; "
+                f"rule: {self.threshold:g}x in each)")
+
+
+def rebalance(shares: tuple[int, ...], window: list[WindowTimes], state: BalanceState | None = None,
+              allowed: bool = True) -> BalanceDecision:
+    """The rebalancer's decision after one report window (`window`: every rank's quartiles of its
+    per-step compute times at `shares`).
+
+    Shares move, to each rank in proportion to its speed (share / median time over the streak's
+    windows, bounded), only when some rank r is in slow_ranks() for EVIDENCE_WINDOWS windows
+    running, or REVERSE_WINDOWS when r gained share in the last move (a move back needs the longer
+    streak), and the new shares differ by MIN_CHANGE. After MAX_MOVES moves the streak must be at
+    OVERWHELMING_AT. A move restarts every streak: windows at the old shares say nothing about the
+    new ones. Windows of fewer than MIN_WINDOW_STEPS steps leave the state as it was.
     """
-    ratio = imbalance(times)
-    if ratio is None:
-        return BalanceDecision(shares, None, None, None)
-    speeds = [s / t for s, t in zip(shares, times)]
+    n = len(shares)
+    state = state if state is not None and len(state.streak) == n else BalanceState.fresh(n, state.moves if state else 0)
+    medians = [w.median for w in window]
+    ratio = imbalance(medians)
+    if ratio is None or any(w.steps < MIN_WINDOW_STEPS for w in window):
+        return BalanceDecision(shares, ratio, None, ratio, state)
+    slow = set(slow_ranks(window))
+    strong = set(slow_ranks(window, OVERWHELMING_AT))
+    state = BalanceState(tuple(s + 1 if r in slow else 0 for r, s in enumerate(state.streak)),
+                         tuple(s + 1 if r in strong else 0 for r, s in enumerate(state.strong)),
+                         state.gained, state.moves, (*state.recent, tuple(window))[-REVERSE_WINDOWS:])
+
+    speeds = [s / t for s, t in zip(shares, medians)]
     target = bounded_split(sum(shares), speeds)
     predicted = [s / v for s, v in zip(target, speeds)]
     after = max(predicted) / min(predicted)
-    slowest = max(range(len(times)), key=lambda r: predicted[r])
-    limited = slowest if after > LIMITED_AT else None
-    skewed = ratio > REBALANCE_AT and max(times) - min(times) > MIN_GAP_S and slowest_now(times) == slowest_before
-    moves = max(abs(a - b) / b for a, b in zip(target, shares)) >= MIN_CHANGE
-    if allowed and skewed and moves:
-        return BalanceDecision(target, ratio, limited, after)
-    return BalanceDecision(shares, ratio, limited, ratio)
+    worst = max(range(n), key=lambda r: predicted[r])
+    limited = worst if after > LIMITED_AT and worst in slow else None
+    unchanged = BalanceDecision(shares, ratio, limited, after if limited is not None else ratio, state)
+    if not allowed:
+        return unchanged
 
-
-def slowest_now(times: list[float]) -> int:
-    return max(range(len(times)), key=lambda r: times[r])
+    capped = state.moves >= MAX_MOVES
+    streaks, threshold = (state.strong, OVERWHELMING_AT) if capped else (state.streak, REBALANCE_AT)
+    ready = [r for r in range(n) if streaks[r] >= (REVERSE_WINDOWS if state.gained[r] else EVIDENCE_WINDOWS)]
+    if not ready:
+        return unchanged
+    trigger = max(ready, key=lambda r: medians[r])
+    needed = REVERSE_WINDOWS if state.gained[trigger] else EVIDENCE_WINDOWS
+    streak = state.recent[-needed:]
+    # The speeds of the whole streak (medians of its windows' medians), not of its last window.
+    typical = [_quantile(sorted(w[r].median for w in streak), 0.5) for r in range(n)]
+    speeds = [s / t for s, t in zip(shares, typical)]
+    target = bounded_split(sum(shares), speeds)
+    if max(abs(a - b) / b for a, b in zip(target, shares)) < MIN_CHANGE:
+        return unchanged  # at its bounds already, or too small a change to be worth a move
+    predicted = [s / v for s, v in zip(target, speeds)]
+    evidence = []
+    for w in streak:
+        fastest = min(range(n), key=lambda r: w[r].median)
+        evidence.append((w[trigger].low, w[fastest].high, w[trigger].low / w[fastest].high))
+    moved = BalanceState((0,) * n, (0,) * n, tuple(a > b for a, b in zip(target, shares)), state.moves + 1, ())
+    return BalanceDecision(target, ratio, limited, max(predicted) / min(predicted), moved, trigger,
+                           tuple(evidence), threshold)
