@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from sae_dist import distributed as D
-from sae_dist.balance import (BatchPlan, bounded_split, imbalance, initial_weights, plan_for, rebalance, slowest_now,
-                              smoothed_costs)
+from sae_dist.balance import (BalanceDecision, BalanceState, BatchPlan, WindowTimes, bounded_split, imbalance,
+                              initial_weights, plan_for, rebalance)
 from sae_dist.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from sae_dist.config import SYNTHETIC_D_IN, TrainConfig
 from sae_dist.errors import TrainingStopped, UserError
@@ -68,7 +68,8 @@ def make_source(cfg: TrainConfig, ctx: D.DistContext):
         from sae_dist.sources.model import ModelSource  # imports transformers: only model runs need it
 
         return ModelSource(cfg.model_path, cfg.model_layer, cfg.model_site, cfg.text_path, cfg.context_length,
-                           cfg.batch_size, cfg.seed, ctx.rank, ctx.world_size, ctx.device)
+                           cfg.batch_size, cfg.seed, ctx.rank, ctx.world_size, ctx.device,
+                           global_batch=cfg.batch_size * ctx.world_size * cfg.grad_accum)
     from sae_dist.sources.shards import ShardStream, open_shards  # only shard runs need it
 
     # One stream over all the data, the same on every rank; each reads its slice of a step.
@@ -174,15 +175,18 @@ class _RunRecord:
         log.warning("%s", message)
         self.event(step, "degraded", message, details)
 
-    def rebalanced(self, step: int, before: BatchPlan, after: BatchPlan, times: list[float]) -> None:
-        """`times`: the window's measured compute times per rank (the decision smooths them)."""
-        message = (f"shares {list(before.shares)} -> {list(after.shares)}: compute times "
-                   f"{', '.join(f'{t * 1000:.0f}' for t in times)} ms (ranks 0-{len(times) - 1}), "
-                   f"{imbalance(times) or float('nan'):.2f}x apart")
+    def rebalanced(self, step: int, before: BatchPlan, after: BatchPlan, times: list[float],
+                   decision: BalanceDecision) -> None:
+        """`times`: the window's median compute times per rank; `decision` holds the figures of
+        the windows that passed the rule."""
+        message = f"shares {list(before.shares)} -> {list(after.shares)}: {decision.describe()}"
         log.info("rebalanced %s", message)
         self.event(step, "rebalance", f"rebalanced {message}",
                    {"before": list(before.shares), "after": list(after.shares), "compute_time_s": times,
-                    "imbalance": imbalance(times)})
+                    "imbalance": imbalance(times), "slow_rank": decision.slow_rank,
+                    "threshold": decision.threshold, "moves": decision.state.moves if decision.state else None,
+                    "evidence": [{"slow_low_s": lo, "fastest_high_s": hi, "ratio": r}
+                                 for lo, hi, r in decision.evidence]})
 
     def balance_limited(self, step: int, decision) -> None:
         message = (f"rank {decision.limited_rank} stays {decision.predicted_imbalance:.1f}x slower than the "
@@ -335,15 +339,12 @@ def _measure_speed(sae: SparseAutoencoder, device: torch.device, rows: int, slow
     return rows / median if median > 0 else None
 
 
-def _load_data_state(source, states: list[dict], saved_world: int, ctx: D.DistContext, plan: BatchPlan) -> None:
-    if getattr(source, "global_stream", False):
-        if hasattr(source, "use_global_batch"):
-            source.use_global_batch(plan.global_batch)
-        source.load_state_dict(states[0])  # one position shared by every rank
-    elif saved_world == ctx.world_size:
-        source.load_state_dict(states[ctx.rank])
-    else:
-        source.start_next_epoch(states)
+def _load_data_state(source, states: list[dict], plan: BatchPlan) -> None:
+    # Every source is one stream shared by every rank (a step's samples never depend on the shares
+    # or the number of ranks): one position, whoever wrote it.
+    if hasattr(source, "use_global_batch"):
+        source.use_global_batch(plan.global_batch)
+    source.load_state_dict(states[0])
 
 
 def build_sae(cfg: TrainConfig, device) -> SparseAutoencoder:
@@ -412,7 +413,12 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
         sae.load_state_dict(weights)
         opt.load_state_dict(state["optimizer"])
         plan, why = resumed_plan(cfg, ctx, state.get("plan"), saved_world, sae, slowdown)
-        _load_data_state(source, state["data"], saved_world, ctx, plan)
+        # The rebalancer goes on with its streaks, last move and moves so far; on new shares (other
+        # ranks, other batch settings) its streaks start again.
+        saved_balance = state.get("balance") or {}
+        balance_state = (BalanceState.from_dict(saved_balance, ctx.world_size) if plan.to_dict() == state.get("plan")
+                         else BalanceState.fresh(ctx.world_size, int(saved_balance.get("moves", 0))))
+        _load_data_state(source, state["data"], plan)
         since_fired.copy_(state["since_fired"])
         fire_total.copy_(state["fire_total"])
         samples_total, step = int(state["samples_total"]), int(state["step"])
@@ -424,6 +430,7 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
             record.restart_event(step, plan)
     else:
         plan, why = first_plan(cfg, ctx, sae, slowdown)
+        balance_state = BalanceState.fresh(ctx.world_size)
         # b_dec starts at the data mean (all-reduced), so the first latents explain variation,
         # not the offset. The batch is then trained on like any other.
         first_batches = source.next_batches(plan, ctx.rank, ctx.device)
@@ -457,8 +464,6 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
     last_metrics: dict[str, Any] = {}
     step_peak: int | None = None
     limited_reported: int | None = None
-    costs: list[float] | None = None  # each rank's seconds per sample, smoothed over windows
-    slowest_before: int | None = None  # a straggler is the slowest two windows running
 
     while step < cfg.steps:
         step += 1
@@ -517,20 +522,21 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
         any_dead = bool(dead_mask.any())
         elapsed = time.perf_counter() - window_start
         step_peak = peak.peak_bytes()  # read before this report's checkpoint adds its own copies
-        # Medians: the first step after a start carries one-time costs that are not speed.
-        rank_row = torch.tensor([statistics.median(step_times), statistics.median(compute_times),
-                                 float(step_peak or 0)], dtype=torch.float64, device=ctx.device)
-        per_rank = D.all_gather_rows(rank_row).cpu().tolist()
+        # Medians and quartiles: the first step after a start carries one-time costs that are not
+        # speed, and a busy neighbour on a shared machine makes single steps slow.
+        quartiles = WindowTimes.of(compute_times)
+        rank_row = torch.tensor([statistics.median(step_times), quartiles.median, float(step_peak or 0),
+                                 *quartiles.row()], dtype=torch.float64, device=ctx.device)
+        gathered = D.all_gather_rows(rank_row).cpu().tolist()
+        per_rank = [r[:3] for r in gathered]
         window_times = [r[1] for r in per_rank]
         stragglers = find_stragglers(window_times)
         window_plan = plan
-        # Every rank decides from the same gathered numbers: the same new plan everywhere. The
-        # decision sees per-sample costs smoothed over windows (noise in, skew out).
-        costs = smoothed_costs(costs, plan.shares, window_times)
-        smoothed = [c * n for c, n in zip(costs, plan.shares)] if costs else [0.0] * ctx.world_size
-        balance = rebalance(plan.shares, smoothed, allowed=cfg.rebalance and ctx.world_size > 1,
-                            slowest_before=slowest_before)
-        slowest_before = slowest_now(window_times)
+        # Every rank decides from the same gathered numbers and the same state: the same new plan
+        # everywhere.
+        balance = rebalance(plan.shares, [WindowTimes.from_row(r[3:]) for r in gathered], balance_state,
+                            allowed=cfg.rebalance and ctx.world_size > 1)
+        balance_state = balance.state
         recovery = None
         if true_features is not None and (step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
             recovery = dictionary_recovery(true_features, sae.W_dec)
@@ -555,7 +561,7 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
         if balance.changed(plan.shares):
             plan = BatchPlan(plan.global_batch, plan.micro_steps, balance.shares)
             if main:
-                record.rebalanced(step, window_plan, plan, window_times)
+                record.rebalanced(step, window_plan, plan, window_times, balance)
         if balance.limited_rank is not None and balance.limited_rank != limited_reported and main:
             record.balance_limited(step, balance)
         limited_reported = balance.limited_rank
@@ -565,7 +571,8 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
         compute_times.clear()
 
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 or step == cfg.steps:
-            _checkpoint(cfg, ctx, sae, opt, source, since_fired, fire_total, samples_total, step, run_dir, plan)
+            _checkpoint(cfg, ctx, sae, opt, source, since_fired, fire_total, samples_total, step, run_dir, plan,
+                        balance_state)
         window_start = time.perf_counter()
 
     # ---- the end: export once, record the final numbers ----
@@ -599,14 +606,15 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
                        step=step, final=final)
 
 
-def _checkpoint(cfg, ctx, sae, opt, source, since_fired, fire_total, samples_total, step, run_dir, plan) -> None:
+def _checkpoint(cfg, ctx, sae, opt, source, since_fired, fire_total, samples_total, step, run_dir, plan,
+                balance_state: BalanceState) -> None:
     data_states = D.gather_objects(source.state_dict())
     if ctx.is_main:
         weights = {k: v for k, v in sae.state_dict().items()}
         state = {
             "optimizer": opt.state_dict(), "step": step, "samples_total": samples_total,
             "data": data_states, "since_fired": since_fired.cpu(), "fire_total": fire_total.cpu(),
-            "rng_cpu": torch.get_rng_state(), "plan": plan.to_dict(),
+            "rng_cpu": torch.get_rng_state(), "plan": plan.to_dict(), "balance": balance_state.to_dict(),
         }
         meta = {"world_size": ctx.world_size, "config": cfg.to_dict(), "saved_at": datetime.now(timezone.utc).isoformat()}
         path = save_checkpoint(run_dir, step, weights, state, meta, keep=cfg.keep_checkpoints)

@@ -1,19 +1,27 @@
 """The `model` activation source: the trainer runs a transformer over text and trains on its
 activations as they come, without writing shards.
 
-Each DDP rank reads its own part of the contexts (every world_size-th one) with its own copy of the
-model on its own device. Contexts are taken in a seeded order per epoch, a "fill" of them at a
-time; a fill's rows are shuffled (seeded by epoch and fill) and served in batches. The stream's
-position is three integers, so a resumed run recomputes the fill it was in and goes on exactly.
-A run that continues on a different number of ranks cannot map those positions onto the new
-parts: each rank then starts the epoch after the furthest one reached (`start_next_epoch`).
+One stream over all the text, the same on every rank, as for shards: contexts are taken in an
+order seeded by (seed, epoch), a "fill" of them at a time; a fill's rows are shuffled (seeded by
+epoch and fill) and a step takes the next global-batch rows, each rank reading its slice of each
+micro-batch (sae_dist.balance.BatchPlan). So a step's samples do not depend on the ranks' shares
+(nor on the number of ranks): rebalancing changes who computes what, never what is learnt.
+
+The model's work is still split: rank r runs the model over every world_size-th context of the
+fill only, and one all-gather gives every rank the whole fill. Running the whole fill on every
+rank would cost world_size x the model time; fixed shares would lose rebalancing. The price is
+memory: every rank holds the fill (about FILL_BATCHES global batches of rows) on its device. The
+stream's position is three integers, so a resumed run, on as many ranks or not, recomputes the
+fill it was in and goes on exactly.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from sae_dist.errors import UserError
@@ -21,7 +29,10 @@ from sae_dist.harvest.contexts import text_files
 from sae_dist.harvest.run import HarvestSpec, SiteReader, load_tokenizer, plan
 from sae_dist.harvest.sites import site_module_path
 
-FILL_BATCHES = 8  # a fill holds about this many batches: the span rows are shuffled over
+log = logging.getLogger(__name__)
+
+FILL_BATCHES = 8  # a fill holds about this many global batches: the span rows are shuffled over
+READ_BATCH = 32  # contexts per forward pass of the model
 
 
 def check_model_source(model: str, layer: int, site: str, text: str) -> int:
@@ -37,29 +48,51 @@ def check_model_source(model: str, layer: int, site: str, text: str) -> int:
 
 
 class ModelSource:
+    global_stream = True  # one position shared by every rank: a checkpoint fits any number of ranks
+
     def __init__(self, model: str, layer: int, site: str, text: str, context_length: int, batch_size: int,
-                 seed: int, rank: int, world_size: int, device: torch.device):
+                 seed: int, rank: int, world_size: int, device: torch.device, global_batch: int | None = None):
         self.d_in = check_model_source(model, layer, site, text)
         spec = HarvestSpec(model=model, layer=layer, site=site, texts=[text], out="", context_length=context_length)
         self.reader = SiteReader(spec, device)
-        contexts = plan(spec, self.reader.tokenizer, self.reader.config).contexts[rank::world_size]
-        if not contexts:
-            raise UserError(f"text {text}: too little text for {world_size} ranks (one context each at least)")
-        self.contexts = contexts
-        self.batch_size, self.seed, self.rank = batch_size, seed, rank
-        tokens_per_context = max(1, sum(sum(c.harvest) for c in contexts) // len(contexts))
-        self.per_fill = max(1, min(len(contexts), FILL_BATCHES * batch_size // tokens_per_context))
+        self.contexts = plan(spec, self.reader.tokenizer, self.reader.config).contexts
+        if not self.contexts:
+            raise UserError(f"text {text}: too little text (not one context)")
+        self.rows_per_context = [sum(c.harvest) for c in self.contexts]
+        self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
+        self.device = device
+        self.use_global_batch(global_batch or batch_size * world_size)
         self.epoch = self.fill = self.offset = 0
         self._rows: Tensor | None = None
 
+    def use_global_batch(self, global_batch: int) -> None:
+        """Fills sized for this global batch (a resumed run keeps its checkpoint's, so its fills are
+        the same contexts whatever the number of ranks)."""
+        n = len(self.contexts)
+        tokens_per_context = max(1, sum(self.rows_per_context) // n)
+        self.per_fill = max(1, min(n, FILL_BATCHES * global_batch // tokens_per_context))
+
     def _generator(self, *parts: int) -> torch.Generator:
-        return torch.Generator().manual_seed(hash((self.seed, self.rank, *parts)) & (2**62 - 1))
+        # Integers only: their hash is the same in every process (a str's is salted per process).
+        return torch.Generator().manual_seed(hash((self.seed, *parts)) & (2**62 - 1))
 
     def _load_fill(self) -> Tensor:
+        """The current fill's rows, shuffled: every rank calls this at the same step (a collective)."""
         order = torch.randperm(len(self.contexts), generator=self._generator(self.epoch))
         chosen = order[self.fill * self.per_fill:(self.fill + 1) * self.per_fill].tolist()
-        rows = self.reader.rows([self.contexts[i] for i in chosen], batch_size=32)
-        rows = rows.clone()  # an ordinary tensor: inference-mode tensors cannot enter autograd
+        assigned = [chosen[r::self.world_size] for r in range(self.world_size)]
+        mine = assigned[self.rank]
+        if mine:
+            rows = self.reader.rows([self.contexts[i] for i in mine], batch_size=READ_BATCH).clone()
+        else:  # a fill of fewer contexts than ranks
+            rows = torch.empty(0, self.d_in, device=self.device)
+        sizes = [sum(self.rows_per_context[i] for i in part) for part in assigned]
+        parts = _all_gather_rows(rows, sizes)
+        # Back in the fill's context order, whatever the number of ranks that computed it.
+        by_context: dict[int, Tensor] = {}
+        for part, contexts in zip(parts, assigned):
+            by_context.update(zip(contexts, part.split([self.rows_per_context[i] for i in contexts])))
+        rows = torch.cat([by_context[i] for i in chosen])
         return rows[torch.randperm(len(rows), generator=self._generator(self.epoch, self.fill)).to(rows.device)]
 
     def _advance(self) -> None:
@@ -67,35 +100,58 @@ class ModelSource:
         if self.fill * self.per_fill >= len(self.contexts):
             self.epoch, self.fill = self.epoch + 1, 0
 
-    global_stream = False  # each rank reads its own contexts: its position is its own
-
-    def next_batches(self, plan, rank: int, device=None, dtype: torch.dtype = torch.float32) -> list[Tensor]:
-        """Rank's share of each micro-batch of the next step, from this rank's own contexts."""
-        return [self.next_batch(device, dtype, plan.shares[rank]) for _ in range(plan.micro_steps)]
-
-    def next_batch(self, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
-                   count: int | None = None) -> Tensor:
-        pieces, needed = [], count or self.batch_size
-        while needed:
+    def _take(self, total: int, ranges: list[tuple[int, int]], device, dtype) -> list[Tensor]:
+        """Advance the stream by `total` rows (on every rank alike: fills load at the same step) and
+        return the rows at each (start, count) of them."""
+        segments: list[tuple[int, Tensor]] = []
+        pos = 0
+        while pos < total:
             if self._rows is None:
                 self._rows = self._load_fill()
-            take = self._rows[self.offset:self.offset + needed]
-            pieces.append(take)
-            needed -= len(take)
+            take = self._rows[self.offset:self.offset + total - pos]
+            segments.append((pos, take))
+            pos += len(take)
             self.offset += len(take)
             if self.offset >= len(self._rows):
                 self._advance()
-        return torch.cat(pieces).to(device=device, dtype=dtype)
+        out = []
+        for lo, count in ranges:
+            pieces = [t[max(0, lo - s):lo + count - s] for s, t in segments if s < lo + count and s + len(t) > lo]
+            out.append(torch.cat(pieces).to(device=device, dtype=dtype))
+        return out
+
+    def next_batches(self, plan, rank: int, device=None, dtype: torch.dtype = torch.float32) -> list[Tensor]:
+        """Rank's slice of each micro-batch of the next step of the global stream."""
+        ranges = [(j * plan.micro_batch + plan.offset(rank), plan.shares[rank]) for j in range(plan.micro_steps)]
+        return self._take(plan.global_batch, ranges, device, dtype)
+
+    def next_batch(self, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
+        """This rank's equal part of the next batch_size x world_size rows."""
+        return self._take(self.batch_size * self.world_size, [(self.rank * self.batch_size, self.batch_size)],
+                          device, dtype)[0]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "fill": self.fill, "offset": self.offset}
-
-    def start_next_epoch(self, states: list[dict[str, Any]]) -> None:
-        """Continue after a checkpoint written by a different number of ranks: no context of the
-        epochs begun is read again twice within one epoch; the rest of those epochs is skipped."""
-        self.epoch, self.fill, self.offset = max(int(s["epoch"]) for s in states) + 1, 0, 0
-        self._rows = None
+        return {"stream": "global", "epoch": self.epoch, "fill": self.fill, "offset": self.offset}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch, self.fill, self.offset = int(state["epoch"]), int(state["fill"]), int(state["offset"])
         self._rows = None
+        if state.get("stream") != "global":
+            # Written when each rank read its own contexts: those positions mean nothing here.
+            self.epoch, self.fill, self.offset = int(state.get("epoch", 0)) + 1, 0, 0
+            log.warning("the checkpoint's model-source position is of an earlier sae-dist (one stream per "
+                        "rank); continuing at the start of epoch %d", self.epoch)
+            return
+        self.epoch, self.fill, self.offset = int(state["epoch"]), int(state["fill"]), int(state["offset"])
+
+
+def _all_gather_rows(rows: Tensor, sizes: list[int]) -> list[Tensor]:
+    """Every rank's rows (rank r has sizes[r] of them), on every rank; padded to one size, as
+    all_gather needs."""
+    if len(sizes) == 1 or not (dist.is_available() and dist.is_initialized()):
+        return [rows]
+    most = max(sizes)
+    padded = torch.zeros(most, rows.shape[1], dtype=rows.dtype, device=rows.device)
+    padded[:len(rows)] = rows
+    out = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(out, padded)
+    return [part[:n] for part, n in zip(out, sizes)]
