@@ -105,6 +105,24 @@ def test_summary_judges_from_the_points_other_load():
     assert S.best_speedup(rows) is None  # the only multi-device row is unreliable
 
 
+def test_other_gpu_processes_in_the_record():
+    gpu = {"gpus": 2, "other_processes": [
+        {"gpu": 1, "pid": 77, "name": "python", "attributable": True, "used_memory": 2**30, "sm_pct": 50.0},
+        {"gpu": 0, "pid": 4242, "name": None, "attributable": False, "used_memory": 2**30, "sm_pct": None}]}
+    busy = point(2, "ddp", 1800.0, batch=512)
+    busy["other_load_json"] = json.dumps({"cpu": {}, "gpu": gpu, "jobs": [{"id": 3, "name": "t", "user": "u"}]})
+    figures = R.point_load(busy["other_load_json"])
+    assert figures["gpu_pct"] == 50.0 and figures["gpu_unknown"] == 0  # another container's pid is not judged
+    assert figures["jobs"] == [{"id": 3, "name": "t", "user": "u"}]
+    two = S.summarize([point(1, "ddp", 1000.0, cpu=0.0), busy])[1]
+    assert two["reason"] == "another process used a GPU at 50% SM utilisation while it ran"
+    assert two["other_jobs"] == [(3, "t", "u")]
+    unknown = dict(gpu, other_processes=[dict(gpu["other_processes"][0], sm_pct=None)])
+    assert R.point_load(json.dumps({"gpu": unknown}))["gpu_unknown"] == 1
+    quiet = R.point_load(json.dumps({"gpu": {"gpus": 1, "other_processes": []}}))
+    assert quiet["gpu_pct"] == 0.0 and quiet["cpu_pct"] is None
+
+
 def test_projection_and_headline_use_reliable_points_only():
     quiet = S.summarize([point(1, "ddp", 1024.0, cpu=0.5), point(2, "ddp", 1800.0, batch=512, cpu=0.5),
                          point(4, "ddp", 9000.0, batch=256, cpu=0.5)])  # 4 devices: superlinear
@@ -220,6 +238,29 @@ def test_load_monitor_tells_the_points_processes_from_others():
     assert outsider in seen and own.pid not in seen
     assert all(t["pid"] != own.pid for t in during["top"])
     assert R.point_load(json.dumps(record))["cpu_pct"] == during["other_cpu_pct"]
+
+
+def test_gpu_watch_without_nvml_records_unknown_not_zero():
+    """kind cuda on a machine without NVML (as here, or a driver that fails): the CPU figures
+    still come, the GPU part says why it is missing, and nothing counts as a GPU reason."""
+    monitor = load.LoadMonitor("cuda")
+    monitor.baseline(0.2)
+    monitor.start_point()
+    monitor.tick(set(), force=True)
+    record = json.loads(monitor.finish())
+    assert record["cpu"]["during"]["samples"] == 1 and "gpu" in record
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        has_nvml = True
+    except Exception:
+        has_nvml = False
+    if not has_nvml:
+        assert record["gpu"]["gpus"] == 0 and record["gpu"]["error"].startswith("NVML unavailable")
+        figures = R.point_load(json.dumps(record))
+        assert figures["gpu_pct"] is None and figures["gpu_unknown"] == 0
 
 
 def test_page_warns_about_unreliable_points():

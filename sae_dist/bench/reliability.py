@@ -58,9 +58,11 @@ def point_load(other_load_json: str | None) -> dict:
                                if t.get("cpu_pct", 0) >= 1)
     if before:
         out["before_cpu_pct"] = before.get("other_cpu_pct")
-    gpu_procs = [p for p in (load.get("gpu") or {}).get("other_processes", []) if p.get("attributable", True)]
+    gpu = load.get("gpu") or {}
+    gpu_procs = [p for p in gpu.get("other_processes", []) if p.get("attributable", True)]
     known = [p["sm_pct"] for p in gpu_procs if p.get("sm_pct") is not None]
-    out["gpu_pct"] = max(known) if known else (0.0 if load.get("gpu") else None)
+    # No GPU seen (NVML missing): unknown, not 0
+    out["gpu_pct"] = max(known) if known else (0.0 if gpu.get("gpus") else None)
     out["gpu_unknown"] = sum(1 for p in gpu_procs if p.get("sm_pct") is None)
     out["jobs"] = load.get("jobs") or []
     return out

@@ -114,6 +114,7 @@ def other_load_table(points: list[dict]) -> list[dict[str, str]]:
                 f" ({load['gpu_unknown']} of unknown use)" if load["gpu_unknown"] else "")
         out.append({
             "Devices": str(p["devices"]), "Kind": p["kind"], "Repeat": str(p["repeat"] + 1),
+            "Samples/s": _num(p["samples_per_s"]),
             "Other CPU before": _pct(load["before_cpu_pct"]), "Other CPU while running": _pct(load["cpu_pct"]),
             "Busiest other processes": load["top"] or MISSING,
             "Other jobs running": ", ".join(f"{j['id']} {j['name']} ({j['user']})" for j in load["jobs"]) or MISSING,
