@@ -1,16 +1,35 @@
 """How much memory a training config needs per device, and how much it really took.
 
-The estimate (a pure function of the config's numbers) feeds the scheduler's GPU recommendation;
-`PeakMemory` measures the same quantity on a run so the two can be compared: on CUDA the
-allocator's peak, on CPU the growth of the process's peak resident memory over its baseline.
+The estimate (a pure, torch-free function of the config's numbers) feeds the scheduler's GPU
+recommendation and the app's "low memory" badges; `PeakMemory` measures the same quantity on a
+run so that the two can be compared. Both count the whole process on its device, its runtime
+baseline included: on CUDA the allocator's peak plus the CUDA context, on CPU the peak of the
+rank's anonymous memory (pages of memory-mapped shards are the page cache's, not the rank's).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 GIB = 2**30
+MIB = 2**20
+
+# What a rank holds before its model, by device kind (the estimate's "runtime" part).
+# CPU, measured on this project's machine (torch 2.13 CPU build, Python 3.12, x86-64 Linux): a
+# rank's anonymous memory (RssAnon) just before it builds its model, torch and sae_dist
+# imported, and with several ranks the gloo process group up. It is mostly torch's own: the
+# pages of its libraries written at load time and its allocators' first arenas.
+CPU_RUNTIME_BYTES = 216 * MIB
+# CUDA: the CUDA context (driver, kernels of torch's libraries loaded on the device), which
+# torch's allocator does not count. NOT measured here (the project's machine has no GPU): a
+# typical size, ~300-600 MiB on recent drivers and GPUs, taken as 500 MiB; PeakMemory adds the
+# same constant to the allocator's peak, so measured and estimated count the same thing.
+CUDA_CONTEXT_BYTES = 500 * MIB
+
+
+def runtime_bytes(device_type: str) -> int:
+    """The estimate's runtime part: the process's baseline on this kind of device."""
+    return CPU_RUNTIME_BYTES if device_type == "cpu" else CUDA_CONTEXT_BYTES
 
 
 @dataclass(frozen=True)
@@ -20,14 +39,16 @@ class MemoryEstimate:
     optimizer: int
     ddp_buckets: int
     activations: int
+    runtime: int = 0  # the process before its model: see runtime_bytes
+
+    PARTS = ("params", "grads", "optimizer", "ddp_buckets", "activations", "runtime")
 
     @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer + self.ddp_buckets + self.activations
+        return sum(getattr(self, name) for name in self.PARTS)
 
     def describe(self) -> str:
-        parts = ", ".join(f"{name} {format_bytes(getattr(self, name))}"
-                          for name in ("params", "grads", "optimizer", "ddp_buckets", "activations"))
+        parts = ", ".join(f"{name} {format_bytes(getattr(self, name))}" for name in self.PARTS)
         return f"{format_bytes(self.total)} per device ({parts})"
 
 
@@ -61,10 +82,15 @@ def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = 
     activations, masks, gradients). Tensors of width d_in (input, reconstruction, error and their
     gradients) add ~8 x B x d_in.
 
-    This counts tensors. On a CPU the measured peak is resident memory, which glibc's heap can
-    push higher: freed blocks under its 32 MiB mmap ceiling stay in the heap (measured: TopK's
-    CPU peak 10-50% over this estimate, run to run; with MALLOC_MMAP_THRESHOLD_=1048576 it
-    matches, at a 20% cost in speed from the page faults, so that is not the default).
+    The runtime part is the process before its model (runtime_bytes): on a CPU the rank's
+    anonymous memory with torch loaded, on a GPU the CUDA context.
+
+    The rest counts tensors. On a CPU the measured peak is the rank's anonymous memory, which
+    glibc's heap can push higher: freed blocks under its 32 MiB mmap ceiling stay in the heap,
+    more of them the more steps a run has (measured here, d_in 128, batch 1024, 30 steps: TopK
+    d_sae 16384 7-9% over this estimate, standard d_sae 4096 19-24% over, as its 16 MiB
+    matrices stay in the heap; with MALLOC_MMAP_THRESHOLD_=1048576 both are within 3%, at a 20%
+    cost in speed from the page faults, so that is not the default).
     """
     n_params = 2 * d_in * d_sae + d_sae + d_in + (d_sae if architecture == "jumprelu" else 0)
     params = n_params * param_bytes
@@ -83,7 +109,7 @@ def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = 
     else:
         wide = {"standard": 4.5, "jumprelu": 7.5}[architecture] * batch_size * d_sae * act_bytes
     activations = wide + 8 * batch_size * d_in * act_bytes
-    return MemoryEstimate(params, grads, optimizer, ddp_buckets, int(activations))
+    return MemoryEstimate(params, grads, optimizer, ddp_buckets, int(activations), runtime_bytes(device_type))
 
 
 def estimate_for_config(cfg, world_size: int, device_type: str | None = None) -> MemoryEstimate:
@@ -96,47 +122,87 @@ def estimate_for_config(cfg, world_size: int, device_type: str | None = None) ->
 
 
 class PeakMemory:
-    """Peak memory of this process since `reset()` (torch is imported here only: the estimate
-    above is used by the app and the scheduler, which must not pay for importing torch)."""
+    """Peak memory of this rank since `reset()`, counted as the estimate counts it (torch is
+    imported here only: the estimate above is used by the app and the scheduler, which must not
+    pay for importing torch).
+
+    CUDA: the allocator's peak (`torch.cuda.max_memory_allocated`) plus CUDA_CONTEXT_BYTES, the
+    same documented constant the estimate adds (the context is not measured: see there).
+
+    CPU: the peak of the process's anonymous memory (heap, tensors, thread stacks, library pages
+    written at load time), the whole of it, runtime baseline included. Pages of mapped files are
+    left out: the memory-mapped shards' pages belong to the page cache, shared and reclaimable.
+    Linux keeps no peak of anonymous memory, only VmHWM, the peak of all resident pages, file
+    pages included. So each reading covers a window (from the previous reading, or reset(), to
+    now) and takes VmHWM minus the larger of the file-backed and shmem pages resident at the
+    window's start and at its end (and no less than the anonymous pages resident at either end);
+    it then resets VmHWM (Linux's clear_refs) for the next window. The peak is the largest window.
+
+      * Exact when the file pages do not change within the window.
+      * When they grow (shard pages faulted in), it is low by the pages added after the anonymous
+        peak. The trainer reads once per report, at the end of a step: a step gathers its rows
+        before its forward and backward, where its peak is, so little is missed.
+      * When they shrink (unmapped, or reclaimed under memory pressure), it is low by the pages
+        dropped before the peak; it is never inflated by pages that were mapped and later dropped.
+
+    A reading is one read of /proc/self/status and one write to /proc/self/clear_refs (tens of
+    microseconds), once per report, not per step. Elsewhere than Linux: None.
+    """
 
     def __init__(self, device):
         self.device = device
-        self.baseline = 0
+        self._peak: int | None = None
+        self._start: dict[str, int] | None = None  # the window's start: anonymous and file pages
 
     def reset(self) -> None:
         import torch
 
+        self._peak = None
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-            self.baseline = 0
         else:
-            _reset_peak_rss()
-            self.baseline = _rss_bytes("VmRSS")
+            self._start = _new_window()
 
     def peak_bytes(self) -> int | None:
         import torch
 
         if self.device.type == "cuda":
-            return int(torch.cuda.max_memory_allocated(self.device))
-        peak = _rss_bytes("VmHWM")
-        return None if peak is None or self.baseline is None else max(0, peak - self.baseline)
+            return int(torch.cuda.max_memory_allocated(self.device)) + CUDA_CONTEXT_BYTES
+        now = _status_bytes("VmHWM", "RssAnon", "RssFile", "RssShmem")
+        start, self._start = self._start, _new_window()
+        if now is not None and start is not None:
+            file_pages = max(start["file"], now["RssFile"] + now["RssShmem"])
+            window = max(now["VmHWM"] - file_pages, now["RssAnon"], start["anon"])
+            self._peak = window if self._peak is None else max(self._peak, window)
+        return self._peak
 
 
-def _rss_bytes(field: str) -> int | None:
+def _status_bytes(*fields: str) -> dict[str, int] | None:
+    """Fields of /proc/self/status in bytes (None where there is no such file or field)."""
+    found: dict[str, int] = {}
     try:
-        with open(f"/proc/{os.getpid()}/status") as f:
+        with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+                name, _, value = line.partition(":")
+                if name in fields:
+                    found[name] = int(value.split()[0]) * 1024  # "kB"
+    except (OSError, ValueError, IndexError):
+        return None
+    return found if len(found) == len(fields) else None
 
 
-def _reset_peak_rss() -> None:
-    # Linux: writing 5 to clear_refs resets VmHWM to the current RSS.
+def anonymous_bytes() -> int | None:
+    """This process's resident anonymous memory now (RssAnon), Linux only."""
+    got = _status_bytes("RssAnon")
+    return got["RssAnon"] if got else None
+
+
+def _new_window() -> dict[str, int] | None:
+    """Reset VmHWM to the resident size now; the anonymous and file pages it is made of."""
     try:
-        with open(f"/proc/{os.getpid()}/clear_refs", "w") as f:
-            f.write("5")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # Linux: 5 resets VmHWM (and nothing else)
     except OSError:
-        pass
+        return None  # no reset: a window's VmHWM would not be its own
+    got = _status_bytes("RssAnon", "RssFile", "RssShmem")
+    return None if got is None else {"anon": got["RssAnon"], "file": got["RssFile"] + got["RssShmem"]}
