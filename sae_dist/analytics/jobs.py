@@ -40,10 +40,22 @@ _COLUMNS = ("id", "name", "user", "kind", "state", "reason", "priority", "gpus",
             "stderr_path", "workdir")
 
 
+# Details the scheduler appends to a code for exclusive jobs ("Resources, RunningJobs:3,5").
+DETAILS = {
+    "RunningJobs": "it runs alone (exclusive) and waits for job{s} {ids} to end",
+    "ExclusiveJob": "exclusive job {ids} holds the whole machine",
+}
+
+
 def explain_reason(reason: str | None) -> str:
     """A pending job's reason code, with what it means ("Resources: waiting for ...")."""
     if not reason:
         return "waiting for the next scheduling pass"
+    code, _, detail = reason.partition(", ")
+    name, _, ids = detail.partition(":")
+    if code in REASONS and name in DETAILS and ids:
+        words = DETAILS[name].format(s="s" if "," in ids else "", ids=ids.replace(",", ", "))
+        return f"{reason}: {words}"
     return f"{reason}: {REASONS[reason]}" if reason in REASONS else reason
 
 
