@@ -11,9 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import REPO, run_cli, wait_for
-from sae_dist.checkpoint import list_checkpoints
+from sae_dist.balance import BalanceState
+from sae_dist.checkpoint import STATE, latest_checkpoint, list_checkpoints
+from sae_dist.sources.shards import write_shards
 from sae_dist.survive import DEVICE_ERROR_EXIT, Failure, device_ids, lost_ranks, survivors_env
 from test_train import SMALL, final_weights, ok, rel_diff
 
@@ -45,7 +48,7 @@ def test_unequal_shares_give_the_whole_batch_result(tmp_path):
 def test_rebalancing_evens_out_a_slow_rank(tmp_path):
     """Rank 1 computes 3x slower: the shares move to it less, its compute time comes down to the
     others', and the weights still equal 1 rank's with the whole batch."""
-    args = ["--d-in", "128", "--d-sae", "1024", "--k", "16", "--steps", "40", "--log-every", "5",
+    args = ["--d-in", "128", "--d-sae", "1024", "--k", "16", "--steps", "60", "--log-every", "5",
             "--checkpoint-every", "0", "--seed", "1"]
     ok(run_cli("train", *args, "--devices", "cpu:1", "--batch-size", "1024", "--no-db",
                "--out-dir", str(tmp_path / "one")))
@@ -75,6 +78,34 @@ def test_rebalancing_evens_out_a_slow_rank(tmp_path):
     assert events and json.loads(events[0].details_json)["before"] == [512, 512]
     metrics = step_metrics(engine, run.id)
     assert metrics[0].imbalance > 1.5 and all(m.imbalance for m in metrics)
+
+
+@pytest.mark.parametrize("source", ["synthetic", "shards"])
+def test_shares_and_rebalancing_never_change_what_is_learnt(tmp_path, source):
+    """Rank 1 slowed 3x, rebalancing on: a run stopped at a checkpoint and resumed (equal shares
+    first, then wherever timing moved them) equals a straight run on other shares from the start
+    (--balance speed): the samples of a step never depend on the shares."""
+    # The SAE's forward outweighs making the data here, so the knob makes rank 1 clearly slower.
+    args = ["--d-in", "128", "--d-sae", "2048", "--k", "16", "--batch-size", "256", "--devices", "cpu:2",
+            "--log-every", "4", "--checkpoint-every", "12", "--seed", "4", "--no-db"]
+    if source == "shards":
+        gen = torch.Generator().manual_seed(0)
+        write_shards(tmp_path / "acts", [torch.randn(3000, 128, generator=gen) for _ in range(2)])
+        args += ["--source", "shards", "--shards-path", str(tmp_path / "acts")]
+    slow = {"SAE_DIST_TEST_SLOW_RANKS": "1:3"}
+    straight = ok(run_cli("train", *args, "--steps", "24", "--balance", "speed", "--out-dir", str(tmp_path / "straight"),
+                          env=slow))
+    (first, _), = shares_in(straight.stdout)
+    assert first[0] > 1.5 * first[1], straight.stdout
+    ok(run_cli("train", *args, "--steps", "12", "--out-dir", str(tmp_path / "split"), env=slow))
+    # The checkpoint holds the shares and the rebalancer's state; the resumed run goes on with both.
+    saved = torch.load(latest_checkpoint(tmp_path / "split") / STATE, weights_only=False)
+    rebalancer = BalanceState.from_dict(saved["balance"], 2)
+    assert len(rebalancer.recent) + rebalancer.moves >= 1
+    resumed = ok(run_cli("train", *args, "--steps", "24", "--out-dir", str(tmp_path / "split"), "--resume", env=slow))
+    assert shares_in(resumed.stdout) == [(saved["plan"]["shares"], 1)] and "(the checkpoint's shares)" in resumed.stdout
+    print("shares:", first, saved["plan"]["shares"], [line for line in resumed.stdout.splitlines() if "rebalanced" in line])
+    assert rel_diff(final_weights(tmp_path / "split"), final_weights(tmp_path / "straight")) < 1e-5
 
 
 def test_resume_on_fewer_devices_keeps_the_global_batch(tmp_path):
