@@ -27,6 +27,11 @@ CPU_RUNTIME_BYTES = 216 * MIB
 CUDA_CONTEXT_BYTES = 500 * MIB
 
 
+# glibc's largest mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX, 64-bit): blocks this size and up
+# are given back to the system when freed; smaller ones may stay in its heap.
+GLIBC_MMAP_CEILING_BYTES = 32 * MIB
+
+
 def runtime_bytes(device_type: str) -> int:
     """The estimate's runtime part: the process's baseline on this kind of device."""
     return CPU_RUNTIME_BYTES if device_type == "cpu" else CUDA_CONTEXT_BYTES
@@ -39,9 +44,10 @@ class MemoryEstimate:
     optimizer: int
     ddp_buckets: int
     activations: int
+    heap: int = 0  # CPU: what glibc's heap keeps of the step's freed temporaries (see estimate_memory)
     runtime: int = 0  # the process before its model: see runtime_bytes
 
-    PARTS = ("params", "grads", "optimizer", "ddp_buckets", "activations", "runtime")
+    PARTS = ("params", "grads", "optimizer", "ddp_buckets", "activations", "heap", "runtime")
 
     @property
     def total(self) -> int:
@@ -85,12 +91,14 @@ def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = 
     The runtime part is the process before its model (runtime_bytes): on a CPU the rank's
     anonymous memory with torch loaded, on a GPU the CUDA context.
 
-    The rest counts tensors. On a CPU the measured peak is the rank's anonymous memory, which
-    glibc's heap can push higher: freed blocks under its 32 MiB mmap ceiling stay in the heap,
-    more of them the more steps a run has (measured here, d_in 128, batch 1024, 30 steps: TopK
-    d_sae 16384 7-9% over this estimate, standard d_sae 4096 19-24% over, as its 16 MiB
-    matrices stay in the heap; with MALLOC_MMAP_THRESHOLD_=1048576 both are within 3%, at a 20%
-    cost in speed from the page faults, so that is not the default).
+    The heap part is for a CPU's glibc: a freed block under its mmap ceiling (32 MiB at most)
+    stays in its heap, where the next step's blocks do not always fit, so the step's smaller
+    temporaries can take their size once more; the more steps, the closer to that. Measured here
+    (d_in 128, batch 1024, runs of 6 to 30 steps; the anonymous peak over the estimate without
+    this part): standard d_sae 4096 (16 MiB matrices) 19-33% over, its temporaries held 0.8-1.3
+    times more; standard d_sae 16384 (64 MiB matrices, given back) 2-5%; TopK d_sae 16384 (16 MiB
+    encoder blocks) 4-9%, 0.3-0.7 times its temporaries. With MALLOC_MMAP_THRESHOLD_=1048576 the
+    heap keeps nothing (within 3% without this part), at a 20% cost in speed.
     """
     n_params = 2 * d_in * d_sae + d_sae + d_in + (d_sae if architecture == "jumprelu" else 0)
     params = n_params * param_bytes
@@ -99,17 +107,25 @@ def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = 
     # With gradient_as_bucket_view the buckets are the gradients; DDP still keeps a copy of the
     # largest bucket in flight, bounded by its bucket cap (25 MiB by default).
     ddp_buckets = min(25 * 2**20, n_params * param_bytes) if world_size > 1 else 0
+    # The step's temporaries, as (bytes of one, how many): what is alive at the step's peak.
     if architecture in ("topk", "batchtopk"):
-        wide = 1.5 * encoder_rows_at_once(batch_size, d_sae, device_type) * d_sae * act_bytes
-        wide += 2 * d_in * d_sae * param_bytes  # the backward's sparse weight-gradient product
+        block = encoder_rows_at_once(batch_size, d_sae, device_type) * d_sae * act_bytes
+        temporaries = [(block, 1.5),  # the pre-activations (a block of rows on a CPU), top-k's space
+                       (d_in * d_sae * param_bytes, 2)]  # the backward's sparse weight-gradient product
         if architecture == "batchtopk":
             # 4k candidates per row (value and int64 index), and the rows that deserve more,
             # recomputed whole (a few percent of them; ~10% at initialisation, measured)
-            wide += batch_size * 4 * k * (act_bytes + 8) + 0.1 * batch_size * d_sae * act_bytes
+            temporaries += [(batch_size * 4 * k * act_bytes, 1), (batch_size * 4 * k * 8, 1),
+                            (0.1 * batch_size * d_sae * act_bytes, 1)]
     else:
-        wide = {"standard": 4.5, "jumprelu": 7.5}[architecture] * batch_size * d_sae * act_bytes
-    activations = wide + 8 * batch_size * d_in * act_bytes
-    return MemoryEstimate(params, grads, optimizer, ddp_buckets, int(activations), runtime_bytes(device_type))
+        temporaries = [(batch_size * d_sae * act_bytes, {"standard": 4.5, "jumprelu": 7.5}[architecture])]
+    temporaries.append((batch_size * d_in * act_bytes, 8))
+    activations = sum(size * count for size, count in temporaries)
+    heap = 0.0
+    if device_type == "cpu":
+        heap = sum(size * count for size, count in temporaries if size < GLIBC_MMAP_CEILING_BYTES)
+    return MemoryEstimate(params, grads, optimizer, ddp_buckets, int(activations), int(heap),
+                          runtime_bytes(device_type))
 
 
 def estimate_for_config(cfg, world_size: int, device_type: str | None = None) -> MemoryEstimate:

@@ -29,18 +29,29 @@ def test_estimate_includes_the_runtime_of_its_device_kind():
     cpu = estimate_memory(64, 256, 1024, device_type="cpu")
     gpu = estimate_memory(64, 256, 1024, device_type="cuda")
     assert cpu.runtime == CPU_RUNTIME_BYTES and gpu.runtime == CUDA_CONTEXT_BYTES
-    assert cpu.total == cpu.params + cpu.grads + cpu.optimizer + cpu.ddp_buckets + cpu.activations + cpu.runtime
+    assert cpu.total == (cpu.params + cpu.grads + cpu.optimizer + cpu.ddp_buckets + cpu.activations + cpu.heap
+                         + cpu.runtime)
     # a small model is mostly its runtime: the reported 11 MiB estimate of a run that took 51.5
     assert cpu.total > CPU_RUNTIME_BYTES > 20 * (cpu.total - cpu.runtime)
-    assert gpu.total - gpu.runtime == cpu.total - cpu.runtime  # d_sae 256: one encoder block either way
+    assert gpu.activations == cpu.activations  # d_sae 256: one encoder block either way
+    assert gpu.heap == 0 and cpu.heap == cpu.activations  # all of its temporaries are small blocks
+
+
+def test_the_heap_part_holds_the_cpu_temporaries_under_glibcs_mmap_ceiling():
+    # standard, batch 1024: 16 MiB matrices at d_sae 4096 stay in the heap, 64 MiB ones at 16384 do not
+    small = estimate_memory(128, 4096, 1024, "standard", device_type="cpu")
+    large = estimate_memory(128, 16384, 1024, "standard", device_type="cpu")
+    assert small.heap == small.activations
+    assert large.heap == 8 * 1024 * 128 * 4  # the d_in-wide tensors only
 
 
 def test_describe_names_the_runtime():
     text = estimate_memory(512, 4096, 4096, device_type="cpu").describe()
     assert re.fullmatch(r"[\d.]+ MiB per device \(params [\d.]+ MiB, grads [\d.]+ MiB, optimizer [\d.]+ MiB, "
-                        r"ddp_buckets [\d.]+ MiB, activations [\d.]+ MiB, runtime [\d.]+ MiB\)", text), text
+                        r"ddp_buckets [\d.]+ MiB, activations [\d.]+ MiB, heap [\d.]+ MiB, runtime [\d.]+ MiB\)",
+                        text), text
     assert f"runtime {CPU_RUNTIME_BYTES / MIB:.1f} MiB" in text
-    assert MemoryEstimate(1, 2, 3, 4, 5).total == 15  # no runtime given: none counted
+    assert MemoryEstimate(1, 2, 3, 4, 5).total == 15  # no heap or runtime given: none counted
 
 
 def test_estimate_for_config_takes_the_device_kind_from_the_devices():
@@ -118,13 +129,14 @@ def test_measured_peak_within_25_percent_of_the_estimate_synthetic(tmp_path):
 
 @pytest.mark.slow
 def test_measured_peak_leaves_out_the_mapped_shards(tmp_path):
-    # One 160 MiB shard of rows 2 KiB wide: a step's random rows fault in most of the 128 MiB its
-    # shuffle buffer spans. Counting those pages would put the peak far outside the band.
-    rows = torch.randn(80 * 1024, 512, generator=torch.Generator().manual_seed(0))
+    # One 256 MiB shard of rows 2 KiB wide: a step's random rows fault in most of the 128 MiB its
+    # shuffle buffer spans, and refills add more. Counting those pages would put the peak far
+    # outside the band (beyond the library pages that a resident size counts too).
+    rows = torch.randn(128 * 1024, 512, generator=torch.Generator().manual_seed(0))
     write_shards(tmp_path / "acts", [rows])
     del rows
     out, largest_rss = _train_sampling_rss(["--source", "shards", "--shards-path", str(tmp_path / "acts"),
-                                            "--d-sae", "2048", "--batch-size", "2048", "--steps", "8",
+                                            "--d-sae", "2048", "--batch-size", "2048", "--steps", "10",
                                             "--log-every", "2", "--checkpoint-every", "0",
                                             "--out-dir", str(tmp_path / "run")])
     measured, estimated = _measured_and_estimated(out)

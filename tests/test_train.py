@@ -171,8 +171,8 @@ def test_every_architecture_trains_on_two_ranks(tmp_path, architecture):
 
 @pytest.mark.parametrize("architecture", ["topk", "batchtopk", "standard", "jumprelu"])
 def test_memory_estimate_within_25_percent(tmp_path, architecture):
-    # Both figures are the rank's whole memory, runtime included: the estimate's runtime part and
-    # the measured anonymous peak (glibc's heap adds 4-11% here; see also tests/test_memory.py).
+    # Both figures are the rank's whole memory: the estimate with its heap (glibc's) and runtime
+    # parts, and the measured peak of its anonymous memory (see sae_dist.memory).
     out = ok(run_cli("train", "--no-db", "--architecture", architecture, "--d-in", "128", "--d-sae", "16384",
                      "--batch-size", "1024", "--steps", "6", "--log-every", "3", "--checkpoint-every", "0",
                      "--devices", "cpu:1", "--out-dir", str(tmp_path / "m")))
