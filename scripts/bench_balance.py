@@ -1,17 +1,18 @@
-"""Rebalancing against a slow rank: one small job on CPU ranks, one rank slowed, trained twice.
+"""Rebalancing on CPU ranks, two cases, each a real `python -m sae_dist train` subprocess:
 
-    .venv/bin/python scripts/bench_balance.py                      # cpu:2, rank 1 3x slower, 60 steps
-    .venv/bin/python scripts/bench_balance.py --slow-ranks 1:2 --steps 100 --batch-size 512
+    .venv/bin/python scripts/bench_balance.py                      # both cases (a few minutes)
+    .venv/bin/python scripts/bench_balance.py --case slow --compare
 
-The same synthetic job runs once with --no-rebalance and once with rebalancing on (the
-default), each as a real `python -m sae_dist train` subprocess against a temporary
-SAE_DIST_HOME, so that each records to a state database of its own. SAE_DIST_TEST_SLOW_RANKS
-(the trainer's test knob: a sleep proportional to the rank's measured compute) slows a rank.
-The figures are read back from the databases: throughput is the median of
-step_metrics.samples_per_s over the report windows after the warm-up ones; per rank, the
-share and the times of the first and last report windows. The ratio between the runs is
-measured in this one run of the script; nothing is asserted about time (a shared machine is
-noisy: run it again, or longer, before trusting a difference of a few percent).
+(a) `hog`: 2 equal ranks for --hog-steps steps while --hogs CPU hogs (`python3 -c 'while True:
+    pass'`, started here and killed at the end) compete for the cores: noise, not skew. Counts the
+    rebalance events (goal: at most 1).
+(b) `slow`: rank 1 made slower by SAE_DIST_TEST_SLOW_RANKS (default 1:3, a sleep proportional to
+    its measured compute). Reports the report window of the first rebalance (goal: within 3) and
+    the moves after it (goal: at most 2); --compare also runs it with --no-rebalance and compares
+    the throughput (the median of step_metrics.samples_per_s after the warm-up windows).
+
+Each run records to a state database of its own (a temporary SAE_DIST_HOME). Nothing is asserted
+about time: a shared machine is noisy; run it again, or longer, before trusting a few percent.
 """
 
 from __future__ import annotations
@@ -34,17 +35,22 @@ from sae_dist.db import get_engine  # noqa: E402
 
 SLOW_ENV = "SAE_DIST_TEST_SLOW_RANKS"
 RUNS = (("no rebalance", ["--no-rebalance"]), ("rebalance", []))
+HOG = "while True: pass"
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--case", choices=("hog", "slow", "both"), default="both")
     p.add_argument("--devices", default="cpu:2", help="the trainer's --devices (default cpu:2)")
+    p.add_argument("--hogs", type=int, default=1, help="CPU hogs during case hog (default 1)")
+    p.add_argument("--hog-steps", type=int, default=600)
     p.add_argument("--slow-ranks", default="1:3",
-                   help=f"{SLOW_ENV}: rank:factor[,rank:factor] (default 1:3, rank 1 three times slower)")
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--log-every", type=int, default=5, help="steps per report window (default 5)")
+                   help=f"{SLOW_ENV} for case slow: rank:factor[,rank:factor] (default 1:3)")
+    p.add_argument("--steps", type=int, default=200, help="steps of case slow (default 200)")
+    p.add_argument("--compare", action="store_true", help="case slow: also run --no-rebalance, compare samples/s")
+    p.add_argument("--log-every", type=int, default=10, help="steps per report window (default 10)")
     p.add_argument("--batch-size", type=int, default=256, help="samples per device per step (default 256)")
-    p.add_argument("--d-in", type=int, default=256)
+    p.add_argument("--d-in", type=int, default=128)
     p.add_argument("--expansion-factor", type=int, default=8)
     p.add_argument("--k", type=int, default=16)
     p.add_argument("--warmup-windows", type=int, default=2,
@@ -53,17 +59,20 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def train(label: str, extra: list[str], args: argparse.Namespace, home: Path) -> None:
+def train(label: str, extra: list[str], args: argparse.Namespace, home: Path, steps: int,
+          env_extra: dict[str, str]) -> None:
     """One `python -m sae_dist train` into `home`; exits the script with its output on failure."""
     cmd = [sys.executable, "-m", "sae_dist", "train", "--devices", args.devices,
-           "--steps", str(args.steps), "--log-every", str(args.log_every),
+           "--steps", str(steps), "--log-every", str(args.log_every),
            "--batch-size", str(args.batch_size), "--d-in", str(args.d_in),
            "--expansion-factor", str(args.expansion_factor), "--k", str(args.k),
            "--checkpoint-every", "0", "--out-dir", str(home / "run"),
            "--name", f"balance-{label.replace(' ', '-')}", *extra]
-    env = {**os.environ, "SAE_DIST_HOME": str(home), SLOW_ENV: args.slow_ranks}
+    env = {**os.environ, "SAE_DIST_HOME": str(home), **env_extra}
     env.pop("SAE_DIST_DB_URL", None)  # its own SQLite database, never the user's
-    print(f"training, {label}: {' '.join(cmd[1:])}", flush=True)
+    if SLOW_ENV not in env_extra:
+        env.pop(SLOW_ENV, None)
+    print(f"training, {label}: {' '.join(f'{k}={v}' for k, v in env_extra.items())} {' '.join(cmd[1:])}", flush=True)
     started = time.perf_counter()
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if done.returncode != 0:
@@ -149,33 +158,62 @@ def print_before_after(run: dict) -> None:
           "after / before")
 
 
-def print_events(run: dict) -> None:
-    if not run["events"]:
-        print("\nthe rebalancing run recorded no run event: the trainer did not rebalance "
-              f"(does it read {SLOW_ENV} and record run_events yet?)")
-        return
-    print("\nevents of the rebalancing run:")
+def print_rebalances(run: dict, log_every: int) -> list[int]:
+    steps = balance.rebalance_steps(run["events"])
     for event in run["events"]:
-        print(f"  step {event['step']}: {event['kind']}: {event['message']}")
+        print(f"  step {event['step']} (window {event['step'] // log_every}): {event['kind']}: {event['message']}")
+    return steps
+
+
+def case_hog(args: argparse.Namespace, root: Path) -> None:
+    print(f"\n## (a) 2 equal ranks, {args.hog_steps} steps, {args.hogs} CPU hog(s) running", flush=True)
+    hogs = [subprocess.Popen(["python3", "-c", HOG]) for _ in range(args.hogs)]
+    try:
+        home = root / "hog"
+        train("equal ranks + hog", [], args, home, args.hog_steps, {})
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    run = read_run(home)
+    imbalances = [m["imbalance"] for m in run["metrics"] if m.get("imbalance")]
+    windows = len(run["metrics"])
+    moves = print_rebalances(run, args.log_every)
+    print(f"\nhog: {len(moves)} rebalance event(s) in {windows} report windows (goal: at most 1); "
+          f"window imbalance (median compute slowest / fastest) median {fmt_ratio(balance.median_or_none(imbalances))}, "
+          f"max {fmt_ratio(max(imbalances) if imbalances else None)}")
+
+
+def case_slow(args: argparse.Namespace, root: Path) -> None:
+    print(f"\n## (b) {SLOW_ENV}={args.slow_ranks}, {args.steps} steps", flush=True)
+    results = {}
+    for label, extra in (RUNS if args.compare else RUNS[1:]):
+        home = root / label.replace(" ", "-")
+        train(label, extra, args, home, args.steps, {SLOW_ENV: args.slow_ranks})
+        results[label] = read_run(home)
+    run = results["rebalance"]
+    if not run["windows"]:
+        raise SystemExit("the run recorded no per-rank window")
+    moves = print_rebalances(run, args.log_every)
+    first = f"window {moves[0] // args.log_every} (step {moves[0]})" if moves else "never"
+    print(f"\nslow: first rebalance at {first} (goal: within 3 windows), {max(0, len(moves) - 1)} further "
+          f"move(s) (goal: at most 2)")
+    if args.compare:
+        print_throughput(results, args)
+    print_ranks(results)
+    print_before_after(run)
 
 
 def main() -> int:
     args = parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-balance-") as tmp:
         root = args.keep or Path(tmp)
-        print(f"{SLOW_ENV}={args.slow_ranks}; {args.steps} steps on {args.devices}, "
-              f"{args.batch_size} samples per device per step; state homes under {root}")
-        results = {}
-        for label, extra in RUNS:
-            home = root / label.replace(" ", "-")
-            train(label, extra, args, home)
-            results[label] = read_run(home)
-        if any(not run["windows"] for run in results.values()):
-            raise SystemExit("a run recorded no per-rank window: nothing to compare")
-        print_throughput(results, args)
-        print_ranks(results)
-        print_before_after(results["rebalance"])
-        print_events(results["rebalance"])
+        print(f"{args.devices}, {args.batch_size} samples per device per step, d_in {args.d_in} x "
+              f"{args.expansion_factor}, k {args.k}, a report every {args.log_every} steps; state homes under {root}")
+        if args.case in ("hog", "both"):
+            case_hog(args, root)
+        if args.case in ("slow", "both"):
+            case_slow(args, root)
     return 0
 
 
