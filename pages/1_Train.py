@@ -244,7 +244,8 @@ estimate = None
 if config is not None and config.d_in is not None:
     from sae_dist.memory import estimate_for_config
 
-    estimate = estimate_for_config(config, wanted)
+    # Virtual devices are CPU ranks: their runtime is a CPU process's, not a CUDA context.
+    estimate = estimate_for_config(config, wanted, "cpu" if rows and all(r["virtual"] for r in rows) else "cuda")
 need = estimate.total if estimate is not None else None
 fitting = [r for r in rows if dev.why_not_selectable(r) is None and dev.low_memory(r, need) is None]
 advice = recommend(devices, states, wanted, need)

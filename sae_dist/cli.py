@@ -255,5 +255,6 @@ def _estimate(ns: argparse.Namespace) -> int:
     from sae_dist.memory import estimate_for_config
 
     cfg = _with_source_d_in(config_from_args(ns))
-    print(estimate_for_config(cfg, resolve_devices(cfg.devices)[1]).describe())
+    kind, ranks = resolve_devices(cfg.devices)  # "auto" is a GPU only where one is visible
+    print(estimate_for_config(cfg, ranks, kind).describe())
     return 0

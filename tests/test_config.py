@@ -111,9 +111,11 @@ def test_cli_bad_input_is_one_line(args, words):
 
 
 def test_estimate_memory_cli():
-    result = run_cli("estimate-memory", "--d-in", "512", "--d-sae", "4096", "--batch-size", "4096", timeout=60)
+    result = run_cli("estimate-memory", "--d-in", "512", "--d-sae", "4096", "--batch-size", "4096",
+                     "--devices", "cpu:1", timeout=60)
     assert result.returncode == 0, result.stderr
-    # 4096 x (1.5 x 4096 + 8 x 512) + 2 x 512 x 4096 floats + 64 MiB, and the runtime: devices
-    # "auto" counts as a GPU in the (torch-free) estimate, so the CUDA context's 500 MiB
-    assert result.stdout.startswith("740.1 MiB per device")
-    assert "runtime 500.0 MiB" in result.stdout
+    # CPU ranks: the CPU runtime (216 MiB measured), never a CUDA context's 500 MiB
+    assert "runtime 216.0 MiB" in result.stdout and "500.0 MiB" not in result.stdout
+    from sae_dist.memory import estimate_memory
+
+    assert result.stdout.strip() == estimate_memory(512, 4096, 4096, device_type="cpu").describe()
