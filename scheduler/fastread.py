@@ -33,8 +33,9 @@ def _when(text: str | None) -> datetime | None:
     return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
-def read_jobs(states: tuple[str, ...] | None) -> list[SimpleNamespace] | None:
-    """Jobs (all, or in the given states) as attribute records, or None to use the regular path."""
+def _fetch(sql: str, params: tuple = (), as_dicts: bool = False) -> list | None:
+    """Rows of one read-only query on the SQLite state file, or None (no such file, or an error:
+    the caller then takes the regular path)."""
     path = sqlite_file()
     if path is None or not path.is_file():
         return None
@@ -43,18 +44,26 @@ def read_jobs(states: tuple[str, ...] | None) -> list[SimpleNamespace] | None:
     except sqlite3.Error:
         return None
     try:
-        con.row_factory = sqlite3.Row
+        if as_dicts:
+            con.row_factory = sqlite3.Row
         con.execute("PRAGMA busy_timeout=30000")
-        query = "SELECT * FROM jobs"
-        params: tuple = ()
-        if states is not None:
-            query += f" WHERE state IN ({','.join('?' * len(states))})"
-            params = states
-        rows = con.execute(query + " ORDER BY id", params).fetchall()
+        return con.execute(sql, params).fetchall()
     except sqlite3.Error:
         return None
     finally:
         con.close()
+
+
+def read_jobs(states: tuple[str, ...] | None) -> list[SimpleNamespace] | None:
+    """Jobs (all, or in the given states) as attribute records, or None to use the regular path."""
+    query = "SELECT * FROM jobs"
+    params: tuple = ()
+    if states is not None:
+        query += f" WHERE state IN ({','.join('?' * len(states))})"
+        params = states
+    rows = _fetch(query + " ORDER BY id", params, as_dicts=True)
+    if rows is None:
+        return None
     out = []
     for row in rows:
         record = dict(row)
@@ -67,21 +76,9 @@ def read_jobs(states: tuple[str, ...] | None) -> list[SimpleNamespace] | None:
 def read_allocations() -> dict[int, list[str]] | None:
     """The devices each job holds now (job id -> uuids, in the order allocated), or None to use
     the regular path."""
-    path = sqlite_file()
-    if path is None or not path.is_file():
+    rows = _fetch("SELECT job_id, device_uuid FROM allocations WHERE released_at IS NULL ORDER BY id")
+    if rows is None:
         return None
-    try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
-    except sqlite3.Error:
-        return None
-    try:
-        con.execute("PRAGMA busy_timeout=30000")
-        rows = con.execute("SELECT job_id, device_uuid FROM allocations WHERE released_at IS NULL "
-                           "ORDER BY id").fetchall()
-    except sqlite3.Error:
-        return None
-    finally:
-        con.close()
     held: dict[int, list[str]] = {}
     for job_id, uuid in rows:
         held.setdefault(job_id, []).append(uuid)
@@ -95,11 +92,5 @@ def has_cluster_jobs() -> bool | None:
         return None
     if not path.is_file():
         return False
-    try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
-        try:
-            return con.execute("SELECT 1 FROM cluster_jobs LIMIT 1").fetchone() is not None
-        finally:
-            con.close()
-    except sqlite3.Error:
-        return None
+    rows = _fetch("SELECT 1 FROM cluster_jobs LIMIT 1")
+    return None if rows is None else bool(rows)
