@@ -81,15 +81,22 @@ def efficiency_chart(rows: list[dict]) -> alt.Chart:
         if r.get("efficiency_vs_ceiling") is not None and r["devices"] > 1:
             records.append({"devices": str(r["devices"]), "efficiency": r["efficiency_vs_ceiling"],
                             "against": "ceiling (same processes, no communication)", **mark})
-    data = pd.DataFrame.from_records(records, columns=["devices", "efficiency", "against", "reliable", "reason"])
+    for rec in records:  # a field of its own, so its legend is not merged with the colours'
+        rec["unreliable"] = None if rec["reliable"] else rec["against"]
+    data = pd.DataFrame.from_records(records, columns=["devices", "efficiency", "against", "reliable", "reason",
+                                                      "unreliable"])
     base = alt.Chart(data).encode(
-        x=alt.X("devices:N", title="Devices"), xOffset="against:N",
+        x=alt.X("devices:N", title="Devices", axis=alt.Axis(labelAngle=0)), xOffset="against:N",
         y=alt.Y("efficiency:Q", title="Efficiency", axis=alt.Axis(format="%")),
         tooltip=["devices:N", "against:N", alt.Tooltip("efficiency:Q", format=".1%"), "reason:N"])
     solid = base.transform_filter(alt.datum.reliable).mark_bar().encode(
-        color=alt.Color("against:N", legend=alt.Legend(title="Against", orient="bottom")))
+        color=alt.Color("against:N", legend=alt.Legend(title="Against", orient="bottom")
+                        if any(rec["reliable"] for rec in records) else None))
+    # Grey outlines; their dash tells ideal from ceiling, with a legend of their own (the solid
+    # bars' colour legend is empty when no count is reliable).
     hollow = base.transform_filter(~alt.datum.reliable).mark_bar(
-        filled=False, color=UNRELIABLE_COLOR, strokeWidth=2, strokeDash=[3, 2])
+        filled=False, color=UNRELIABLE_COLOR, strokeWidth=2).encode(
+        strokeDash=alt.StrokeDash("unreliable:N", legend=alt.Legend(title="Unreliable (hollow, grey)", orient="bottom")))
     bars = alt.layer(solid, hollow)
     floor = alt.Chart(pd.DataFrame({"y": [scaling.TARGET_EFFICIENCY]})).mark_rule(
         color="#cf222e", strokeDash=[4, 4]).encode(y="y:Q")
