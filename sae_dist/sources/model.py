@@ -48,8 +48,6 @@ def check_model_source(model: str, layer: int, site: str, text: str) -> int:
 
 
 class ModelSource:
-    global_stream = True  # one position shared by every rank: a checkpoint fits any number of ranks
-
     def __init__(self, model: str, layer: int, site: str, text: str, context_length: int, batch_size: int,
                  seed: int, rank: int, world_size: int, device: torch.device, global_batch: int | None = None):
         self.d_in = check_model_source(model, layer, site, text)

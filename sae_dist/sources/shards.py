@@ -497,8 +497,6 @@ class ShardStream:
         self._buffer = self._buffer[order[self.batch_size:]]
         return batch
 
-    global_stream = True  # as built by the trainer: rank 0 of 1, every rank the same stream
-
     def use_global_batch(self, batch_size: int) -> None:
         """Draw `batch_size` rows a step from now on: a run that continues on other devices keeps
         its checkpoint's global batch, which may differ from its configured one."""

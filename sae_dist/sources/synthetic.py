@@ -33,8 +33,6 @@ class SyntheticSource:
         self.max_active = max(1, int(round(active * 3)))
         self.position = 0  # samples of the stream taken by all ranks together
 
-    global_stream = True  # the position is the same on every rank: a checkpoint fits any world size
-
     def state_dict(self) -> dict:
         return {"position": self.position}
 
