@@ -14,6 +14,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+def add_virtual_devices(conn, uuids: list[str], now, memory_total: int = 16 * 2**30) -> None:
+    """Rows of the devices table for CPU-backed devices, as the daemon's inventory writes them."""
+    from sqlalchemy import insert
+
+    from sae_dist.db import Device
+
+    conn.execute(insert(Device.__table__), [
+        {"uuid": u, "index": i, "name": f"Virtual GPU {i} (CPU-backed)", "virtual": True,
+         "available": True, "memory_total": memory_total, "updated_at": now}
+        for i, u in enumerate(uuids)])
+
+
 @pytest.fixture(autouse=True)
 def state_home(tmp_path, monkeypatch) -> Path:
     home = tmp_path / "home"

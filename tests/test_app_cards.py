@@ -22,11 +22,11 @@ from streamlit.testing.v1 import AppTest
 from sae_dist.analytics import charts, units
 from sae_dist.analytics.cards import TRAINING_CARDS
 from sae_dist.analytics.format import MISSING, fmt_d3
-from sae_dist.db import (DatabaseMetricsLogger, Device, GpuSample, add_run_event, create_run,
+from sae_dist.db import (DatabaseMetricsLogger, GpuSample, add_run_event, create_run,
                          get_engine, update_run, utcnow)
 from scheduler.store import NewJob, start_jobs, submit
 
-from conftest import REPO
+from conftest import REPO, add_virtual_devices
 
 MONITOR = "pages/2_Monitor.py"
 RUNS = "pages/4_Training_runs.py"
@@ -51,10 +51,7 @@ def training(state_home):
     engine = get_engine()
     now = utcnow()
     with engine.begin() as conn:
-        conn.execute(insert(Device.__table__), [
-            {"uuid": u, "index": i, "name": f"Virtual GPU {i} (CPU-backed)", "virtual": True,
-             "available": True, "memory_total": 16 * GIB, "updated_at": now}
-            for i, u in enumerate(DEVICES)])
+        add_virtual_devices(conn, DEVICES, now)
         conn.execute(insert(GpuSample.__table__), [
             {"device_uuid": u, "time": now - timedelta(seconds=300 - s),
              "utilization_pct": 30.0 + 10 * i + (s % 7), "memory_used": (i + 1) * GIB + s * 2**20,

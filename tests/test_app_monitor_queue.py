@@ -14,10 +14,10 @@ import pytest
 from sqlalchemy import insert, update
 from streamlit.testing.v1 import AppTest
 
-from sae_dist.db import DatabaseMetricsLogger, Device, GpuSample, Job, create_run, get_engine, utcnow
+from sae_dist.db import DatabaseMetricsLogger, GpuSample, Job, create_run, get_engine, utcnow
 from scheduler.store import NewJob, finish_job, get_job, start_jobs, submit
 
-from conftest import REPO
+from conftest import REPO, add_virtual_devices
 
 MONITOR = "pages/2_Monitor.py"
 QUEUE = "pages/3_Queue.py"
@@ -56,10 +56,7 @@ def busy(state_home):
     engine = get_engine()
     now = utcnow()
     with engine.begin() as conn:
-        conn.execute(insert(Device.__table__), [
-            {"uuid": u, "index": i, "name": f"Virtual GPU {i} (CPU-backed)", "virtual": True,
-             "available": True, "memory_total": 16 * GIB, "updated_at": now}
-            for i, u in enumerate(VIRTUAL)])
+        add_virtual_devices(conn, VIRTUAL, now)
         conn.execute(insert(GpuSample.__table__), [
             {"device_uuid": u, "time": now - timedelta(seconds=600 - s), "utilization_pct": 20.0 * i + 10,
              "memory_used": (i + 1) * GIB, "memory_total": 16 * GIB, "temperature_c": None,
