@@ -1,0 +1,210 @@
+"""The model's own check of an SAE trained on harvested activations.
+
+A low FVU says the SAE reconstructs the rows; it does not say the model still works on the
+reconstruction. So the SAE is spliced into the model the shards were harvested from, at the same
+site and on the same positions (text tokens, never special tokens or padding), and we measure
+how much of the model's output survives, next to a zero-ablation of the site for scale:
+
+- an encoder (BERT-like, e.g. all-MiniLM-L6-v2): the mean cosine between the sentence embedding
+  (mean pooling over the attention mask, then normalisation, as sentence-transformers does) with
+  the splice and without; likewise with the site zero-ablated;
+- a causal LM: next-token cross-entropy clean, spliced and ablated, and SAELens' ce_loss_score
+  = (CE_ablated - CE_spliced) / (CE_ablated - CE_clean): 1 when the splice loses nothing, 0 when
+  it is as bad as ablating the site.
+
+Texts come from the harvest's own text source, cut into contexts exactly as the harvest cut them;
+contexts after the harvested ones are used when the harvest stopped early (--max-tokens), so the
+check runs on text the SAE never saw, else on harvested contexts (the result says which). The
+model is read from disk only, as the harvest reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from sae_dist.errors import UserError
+from sae_dist.harvest.sites import site_module_path
+
+ENCODER_TYPES = ("bert", "roberta", "distilbert")  # sentence embeddings; every other model: causal LM
+BATCH = 16  # contexts per forward pass
+
+
+def model_check(sae: Any, shards_dir: str | Path, max_texts: int = 64, max_tokens: int = 8192,
+                device: str | torch.device | None = None) -> dict | None:
+    """Splice `sae` (any object with encode(x) and decode(acts)) into the harvest's model.
+
+    None when the shards were not harvested from a model (no manifest, or no model in it).
+    {"kind": "unavailable", "reason": ...} when they were, but the model or text cannot be read
+    now. Otherwise a "sentence_cosine" or "ce_loss_score" result (see the module docstring); at
+    most max_texts contexts and about max_tokens tokens are run, three times each.
+    """
+    manifest = _manifest(Path(shards_dir))
+    if manifest is None or not manifest.get("model"):
+        return None
+    try:
+        texts, texts_from, tokenizer, config = _contexts(manifest, max_texts, max_tokens)
+        kind = "sentence_cosine" if config.model_type in ENCODER_TYPES else "ce_loss_score"
+        model = _load(manifest["model"], causal=kind == "ce_loss_score")
+    except UserError as e:
+        return {"kind": "unavailable", "reason": str(e)}
+    device = torch.device(device) if device is not None else _device_of(sae)
+    model.to(device).eval()
+    base = getattr(model, "base_model", model)  # site paths name modules of the base model
+    site = base.get_submodule(site_module_path(config, manifest["site"], int(manifest["layer"])))
+    splice = _Splice(sae)
+    handle = site.register_forward_hook(splice)
+    try:
+        if kind == "sentence_cosine":
+            result = _sentence_cosine(model, texts, splice, device)
+        else:
+            result = _ce_loss(model, texts, splice, device)
+    finally:
+        handle.remove()
+    return {"kind": kind, **result, "texts": len(texts), "texts_from": texts_from}
+
+
+# ---------------------------------------------------------------- the splice
+
+
+class _Splice:
+    """A forward hook on the site: passes the output through (mode None), or replaces it at the
+    harvested positions by the SAE's reconstruction ("sae") or by zeros ("zero")."""
+
+    def __init__(self, sae: Any):
+        self.sae = sae
+        self.mode: str | None = None
+        self.keep: Tensor | None = None  # [batch, positions] bool: the harvested positions
+        self._dtype = _dtype_of(sae)
+
+    def __call__(self, _module, _inputs, output):
+        if self.mode is None:
+            return None
+        hidden = output[0] if isinstance(output, tuple) else output
+        hidden = hidden.clone()
+        if self.mode == "zero":
+            hidden[self.keep] = 0
+        else:
+            rows = hidden[self.keep]
+            with torch.no_grad():
+                new = self.sae.decode(self.sae.encode(rows.to(self._dtype)))
+            hidden[self.keep] = new.to(device=hidden.device, dtype=hidden.dtype)
+        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+
+def _runs(model, contexts, splice: _Splice, device, forward):
+    """forward(batch outputs) for each batch, clean, spliced and ablated: three lists."""
+    out: dict[str | None, list] = {None: [], "sae": [], "zero": []}
+    for start in range(0, len(contexts), BATCH):
+        batch = contexts[start:start + BATCH]
+        ids = torch.tensor([c.ids for c in batch], device=device)
+        lengths = torch.tensor([c.length for c in batch], device=device)
+        attention = (torch.arange(ids.shape[1], device=device)[None] < lengths[:, None]).long()
+        splice.keep = torch.tensor([c.harvest for c in batch], device=device)
+        for mode in out:
+            splice.mode = mode
+            with torch.inference_mode():
+                out[mode].append(forward(model(input_ids=ids, attention_mask=attention), ids, attention))
+    splice.mode = None
+    return out[None], out["sae"], out["zero"]
+
+
+def _sentence_cosine(model, contexts, splice: _Splice, device) -> dict:
+    def embed(output, _ids, attention):
+        mask = attention[..., None].to(output.last_hidden_state.dtype)
+        pooled = (output.last_hidden_state * mask).sum(1) / mask.sum(1).clamp_min(1e-9)
+        return torch.nn.functional.normalize(pooled.float(), dim=-1)
+
+    clean, spliced, ablated = (torch.cat(x) for x in _runs(model, contexts, splice, device, embed))
+    return {"spliced_cosine": float((clean * spliced).sum(-1).mean()),
+            "ablated_cosine": float((clean * ablated).sum(-1).mean()),
+            "tokens": sum(sum(c.harvest) for c in contexts)}
+
+
+def _ce_loss(model, contexts, splice: _Splice, device) -> dict:
+    def losses(output, ids, attention):
+        # Next-token loss wherever both the token and its successor are in the context.
+        logits = output.logits[:, :-1].float()
+        valid = (attention[:, :-1] * attention[:, 1:]).bool()
+        ce = torch.nn.functional.cross_entropy(logits[valid], ids[:, 1:][valid], reduction="sum")
+        return float(ce), int(valid.sum())
+
+    runs = _runs(model, contexts, splice, device, losses)
+    tokens = sum(n for _, n in runs[0])
+    clean, spliced, ablated = (sum(ce for ce, _ in run) / max(tokens, 1) for run in runs)
+    gap = ablated - clean
+    score = (ablated - spliced) / gap if gap != 0 else float("nan")  # SAELens' ce_loss_score
+    return {"ce_clean": clean, "ce_spliced": spliced, "ce_ablated": ablated,
+            "ce_loss_score": None if math.isnan(score) else score, "tokens": tokens}
+
+
+# ---------------------------------------------------------------- the harvest's model and text
+
+
+def _manifest(directory: Path) -> dict | None:
+    from sae_dist.sources.shards import MANIFEST
+
+    try:
+        return json.loads((directory / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _contexts(manifest: dict, max_texts: int, max_tokens: int):
+    """(contexts, where they come from, tokenizer, config): the harvest's contexts of its text,
+    those after the harvested ones where there are any."""
+    from sae_dist.harvest.run import HarvestSpec, load_tokenizer, plan
+
+    tokenizer, config = load_tokenizer(manifest["model"])
+    files = manifest.get("text_files") or []
+    if not files:
+        raise UserError("the manifest names no text files")
+    missing = [f for f in files if not Path(f).exists()]
+    if missing:
+        raise UserError(f"the harvest's text {missing[0]} is no longer there")
+    spec = HarvestSpec(model=manifest["model"], layer=int(manifest["layer"]), site=manifest["site"],
+                       texts=list(files), out="", context_length=int(manifest["context_length"]))
+    the_plan = plan(spec, tokenizer, config)  # no max_tokens: every context of the text
+    contexts = the_plan.contexts
+    # The harvest took the first total_rows text tokens, room a context; a context cut short by
+    # --max-tokens is partly seen, so the unseen ones start after it.
+    room = max(sum(c.harvest) for c in contexts)
+    first_unseen = -(-int(manifest.get("total_rows", 0)) // room)
+    if the_plan.key["text"] != manifest.get("text_sha256"):
+        texts_from = "text changed since the harvest"
+    elif first_unseen < len(contexts):
+        contexts, texts_from = contexts[first_unseen:], "not harvested"
+    else:
+        texts_from = "harvested"
+    chosen, tokens = [], 0
+    for c in contexts:
+        if len(chosen) >= max_texts or (chosen and tokens + sum(c.harvest) > max_tokens):
+            break
+        chosen.append(c)
+        tokens += sum(c.harvest)
+    return chosen, texts_from, tokenizer, config
+
+
+def _load(name: str, causal: bool):
+    from sae_dist.harvest.run import _from_disk, _transformers
+
+    t = _transformers()  # sets HF_HUB_OFFLINE before anything is loaded
+    loader = t.AutoModelForCausalLM if causal else t.AutoModel
+    return _from_disk(name, loader)[0]
+
+
+def _device_of(sae: Any) -> torch.device:
+    for p in getattr(sae, "parameters", lambda: [])():
+        return p.device
+    return torch.device("cpu")
+
+
+def _dtype_of(sae: Any) -> torch.dtype:
+    for p in getattr(sae, "parameters", lambda: [])():
+        return p.dtype
+    return torch.float32

