@@ -1,0 +1,56 @@
+"""The rows an SAE is evaluated on: the tail of a shard set, read through memory maps in batches."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from sae_dist.errors import DataError
+from sae_dist.sources.shards import _map_rows, open_shards
+
+DEFAULT_ROWS = 16384
+BATCH_ROWS = 4096
+
+
+def _check_rows(rows: int) -> None:
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise DataError(f"rows {rows}: at least one row is needed to evaluate (0 rows selected)")
+
+
+def heldout_batches(shards_dir: str | os.PathLike, rows: int = DEFAULT_ROWS, batch_rows: int = BATCH_ROWS,
+                    d_in: int | None = None) -> Iterator[Tensor]:
+    """The last `rows` rows of a shard set (all of them if it has fewer), as float32 batches of at
+    most `batch_rows`, in row order. The trainer holds out this tail; only its pages are read.
+
+    Checks up front (before yielding): the directory, rows >= 1, and the width against `d_in`.
+    """
+    _check_rows(rows)
+    ds = open_shards(shards_dir)
+    if d_in is not None and ds.d_in != d_in:
+        raise DataError(f"{ds.directory} holds activations of width {ds.d_in}, but the SAE reads d_in={d_in}: "
+                        f"evaluate it on shards of its own activation site")
+    return _tail(ds, min(rows, ds.total_rows), batch_rows)
+
+
+def _tail(ds, count: int, batch_rows: int) -> Iterator[Tensor]:
+    first = ds.total_rows - count  # global index of the first held-out row
+    starts = [0, *itertools.accumulate(ds.rows)]
+    for path, file_rows, offset, file_start in zip(ds.files, ds.rows, ds.data_offsets, starts):
+        if file_start + file_rows <= first:
+            continue
+        view = _map_rows(path, offset, file_rows, ds.d_in, ds.dtype)
+        lo = max(first - file_start, 0)
+        for i in range(lo, file_rows, batch_rows):
+            yield view[i:min(i + batch_rows, file_rows)].to(torch.float32, copy=True)  # not a view of the map
+
+
+def heldout_rows(shards_dir: str | os.PathLike, rows: int = DEFAULT_ROWS) -> Tensor:
+    """The last `rows` rows of a shard set as one float32 tensor [min(rows, total), d_in]."""
+    batches = list(heldout_batches(shards_dir, rows))
+    if not batches:
+        raise DataError(f"{shards_dir}: no rows to evaluate on")
+    return torch.cat(batches)

@@ -1,0 +1,247 @@
+"""Evaluation of an SAE on rows of activations: pure computations, streamed over batches.
+
+Any object with `encode(x) -> acts`, `decode(acts) -> x_hat`, `W_dec` [d_sae, d_in] and `d_sae`
+can be evaluated: a LoadedSae read from disk, or the trainer's in-memory SparseAutoencoder.
+Everything is accumulated in float64 over the batches, so memory stays bounded by one batch and
+the result does not depend on how the rows were cut into batches (beyond float rounding).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sae_dist.errors import DataError, UserError
+
+# Feature-density histogram: log10 of each latent's firing frequency, in fixed bins of 0.5 from
+# -8 to 0 (so histograms of different SAEs and row counts compare bin for bin). Latents that never
+# fired have no logarithm and are counted apart ("never").
+DENSITY_EDGES = tuple(-8.0 + 0.5 * i for i in range(17))
+DENSE_DIVISOR = 10  # a latent firing on more than rows / 10 rows is "dense" (integers: exact)
+RARE_PART = 10  # recovery is also reported for the rarest 1/RARE_PART of the planted features
+
+
+class Evaluable(Protocol):
+    d_sae: int
+    W_dec: Tensor
+
+    def encode(self, x: Tensor) -> Tensor: ...
+
+    def decode(self, acts: Tensor) -> Tensor: ...
+
+
+@dataclass
+class Density:
+    edges: list[float]  # len(counts) + 1 bin edges of log10(frequency); bins [a, b), the last [a, b]
+    counts: list[int]  # latents per bin (frequencies below 1e-8 count in the first bin)
+    never: int  # latents that never fired
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"edges": list(self.edges), "counts": list(self.counts), "never": self.never}
+
+
+@dataclass
+class Recovery:
+    """How well the decoder rows recover a planted dictionary: per planted feature, the best
+    cosine with any decoder row; its mean and the fractions above 0.9 and 0.8, over all planted
+    features and over the rarest tenth (by planted frequency; ties: the later features)."""
+
+    features: int
+    mean_best_cos: float
+    frac_above_0_9: float
+    frac_above_0_8: float
+    rare_features: int
+    rare_mean_best_cos: float
+    rare_frac_above_0_9: float
+    rare_frac_above_0_8: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Planted:
+    """A planted dictionary: `dictionary` [F, d_in] (unit rows) and each feature's `frequencies`
+    [F], the probability that it is present in a row; `settings` as the data was generated."""
+
+    dictionary: Tensor
+    frequencies: Tensor
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Evaluation:
+    """An SAE's metrics on `rows` rows.
+
+    fvu: fraction of variance unexplained, sum ||x - x_hat||^2 / sum ||x - mean(x)||^2 with the
+    mean over all evaluated rows; explained_variance = 1 - fvu. Both None when the rows do not
+    vary (one row, or identical rows). mse: mean over rows of the summed squared error. cosine:
+    mean over rows of cos(x, x_hat). l0: mean active (non-zero) latents per row. dead_fraction:
+    latents that never fired on these rows; dense_fraction: latents firing on more than 10% of
+    them. density: histogram of log10 firing frequency. recovery: only for planted data.
+    model_check: filled in by the model-splice check, carried as is.
+    """
+
+    rows: int
+    d_sae: int
+    fvu: float | None
+    explained_variance: float | None
+    mse: float
+    cosine: float
+    l0: float
+    dead_fraction: float
+    dense_fraction: float
+    density: Density
+    recovery: Recovery | None = None
+    model_check: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe: NaN and inf become None."""
+        out = {name: _finite(getattr(self, name)) for name in
+               ("rows", "d_sae", "fvu", "explained_variance", "mse", "cosine", "l0", "dead_fraction",
+                "dense_fraction")}
+        out["density"] = self.density.to_dict()
+        out["recovery"] = {k: _finite(v) for k, v in self.recovery.to_dict().items()} if self.recovery else None
+        out["model_check"] = self.model_check
+        return out
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class Accumulator:
+    """Running float64 sums of one SAE's evaluation; `add` a batch at a time, then `result`."""
+
+    def __init__(self, d_sae: int):
+        self.d_sae = d_sae
+        self.rows = 0
+        self.shift: Tensor | None = None  # the first batch's mean: keeps the variance sums well conditioned
+        self.sum_x: Tensor | None = None  # per dim, of x - shift
+        self.sum_x2: Tensor | None = None
+        self.sum_sq_err = 0.0
+        self.sum_cos = 0.0
+        self.active = 0
+        self.fired = torch.zeros(d_sae, dtype=torch.int64)
+
+    @torch.no_grad()
+    def add(self, x: Tensor, x_hat: Tensor, acts: Tensor) -> None:
+        x64, xh64 = x.detach().double().cpu(), x_hat.detach().double().cpu()
+        if self.shift is None:
+            self.shift = x64.mean(0)
+            self.sum_x = torch.zeros_like(self.shift)
+            self.sum_x2 = torch.zeros_like(self.shift)
+        centred = x64 - self.shift
+        self.sum_x += centred.sum(0)
+        self.sum_x2 += centred.pow(2).sum(0)
+        self.sum_sq_err += float((x64 - xh64).pow(2).sum())
+        self.sum_cos += float(F.cosine_similarity(x64, xh64, dim=-1, eps=1e-12).sum())
+        on = acts.detach() != 0
+        self.active += int(on.sum())
+        self.fired += on.sum(0).cpu().to(torch.int64)
+        self.rows += x.shape[0]
+
+    def result(self, W_dec: Tensor | None = None, planted: Planted | None = None) -> Evaluation:
+        if self.rows == 0:
+            raise DataError("no rows to evaluate on (0 rows selected)")
+        n = self.rows
+        total_var = float((self.sum_x2 - self.sum_x.pow(2) / n).sum())
+        fvu = self.sum_sq_err / total_var if total_var > 0 else None
+        return Evaluation(
+            rows=n, d_sae=self.d_sae, fvu=fvu, explained_variance=None if fvu is None else 1.0 - fvu,
+            mse=self.sum_sq_err / n, cosine=self.sum_cos / n, l0=self.active / n,
+            dead_fraction=int((self.fired == 0).sum()) / self.d_sae,
+            dense_fraction=int((self.fired * DENSE_DIVISOR > n).sum()) / self.d_sae,
+            density=density_histogram(self.fired, n),
+            recovery=recovery(planted.dictionary, planted.frequencies, W_dec) if planted is not None else None,
+        )
+
+
+def density_histogram(fired: Tensor, rows: int) -> Density:
+    """Histogram of log10(fired / rows) over DENSITY_EDGES; latents with fired == 0 counted apart."""
+    fired = fired.to(torch.int64)
+    live = fired[fired > 0].double()
+    log_freq = torch.log10(live / rows)
+    width = DENSITY_EDGES[1] - DENSITY_EDGES[0]
+    bins = len(DENSITY_EDGES) - 1
+    index = torch.floor((log_freq - DENSITY_EDGES[0]) / width).long().clamp(0, bins - 1)
+    counts = torch.bincount(index, minlength=bins)
+    return Density(edges=list(DENSITY_EDGES), counts=[int(c) for c in counts], never=int((fired == 0).sum()))
+
+
+@torch.no_grad()
+def best_cosines(dictionary: Tensor, W_dec: Tensor, chunk: int = 8192) -> Tensor:
+    """[F]: each planted feature's largest cosine with any decoder row (in chunks of decoder rows)."""
+    truth = dictionary.double().cpu()
+    truth = truth / truth.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    dec_all = W_dec.detach().double().cpu()
+    best = torch.full((truth.shape[0],), -1.0, dtype=torch.float64)
+    for i in range(0, dec_all.shape[0], chunk):
+        dec = dec_all[i:i + chunk]
+        dec = dec / dec.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        best = torch.maximum(best, (truth @ dec.t()).max(dim=1).values)
+    return best
+
+
+def recovery(dictionary: Tensor, frequencies: Tensor, W_dec: Tensor) -> Recovery:
+    if dictionary.shape[1] != W_dec.shape[1]:
+        raise UserError(f"the planted dictionary has width {dictionary.shape[1]} but the SAE's d_in is "
+                        f"{W_dec.shape[1]}")
+    best = best_cosines(dictionary, W_dec)
+    count = best.shape[0]
+    # The rarest tenth, at least one feature; among equal frequencies the later features count as rarer.
+    rare_n = max(1, count // RARE_PART)
+    reverse = torch.arange(count - 1, -1, -1)
+    order = reverse[torch.argsort(frequencies.double()[reverse], stable=True)]
+    rare = best[order[:rare_n]]
+
+    def stats(b: Tensor) -> tuple[float, float, float]:
+        return float(b.mean()), float((b > 0.9).double().mean()), float((b > 0.8).double().mean())
+
+    m, f9, f8 = stats(best)
+    rm, rf9, rf8 = stats(rare)
+    return Recovery(features=count, mean_best_cos=m, frac_above_0_9=f9, frac_above_0_8=f8,
+                    rare_features=rare_n, rare_mean_best_cos=rm, rare_frac_above_0_9=rf9, rare_frac_above_0_8=rf8)
+
+
+def _device_of(sae: Evaluable) -> torch.device:
+    return sae.W_dec.device
+
+
+def _d_in_of(sae: Evaluable) -> int:
+    return int(getattr(sae, "d_in", sae.W_dec.shape[1]))
+
+
+@torch.no_grad()
+def evaluate_sae(sae: Evaluable, batches: Iterable[Tensor], planted: Planted | None = None) -> Evaluation:
+    """Evaluate `sae` on every row of `batches` (each [n, d_in]), one batch in memory at a time.
+
+    Raises DataError for zero rows, rows of another width than the SAE's d_in, or non-finite rows.
+    """
+    d_in = _d_in_of(sae)
+    device = _device_of(sae)
+    dtype = sae.W_dec.dtype if sae.W_dec.dtype.is_floating_point else torch.float32
+    if planted is not None and planted.dictionary.shape[1] != d_in:
+        raise UserError(f"the planted dictionary has width {planted.dictionary.shape[1]} but the SAE's "
+                        f"d_in is {d_in}")
+    acc = Accumulator(int(sae.d_sae))
+    for x in batches:
+        if x.dim() != 2 or x.shape[1] != d_in:
+            raise DataError(f"rows of shape {list(x.shape)} cannot be evaluated by an SAE with d_in={d_in}: "
+                            f"the activations must be [rows, {d_in}]")
+        if x.shape[0] == 0:
+            continue
+        if not bool(torch.isfinite(x).all()):
+            raise DataError("the rows hold NaN or inf values")
+        x = x.to(device=device, dtype=dtype)
+        acts = sae.encode(x)
+        acc.add(x, sae.decode(acts), acts)
+    return acc.result(sae.W_dec, planted)
