@@ -63,6 +63,7 @@ def gpt2_shards(tmp_path_factory):
 def test_sentence_cosine_identity_keeps_the_embedding(minilm_shards):
     result = model_check(Identity(), minilm_shards, max_texts=4)
     assert result["kind"] == "sentence_cosine" and result["texts"] == 4
+    assert (result["layer"], result["site"]) == (3, "resid") and result["model"].endswith("model")
     assert result["texts_from"] == "not harvested"  # the harvest stopped at 300 tokens: the rest is unseen
     assert result["tokens"] == 4 * 62  # 64 minus [CLS] and [SEP]
     assert result["spliced_cosine"] == pytest.approx(1.0, abs=1e-5)

@@ -66,7 +66,8 @@ def model_check(sae: Any, shards_dir: str | Path, max_texts: int = 64, max_token
             result = _ce_loss(model, texts, splice, device)
     finally:
         handle.remove()
-    return {"kind": kind, **result, "texts": len(texts), "texts_from": texts_from}
+    return {"kind": kind, **result, "texts": len(texts), "texts_from": texts_from,
+            "model": manifest["model"], "layer": int(manifest["layer"]), "site": manifest["site"]}
 
 
 # ---------------------------------------------------------------- the splice
