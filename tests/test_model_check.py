@@ -7,10 +7,12 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from conftest import REPO
 from sae_dist.evaluate.model_check import model_check
 from sae_dist.harvest.run import HarvestSpec, harvest
+from sae_dist.sae import SparseAutoencoder
 from sae_dist.sources.shards import write_shards
 
 TEXT = str(REPO / "README.md")
@@ -74,6 +76,9 @@ def test_sentence_cosine_zero_sae_is_the_ablation(minilm_shards):
     result = model_check(Zero(), minilm_shards, max_texts=4, max_tokens=130)
     assert result["texts"] == 2  # the token bound: 2 contexts of 62 text tokens
     assert result["spliced_cosine"] == pytest.approx(result["ablated_cosine"], abs=1e-6)
+    # A real (untrained) SAE module: run where its weights are, in their dtype.
+    real = model_check(SparseAutoencoder(384, 768, "topk", k=16, seed=0), minilm_shards, max_texts=1)
+    assert -1 <= real["spliced_cosine"] <= 1 and real["tokens"] == 62
 
 
 def test_ce_loss_score_of_identity_and_zero(gpt2_shards):
@@ -100,8 +105,19 @@ def test_no_model_no_check_and_a_missing_model_is_said(tmp_path, minilm_shards):
     assert result["kind"] == "unavailable" and "not on disk" in result["reason"]
 
 
-def test_all_text_harvested_is_said(tmp_path, minilm_shards):
+def test_all_text_harvested_is_said_and_the_contexts_are_the_harvests(tmp_path, minilm_shards):
     manifest = json.loads((minilm_shards / "manifest.json").read_text())
     (tmp_path / "manifest.json").write_text(json.dumps({**manifest, "total_rows": 10**9}))
-    result = model_check(Identity(), tmp_path, max_texts=1)
+    seen = []
+
+    class Recorder(Identity):
+        def encode(self, x):
+            seen.append(x.clone())
+            return x
+
+    result = model_check(Recorder(), tmp_path, max_texts=1)
     assert result["texts_from"] == "harvested" and result["texts"] == 1
+    # The spliced rows are the very rows the harvest wrote for its first context.
+    first = load_file(str(minilm_shards / manifest["shards"][0]["file"]))["activations"][:62]
+    assert len(seen) == 1 and torch.allclose(seen[0], first, atol=1e-4)
+

@@ -20,6 +20,7 @@ model is read from disk only, as the harvest reads it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -29,6 +30,7 @@ import torch
 from torch import Tensor
 
 from sae_dist.errors import UserError
+from sae_dist.harvest.contexts import framing_from_examples, join_documents, make_contexts
 from sae_dist.harvest.sites import site_module_path
 
 ENCODER_TYPES = ("bert", "roberta", "distilbert")  # sentence embeddings; every other model: causal LM
@@ -158,28 +160,49 @@ def _manifest(directory: Path) -> dict | None:
 
 def _contexts(manifest: dict, max_texts: int, max_tokens: int):
     """(contexts, where they come from, tokenizer, config): the harvest's contexts of its text,
-    those after the harvested ones where there are any."""
-    from sae_dist.harvest.run import HarvestSpec, load_tokenizer, plan
+    those after the harvested ones where there are any.
+
+    Cut as the harvest cuts them (sae_dist.harvest.run.plan), but documents are tokenised only as
+    far as the check reaches: a harvest's text may be far larger than the check needs."""
+    from sae_dist.harvest.run import _read_text, load_tokenizer
 
     tokenizer, config = load_tokenizer(manifest["model"])
-    files = manifest.get("text_files") or []
-    if not files:
+    names = manifest.get("text_files") or []
+    if not names:
         raise UserError("the manifest names no text files")
-    missing = [f for f in files if not Path(f).exists()]
+    missing = [f for f in names if not Path(f).is_file()]
     if missing:
         raise UserError(f"the harvest's text {missing[0]} is no longer there")
-    spec = HarvestSpec(model=manifest["model"], layer=int(manifest["layer"]), site=manifest["site"],
-                       texts=list(files), out="", context_length=int(manifest["context_length"]))
-    the_plan = plan(spec, tokenizer, config)  # no max_tokens: every context of the text
-    contexts = the_plan.contexts
+    tokenizer.model_max_length = 1 << 40  # whole documents, as the harvest tokenises them
+    sample = "harvest"
+    framing = framing_from_examples(tokenizer(sample)["input_ids"],
+                                    tokenizer(sample, add_special_tokens=False)["input_ids"],
+                                    tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+    context_length = int(manifest["context_length"])
+    room = framing.window(context_length)
     # The harvest took the first total_rows text tokens, room a context; a context cut short by
     # --max-tokens is partly seen, so the unseen ones start after it.
-    room = max(sum(c.harvest) for c in contexts)
     first_unseen = -(-int(manifest.get("total_rows", 0)) // room)
-    if the_plan.key["text"] != manifest.get("text_sha256"):
+    enough = (first_unseen + 1) * room + max_tokens
+    digest, documents, have = hashlib.sha256(), [], 0
+    for name in names:
+        path = Path(name)
+        text = _read_text(path)
+        digest.update(path.name.encode() + b"\0" + text.encode() + b"\0")
+        if have < enough:
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            documents.append(ids)
+            have += len(ids) + 1
+    separator = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+    contexts = make_contexts(join_documents(documents, separator), framing, context_length)
+    if not contexts:
+        raise UserError("the harvest's text holds no tokens now")
+    unseen = contexts[first_unseen:]
+    if digest.hexdigest() != manifest.get("text_sha256"):
         texts_from = "text changed since the harvest"
-    elif first_unseen < len(contexts):
-        contexts, texts_from = contexts[first_unseen:], "not harvested"
+        contexts = unseen or contexts
+    elif unseen:
+        contexts, texts_from = unseen, "not harvested"
     else:
         texts_from = "harvested"
     chosen, tokens = [], 0
@@ -199,13 +222,20 @@ def _load(name: str, causal: bool):
     return _from_disk(name, loader)[0]
 
 
-def _device_of(sae: Any) -> torch.device:
+def _weight(sae: Any) -> Tensor | None:
+    """A tensor of the SAE's, for its device and dtype: a module's first parameter, or W_dec
+    (a plain object such as sae_dist.evaluate.LoadedSae)."""
     for p in getattr(sae, "parameters", lambda: [])():
-        return p.device
-    return torch.device("cpu")
+        return p
+    weight = getattr(sae, "W_dec", None)
+    return weight if isinstance(weight, Tensor) else None
+
+
+def _device_of(sae: Any) -> torch.device:
+    weight = _weight(sae)
+    return weight.device if weight is not None else torch.device("cpu")
 
 
 def _dtype_of(sae: Any) -> torch.dtype:
-    for p in getattr(sae, "parameters", lambda: [])():
-        return p.dtype
-    return torch.float32
+    weight = _weight(sae)
+    return weight.dtype if weight is not None and weight.is_floating_point() else torch.float32
