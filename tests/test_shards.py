@@ -123,19 +123,20 @@ def test_two_ranks_read_disjoint_parts_covering_every_row(tmp_path: Path) -> Non
     assert parts[0] == set(range(500)) and parts[1] == set(range(500, 1000))
 
 
-def test_ranks_with_a_buffer_stay_in_their_part_and_cover_it(tmp_path: Path) -> None:
+def test_ranks_stay_in_their_part_and_cover_it_evenly(tmp_path: Path) -> None:
     ds = open_shards(indexed_shards(tmp_path, [333, 200, 468]))  # 1001 rows: parts of 500 and 501
     bounds = [(0, 500), (500, 1001)]
     for rank, (lo, hi) in enumerate(bounds):
         stream = ShardStream(ds, rank, 2, batch_size=32, seed=0, buffer_rows=200, block_rows=64)
         counts = torch.zeros(1001, dtype=torch.long)
-        for batch in batches(stream, 60):  # about 4 epochs
-            # (A row may appear twice in one batch only when the buffer holds it from two epochs.)
+        for batch in batches(stream, 60):  # 1920 rows: 3 whole epochs and part of a fourth
             counts += torch.bincount(torch.tensor(row_ids(batch)), minlength=1001)
         assert counts[:lo].sum() == 0 and counts[hi:].sum() == 0
-        assert (counts[lo:hi] > 0).all()
-        assert counts.max() <= stream.epoch + 1  # a row enters the buffer once per epoch
-        assert stream.rows_seen == 60 * 32
+        whole, rest = divmod(60 * 32, hi - lo)
+        # Exact epochs: every row 3 times, and the fourth epoch's first `rest` rows once more.
+        assert set(counts[lo:hi].tolist()) == {whole, whole + 1}
+        assert int((counts[lo:hi] == whole + 1).sum()) == rest
+        assert stream.epoch == whole and stream.rows_seen == 60 * 32
 
 
 def test_same_seed_same_batches_other_seed_other_batches(tmp_path: Path) -> None:

@@ -1,14 +1,18 @@
 """The `shards` activation source: a directory of safetensors files that N DDP ranks stream from.
 
 Why it exists: harvested activations are larger than RAM (many millions of rows x d_in), every
-rank must read its own disjoint part, and SGD wants the rows shuffled. So:
+rank reads its own slice of each step, and SGD wants the rows shuffled. So:
 
 * files are memory-mapped, never loaded: a random row gather faults in only the pages it touches;
-* the shuffle works on row *indices*: a bounded buffer is fed with contiguous blocks of rows in a
-  seeded per-epoch order, and each batch is drawn uniformly from that buffer. Reads stay local to
-  a window of blocks while the batches still mix rows from far apart;
-* the whole stream state is a few integers, one index tensor and a generator state, so a run
-  resumed from a checkpoint draws exactly the batches the uninterrupted run would have drawn.
+* the shuffle works on row *indices* and gives exact epochs (every row once a pass; a uniform draw
+  from a rolling buffer repeats some rows and skips as many). Each epoch shuffles the order of
+  blocks of contiguous rows, cuts that order into windows of about buffer_rows rows and shuffles
+  the rows within each window, all seeded by (seed, epoch, window). Reads stay local to a window of
+  blocks while a batch still mixes rows from far apart, and batches are consecutive slices of it;
+* the whole stream state is one integer (rows taken so far) and the settings that fix the order,
+  so a run resumed from a checkpoint gets exactly the batches the uninterrupted run would have;
+* an optional held-out tail (the last holdout_rows rows) is never trained on: an evaluation at the
+  end of a run reads it with ShardStream.heldout_rows.
 
 Directory layout::
 
@@ -23,6 +27,7 @@ derived from the file headers (files in name order).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
 import json
@@ -388,9 +393,15 @@ def _verify_checksums(manifest_path: Path, manifest: dict, files: list[Path]) ->
 
 
 def _seed_for(*parts: Any) -> int:
-    # A stable hash (unlike hash()) so that (seed, rank, epoch) always gives the same generator.
+    # A stable hash (unlike hash()) so that (seed, rank, epoch, ...) always gives the same generator.
     digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def _shared(error: DataError) -> DataError:
+    # Every rank loads the same stream state, so every rank raises this alike: rank 0 reports it.
+    error.shared = True
+    return error
 
 
 def _map_rows(path: Path, data_start: int, rows: int, d_in: int, dtype: torch.dtype) -> Tensor:
@@ -410,50 +421,94 @@ def _map_rows(path: Path, data_start: int, rows: int, d_in: int, dtype: torch.dt
     return data.view(dtype).view(rows, d_in)
 
 
-class ShardStream:
-    """Infinite, shuffled, exactly resumable batches of one rank's disjoint part of a ShardDataset.
+def read_rows(dataset: ShardDataset, start: int, stop: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Global rows [start, stop) of a dataset, in order, as a new [stop - start, d_in] tensor of dtype.
 
-    Rank r owns global rows [r*T//W, (r+1)*T//W). That part is cut in blocks of block_rows
-    contiguous rows; each epoch visits the blocks in an order seeded by (seed, rank, epoch), moving
-    their row indices into a buffer of at least buffer_rows indices. A batch is batch_size indices
-    drawn uniformly without replacement from the buffer by a seeded generator.
+    Maps only the files those rows lie in. For evaluation on rows a run did not train on, see
+    ShardStream.heldout_rows.
+    """
+    if not 0 <= start <= stop <= dataset.total_rows:
+        raise ValueError(f"rows [{start}, {stop}) are not within the {dataset.total_rows} rows of "
+                         f"{dataset.directory}")
+    out = torch.empty(stop - start, dataset.d_in, dtype=dtype)
+    first = 0
+    for path, rows, offset in zip(dataset.files, dataset.rows, dataset.data_offsets):
+        lo, hi = max(start, first), min(stop, first + rows)
+        if lo < hi:
+            view = _map_rows(path, offset, rows, dataset.d_in, dataset.dtype)
+            out[lo - start:hi - start].copy_(view[lo - first:hi - first])
+        first += rows
+    return out
+
+
+class ShardStream:
+    """Infinite, shuffled, exactly resumable batches of one part of a ShardDataset, in exact epochs.
+
+    The stream trains on global rows [0, T - holdout_rows) (the tail is kept for evaluation); rank r
+    of world_size W owns rows [r*N//W, (r+1)*N//W) of those N. (The trainer runs one stream with
+    W = 1 on every rank, batch_size = the global batch, and each rank reads its slice of a step.)
+
+    Each epoch is a permutation of the part: its blocks of block_rows contiguous rows are put in
+    an order seeded by (seed, rank, epoch); consecutive groups of buffer_rows // block_rows blocks
+    of that order are windows, and each window's rows are shuffled by a generator seeded by (seed,
+    rank, epoch, window). The stream is those epochs one after the other, and a batch is its next
+    batch_size rows (one may hold the end of an epoch and the start of the next). So every row is
+    drawn exactly once an epoch, and the position (rows taken so far) is the whole state.
     """
 
     def __init__(self, dataset: ShardDataset, rank: int, world_size: int, batch_size: int, seed: int,
-                 buffer_rows: int = 65536, block_rows: int = 2048):
+                 buffer_rows: int = 65536, block_rows: int = 2048, holdout_rows: int = 0):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         if min(batch_size, buffer_rows, block_rows) < 1:
             raise ValueError("batch_size, buffer_rows and block_rows must be positive")
+        if holdout_rows < 0:
+            raise ValueError(f"holdout_rows must be 0 or more, got {holdout_rows}")
         self.dataset, self.rank, self.world_size = dataset, rank, world_size
         self.batch_size, self.seed = batch_size, seed
-        self.buffer_rows, self.block_rows = buffer_rows, block_rows
+        self.buffer_rows, self.block_rows, self.holdout_rows = buffer_rows, block_rows, holdout_rows
         total = dataset.total_rows
-        self._lo, self._hi = rank * total // world_size, (rank + 1) * total // world_size
-        part = self._hi - self._lo
-        if part < batch_size:
-            raise DataError(f"{dataset.directory} has {total} rows, so rank {rank} of {world_size} gets "
-                            f"{part}, fewer than one batch of {batch_size}: {world_size} devices x batch "
-                            f"{batch_size} needs at least {world_size * batch_size} rows; use fewer "
-                            f"devices, a smaller batch, or more data")
+        train = total - holdout_rows
+        if train < 1:
+            raise DataError(f"{dataset.directory} has {total} rows; holding out {holdout_rows} of them for "
+                            f"evaluation leaves none to train on; hold out fewer rows")
+        self._lo, self._hi = rank * train // world_size, (rank + 1) * train // world_size
+        self._part = part = self._hi - self._lo
+        self._check_batch(batch_size)
         self._num_blocks = -(-part // block_rows)
-        self._target = min(max(buffer_rows, batch_size), part)  # buffer fill level before each draw
+        self._window_blocks = max(1, buffer_rows // block_rows)
         self._offsets = torch.arange(block_rows)
         self._starts, self._ends, self._views = self._map_files()
-        self._epoch = 0
-        self._block_pos = 0  # blocks of the current epoch's order already moved into the buffer
-        self._buffer = torch.empty(0, dtype=torch.int64)  # global row indices
-        self._draw_gen = torch.Generator().manual_seed(_seed_for(seed, rank, "draw"))
-        self._order_epoch, self._order = -1, torch.empty(0, dtype=torch.int64)
-        self.rows_seen = 0
+        self._pos = 0  # rows taken so far, over all epochs: the stream's whole state
+        self._plan_epoch, self._order, self._window_starts = -1, torch.empty(0, dtype=torch.int64), [0]
+        self._window_key, self._window = (-1, -1), torch.empty(0, dtype=torch.int64)
+
+    def _check_batch(self, batch_size: int) -> None:
+        part, total, ds = self._part, self.dataset.total_rows, self.dataset
+        if part >= batch_size:
+            return
+        if self.holdout_rows:
+            ranks = f", so rank {self.rank} of {self.world_size} gets {part}" if self.world_size > 1 else ""
+            raise DataError(f"{ds.directory} has {total} rows; holding out the last {self.holdout_rows} for "
+                            f"evaluation leaves {total - self.holdout_rows} to train on{ranks}, fewer than one "
+                            f"batch of {batch_size}; hold out fewer rows, use a smaller batch, or more data")
+        raise DataError(f"{ds.directory} has {total} rows, so rank {self.rank} of {self.world_size} gets "
+                        f"{part}, fewer than one batch of {batch_size}: {self.world_size} devices x batch "
+                        f"{batch_size} needs at least {self.world_size * batch_size} rows; use fewer "
+                        f"devices, a smaller batch, or more data")
 
     @property
     def epoch(self) -> int:
-        """Passes begun over this rank's part (0 during the first)."""
-        return self._epoch
+        """The epoch the last row taken belongs to (0 during the first, up to and with its last row)."""
+        return (self._pos - 1) // self._part if self._pos else 0
+
+    @property
+    def rows_seen(self) -> int:
+        """Rows taken so far, over all epochs."""
+        return self._pos
 
     def _map_files(self) -> tuple[list[int], Tensor, list[Tensor | None]]:
-        """First global row of each file, end rows (for searchsorted), and views of the files this rank reads."""
+        """First global row of each file, end rows (for searchsorted), and views of the files this part reads."""
         ds = self.dataset
         starts = [0, *itertools.accumulate(ds.rows)][:-1]
         ends = torch.tensor([s + r for s, r in zip(starts, ds.rows)], dtype=torch.int64)
@@ -463,48 +518,54 @@ class ShardStream:
             views.append(_map_rows(path, offset, rows, ds.d_in, ds.dtype) if overlaps else None)
         return starts, ends, views
 
-    # -- index bookkeeping: all tensor ops, O(buffer) per batch --------------------------------
+    # -- the order: O(blocks) once an epoch, O(window) once a window, O(batch) a batch ---------------
 
-    def _block_order(self, epoch: int) -> Tensor:
-        if self._order_epoch != epoch:
+    def _epoch_plan(self, epoch: int) -> list[int]:
+        """The epoch's block order (cached) and where each window starts in the epoch, in rows."""
+        if self._plan_epoch != epoch:
             gen = torch.Generator().manual_seed(_seed_for(self.seed, self.rank, "blocks", epoch))
-            self._order = torch.randperm(self._num_blocks, generator=gen)
-            self._order_epoch = epoch
-        return self._order
+            order = torch.randperm(self._num_blocks, generator=gen)
+            lengths = torch.full((self._num_blocks,), self.block_rows, dtype=torch.int64)
+            lengths[-1] = self._part - (self._num_blocks - 1) * self.block_rows  # only the last is short
+            ends = lengths[order].cumsum(0)[self._window_blocks - 1::self._window_blocks].tolist()
+            if len(ends) * self._window_blocks < self._num_blocks:
+                ends.append(self._part)  # a last, smaller window
+            self._plan_epoch, self._order, self._window_starts = epoch, order, [0, *ends]
+        return self._window_starts
 
-    def _fill(self) -> None:
-        """Append blocks (rolling over epochs) until the buffer holds at least the target."""
-        parts, have = [self._buffer], len(self._buffer)
-        while have < self._target:
-            if self._block_pos == self._num_blocks:
-                self._epoch, self._block_pos = self._epoch + 1, 0
-            need_blocks = -(-(self._target - have) // self.block_rows)
-            count = min(need_blocks, self._num_blocks - self._block_pos)
-            blocks = self._block_order(self._epoch)[self._block_pos:self._block_pos + count]
-            self._block_pos += count
+    def _window_rows(self, epoch: int, window: int) -> Tensor:
+        """Global row indices of one window of an epoch, in their shuffled order (cached)."""
+        if self._window_key != (epoch, window):
+            self._epoch_plan(epoch)
+            blocks = self._order[window * self._window_blocks:(window + 1) * self._window_blocks]
             rows = ((self._lo + blocks * self.block_rows).unsqueeze(1) + self._offsets).flatten()
             if bool((blocks == self._num_blocks - 1).any()):
-                rows = rows[rows < self._hi]  # only the last block can be short
-            parts.append(rows)
-            have += len(rows)
-        self._buffer = torch.cat(parts)
+                rows = rows[rows < self._hi]  # the short last block
+            gen = torch.Generator().manual_seed(_seed_for(self.seed, self.rank, "rows", epoch, window))
+            self._window = rows[torch.randperm(len(rows), generator=gen)]
+            self._window_key = (epoch, window)
+        return self._window
 
-    def _draw(self) -> Tensor:
-        self._fill()
-        # A random permutation: its head is the batch, its tail the (shuffled) rest of the buffer.
-        order = torch.randperm(len(self._buffer), generator=self._draw_gen)
-        batch = self._buffer[order[:self.batch_size]]
-        self._buffer = self._buffer[order[self.batch_size:]]
-        return batch
+    def _take(self, count: int) -> Tensor:
+        """The next `count` global row indices of the stream, in its order; advances the position."""
+        pieces = []
+        while count:
+            epoch, at = divmod(self._pos, self._part)
+            starts = self._epoch_plan(epoch)
+            window = bisect.bisect_right(starts, at) - 1
+            rows = self._window_rows(epoch, window)
+            begin = at - starts[window]
+            piece = rows[begin:begin + count]
+            pieces.append(piece)
+            self._pos += len(piece)
+            count -= len(piece)
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
     def use_global_batch(self, batch_size: int) -> None:
-        """Draw `batch_size` rows a step from now on: a run that continues on other devices keeps
+        """Take `batch_size` rows a step from now on: a run that continues on other devices keeps
         its checkpoint's global batch, which may differ from its configured one."""
-        part = self._hi - self._lo
-        if part < batch_size:
-            raise DataError(f"{self.dataset.directory} has {part} rows, fewer than the global batch "
-                            f"of {batch_size}")
-        self.batch_size, self._target = batch_size, min(max(self.buffer_rows, batch_size), part)
+        self._check_batch(batch_size)
+        self.batch_size = batch_size
 
     def next_batches(self, plan, rank: int, device=None, dtype: torch.dtype = torch.float32) -> list[Tensor]:
         """Rank's slice of each micro-batch of the next step (a sae_dist.balance.BatchPlan).
@@ -514,8 +575,7 @@ class ShardStream:
         """
         if plan.global_batch != self.batch_size:
             raise ValueError(f"stream batch {self.batch_size} is not the plan's global batch {plan.global_batch}")
-        indices, _ = self._draw().sort()
-        self.rows_seen += self.batch_size
+        indices, _ = self._take(self.batch_size).sort()  # sorted: each slice reads a narrower range
         out = []
         pinned = device is not None and torch.device(device).type == "cuda" and torch.cuda.is_available()
         for j in range(plan.micro_steps):
@@ -530,12 +590,18 @@ class ShardStream:
 
     def next_batch(self, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
         """The next [batch_size, d_in] batch, converted to dtype (and moved to device if given)."""
-        indices, _ = self._draw().sort()  # sorted: one contiguous run per file, and page locality
+        indices, _ = self._take(self.batch_size).sort()  # sorted: one contiguous run per file, and page locality
         pinned = device is not None and torch.device(device).type == "cuda" and torch.cuda.is_available()
         out = torch.empty(self.batch_size, self.dataset.d_in, dtype=dtype, pin_memory=pinned)
         self._gather(indices, out)
-        self.rows_seen += self.batch_size
         return out if device is None else out.to(device, non_blocking=pinned)
+
+    def heldout_rows(self, limit: int | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
+        """The held-out tail (the last holdout_rows rows, which no batch of the stream holds), in
+        order, as [n, d_in]: all of it, or its first `limit` rows."""
+        count = self.holdout_rows if limit is None else max(0, min(limit, self.holdout_rows))
+        start = self.dataset.total_rows - self.holdout_rows
+        return read_rows(self.dataset, start, start + count, dtype)
 
     def _gather(self, indices: Tensor, out: Tensor) -> None:
         files, counts = torch.unique_consecutive(torch.searchsorted(self._ends, indices, right=True),
@@ -553,32 +619,30 @@ class ShardStream:
     # -- resume --------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue with exactly the batches this stream would produce next."""
-        return {"rank": self.rank, "world_size": self.world_size, "seed": self.seed,
-                "block_rows": self.block_rows, "total_rows": self.dataset.total_rows,
-                "epoch": self._epoch, "block_pos": self._block_pos, "buffer": self._buffer.clone(),
-                "generator": self._draw_gen.get_state(), "rows_seen": self.rows_seen}
+        """Everything needed to continue with exactly the batches this stream would produce next:
+        the position, and the settings that fix the order (checked on loading)."""
+        return {"stream": "epochs", "rank": self.rank, "world_size": self.world_size, "seed": self.seed,
+                "block_rows": self.block_rows, "buffer_rows": self.buffer_rows,
+                "holdout_rows": self.holdout_rows, "total_rows": self.dataset.total_rows,
+                "position": self._pos, "epoch": self.epoch, "rows_seen": self._pos}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        # These fix which rows the indices mean; a different value would silently read other data.
-        if state.get("world_size") != self.world_size and self.world_size == 1 and "rank" in state:
-            raise DataError(f"the checkpoint's data stream was written by an earlier sae-dist whose ranks each "
-                            f"read their own part of {self.dataset.directory}; this version reads one stream "
-                            f"shared by every rank and cannot continue it exactly: start a new run")
-        for key, mine in (("total_rows", self.dataset.total_rows), ("world_size", self.world_size),
-                          ("rank", self.rank), ("seed", self.seed), ("block_rows", self.block_rows)):
+        if "buffer" in state:
+            raise _shared(DataError(
+                f"the checkpoint's data stream was written by an earlier sae-dist whose shuffle (a rolling "
+                f"buffer) cannot be continued exactly by this version's exact epochs over "
+                f"{self.dataset.directory}: start a new run"))
+        # These fix which rows the position means; a different value would silently read other data.
+        for key, mine in (("total_rows", self.dataset.total_rows), ("holdout_rows", self.holdout_rows),
+                          ("world_size", self.world_size), ("rank", self.rank), ("seed", self.seed),
+                          ("block_rows", self.block_rows), ("buffer_rows", self.buffer_rows)):
             if state.get(key) != mine:
-                raise DataError(f"the checkpoint's data stream was saved with {key}={state.get(key)}, but "
-                                f"this run has {key}={mine} (data: {self.dataset.directory}); resume with "
-                                f"the same data and settings, or start a new run")
-        buffer = torch.as_tensor(state["buffer"], dtype=torch.int64).flatten().clone()
-        if len(buffer) and (int(buffer.min()) < self._lo or int(buffer.max()) >= self._hi):
-            raise DataError(f"the checkpoint's data stream holds rows outside rank {self.rank}'s part of "
-                            f"{self.dataset.directory}; the checkpoint does not belong to this data")
-        if not 0 <= int(state["block_pos"]) <= self._num_blocks:
-            raise DataError(f"the checkpoint's data stream is at block {state['block_pos']} of "
-                            f"{self._num_blocks}; the checkpoint does not belong to this data")
-        self._epoch, self._block_pos = int(state["epoch"]), int(state["block_pos"])
-        self._buffer = buffer
-        self._draw_gen.set_state(state["generator"])
-        self.rows_seen = int(state.get("rows_seen", 0))
+                raise _shared(DataError(
+                    f"the checkpoint's data stream was saved with {key}={state.get(key)}, but this run has "
+                    f"{key}={mine} (data: {self.dataset.directory}); resume with the same data and "
+                    f"settings, or start a new run"))
+        position = state.get("position")
+        if not isinstance(position, int) or isinstance(position, bool) or position < 0:
+            raise _shared(DataError(f"the checkpoint's data stream has no valid position ({position!r}); "
+                                    f"the checkpoint is damaged: resume from an earlier one, or start a new run"))
+        self._pos = position
