@@ -103,6 +103,36 @@ def _parser() -> argparse.ArgumentParser:
     hv.add_argument("--worker", help=argparse.SUPPRESS)  # "r/N": one of the processes above
     hv.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
                     help="how the activations are stored")
+    ev = sub.add_parser(
+        "evaluate", help="evaluate an SAE on the last rows of a shard set",
+        description="Evaluate an SAE folder in SAELens format (ours or SAELens' own standard, topk or "
+                    "jumprelu) on the last N rows of a shard directory (the rows a run holds out): FVU "
+                    "and explained variance, MSE, cosine, L0, dead and dense latents, the feature-density "
+                    "histogram, and dictionary recovery when the shards are planted (make-planted). "
+                    "Recorded in the state database, linked to the run when the SAE is a run's export.")
+    ev.add_argument("sae_dir", metavar="SAE_DIR", help="the SAE folder (cfg.json + sae_weights.safetensors), "
+                                                       "e.g. RUN_DIR/sae")
+    ev.add_argument("--shards", required=True, metavar="DIR", help="the shard directory to evaluate on")
+    ev.add_argument("--rows", type=int, metavar="N",
+                    help="evaluate on the last N rows (default 16384; all of them if fewer)")
+    ev.add_argument("--json", action="store_true", help="print the evaluation as JSON only")
+    ev.add_argument("--no-db", action="store_true", help="do not record it in the state database")
+    mp = sub.add_parser(
+        "make-planted", help="write synthetic shards with a known (planted) dictionary",
+        description="Write N rows of the synthetic source (stream positions 0..N-1: what --source synthetic "
+                    "with the same settings trains on) as shards, with the planted dictionary and feature "
+                    "frequencies beside them, so evaluate can report how well an SAE recovers them. "
+                    "Defaults are the trainer's synthetic_* defaults.")
+    mp.add_argument("out", metavar="OUT", help="the shard directory to write (new, or empty)")
+    mp.add_argument("--rows", type=int, required=True, metavar="N", help="rows to write")
+    mp.add_argument("--d-in", type=int, metavar="D", help="activation width (default 512)")
+    mp.add_argument("--features", type=int, metavar="F", help="planted dictionary size (default 4096)")
+    mp.add_argument("--active", type=float, metavar="A", help="features active per row on average (default 4.0)")
+    mp.add_argument("--power-law", type=float, metavar="P",
+                    help="feature frequency ~ rank^-P (default 0.5; 0 = uniform)")
+    mp.add_argument("--noise", type=float, metavar="S", help="Gaussian noise std per dimension (default 0.01)")
+    mp.add_argument("--seed", type=int, metavar="X", help="the dictionary's and the data's seed (default 0)")
+    mp.add_argument("--rows-per-shard", type=int, default=65536, metavar="R", help="rows per shard file (default 65536)")
     return parser
 
 
@@ -143,6 +173,14 @@ def main(argv: list[str] | None = None) -> int:
             return _bench(ns)
         if ns.command == "harvest":
             return _harvest(ns)
+        if ns.command == "evaluate":
+            from sae_dist.evaluate.cli import evaluate
+
+            return evaluate(ns)
+        if ns.command == "make-planted":
+            from sae_dist.evaluate.cli import make_planted
+
+            return make_planted(ns)
         if ns.command == "bench-point":
             from sae_dist.bench.measure import point
 

@@ -336,3 +336,269 @@ def test_planted_shards_hold_the_synthetic_stream(tmp_path):
     assert load_planted(tmp_path / "plain") is None
     with pytest.raises(DataError, match="already holds shards"):
         write_planted_shards(out, rows=10, d_in=8, features=4)
+
+
+# ---------------------------------------------------------------- the database
+
+
+RUN = dict(name="topk-test", architecture="topk", config_json="{}", world_size=1, backend="gloo",
+           device_ids='["cpu:0"]', host="testhost", run_dir="/runs/a", total_steps=5)
+
+
+def test_migration_from_0007_keeps_old_runs_and_records_evaluations(state_home):
+    from alembic import command
+    from sqlalchemy import delete, insert, inspect, select
+
+    from sae_dist.db import HEAD_REVISION, TrainingRun, get_engine, get_run
+    from sae_dist.db.engine import _create_engine, alembic_config
+    from sae_dist.db.evaluations import (
+        evaluation_dict,
+        evaluations_for_run,
+        latest_evaluation_for_run,
+        record_evaluation,
+        run_for_export,
+    )
+    from sae_dist.db.schema import utcnow
+
+    url = f"sqlite:///{state_home / 'old.db'}"
+    old = _create_engine(url)
+    with old.begin() as conn:
+        command.upgrade(alembic_config(conn), "0007")
+        conn.execute(insert(TrainingRun.__table__), [{**RUN, "status": "COMPLETED", "last_step": 5,
+                                                      "created_at": utcnow(), "started_at": utcnow(),
+                                                      "export_dir": "/runs/a/sae", "final_fvu": 0.25}])
+    assert "evaluations" not in inspect(old).get_table_names()
+    old.dispose()
+
+    engine = get_engine(url)  # migrates on first use
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == HEAD_REVISION == "0008"
+    run = get_run(engine, 1)
+    assert (run.name, run.final_fvu, run.export_dir) == ("topk-test", 0.25, "/runs/a/sae")
+    assert evaluations_for_run(engine, 1) == [] and latest_evaluation_for_run(engine, 1) is None
+
+    ev = evaluate_sae(some_sae("topk"), [rows(50)], planted_from_settings(D_IN, 20, 2.0, 0.5, 0.01, 0))
+    ev.model_check = {"kl": 0.1}
+    assert run_for_export(engine, "/runs/a/sae") == 1 and run_for_export(engine, "/elsewhere/sae") is None
+    first = record_evaluation(engine, ev, "/runs/a/sae", "/data", run_id=1, where="heldout")
+    second = record_evaluation(engine, ev.to_dict() | {"fvu": float("nan")}, "/runs/a/sae", "/data", run_id=1)
+    loose = record_evaluation(engine, ev, "/other/sae", "/data")
+    assert [e.id for e in evaluations_for_run(engine, 1)] == [first, second]
+    latest = latest_evaluation_for_run(engine, 1)
+    assert latest.id == second and latest.origin == "cli" and latest.fvu is None  # NaN stored as NULL
+    d = evaluation_dict(evaluations_for_run(engine, 1)[0])
+    assert d["where"] == "heldout" and d["rows"] == 50 and d["density"] == ev.to_dict()["density"]
+    assert d["recovery"] == ev.to_dict()["recovery"] and d["model_check"] == {"kl": 0.1}
+    assert d["fvu"] == pytest.approx(ev.fvu) and d["created_at"].tzinfo is not None
+    with pytest.raises(ValueError, match="where"):
+        record_evaluation(engine, ev, "/x", "/d", where="elsewhere")
+    with engine.begin() as conn:  # the run's evaluations go with it; others stay
+        conn.execute(delete(TrainingRun).where(TrainingRun.id == 1))
+    from sae_dist.db.schema import SaeEvaluation
+
+    with engine.connect() as conn:
+        assert conn.execute(select(SaeEvaluation.id)).scalars().all() == [loose]
+    with engine.begin() as conn:
+        command.downgrade(alembic_config(conn), "0007")
+    assert "evaluations" not in inspect(engine).get_table_names()
+    engine.dispose()
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """sae_dist.cli.main in this process (its logging set-up undone after); returns (code, out, err)."""
+    import logging
+
+    from sae_dist.cli import main
+
+    handlers, level = logging.root.handlers[:], logging.root.level
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    yield run
+    logging.root.handlers[:] = handlers
+    logging.root.setLevel(level)
+
+
+def test_cli_make_planted_train_evaluate(tmp_path, cli, state_home):
+    from conftest import run_cli
+
+    from sae_dist.db import get_engine
+    from sae_dist.db.evaluations import latest_evaluation_for_run
+
+    code, out, _ = cli("make-planted", str(tmp_path / "p"), "--rows", "600", "--d-in", "16", "--features", "32",
+                       "--rows-per-shard", "256", "--seed", "3")
+    assert code == 0 and "wrote 600 planted rows" in out
+    assert load_planted(tmp_path / "p").settings | {"seed": 3, "active": 4.0, "power_law": 0.5} == \
+        load_planted(tmp_path / "p").settings  # unset flags took the trainer's defaults
+    proc = run_cli("train", "--source", "shards", "--shards-path", str(tmp_path / "p"), "--steps", "3",
+                   "--d-sae", "32", "--k", "4", "--batch-size", "64", "--devices", "cpu:1",
+                   "--out-dir", str(tmp_path / "run"), "--log-every", "1", "--checkpoint-every", "100")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_cli("evaluate", str(tmp_path / "run" / "sae"), "--shards", str(tmp_path / "p"), "--rows", "200",
+                   "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)  # JSON only
+    assert result["rows"] == 200 and result["d_sae"] == 32 and result["l0"] <= 4
+    assert result["recovery"]["features"] == 32 and result["recovery"]["rare_features"] == 3
+    # the same numbers as the API on the same rows, and the row in the database linked to the run
+    expected = evaluate_sae(load_sae(tmp_path / "run" / "sae"), [heldout_rows(tmp_path / "p", 200)],
+                            load_planted(tmp_path / "p")).to_dict()
+    assert result["density"] == expected["density"]
+    assert result["fvu"] == pytest.approx(expected["fvu"], rel=1e-9)
+    assert result["recovery"] == pytest.approx(expected["recovery"], rel=1e-9)
+    engine = get_engine()
+    from sae_dist.db import find_run_by_dir
+
+    run = find_run_by_dir(engine, str(tmp_path / "run"))
+    stored = latest_evaluation_for_run(engine, run.id)
+    assert stored.origin == "cli" and stored.rows == 200 and stored.fvu == pytest.approx(result["fvu"])
+    # the readable summary, in this process
+    code, out, _ = cli("evaluate", str(tmp_path / "run" / "sae"), "--shards", str(tmp_path / "p"), "--no-db")
+    assert code == 0
+    for text in ("FVU", "explained variance", "L0", "dead latents", "dense latents", "never fired",
+                 "planted recovery (32 features)", "rarest tenth (3)", "on the last 600 rows"):
+        assert text in out
+    assert "recorded" not in out and latest_evaluation_for_run(engine, run.id).id == stored.id
+
+
+@pytest.fixture
+def sae_and_shards(tmp_path) -> tuple[Path, Path]:
+    sae = export_saelens(some_sae("topk"), tmp_path / "sae")
+    write_shards(tmp_path / "s", [rows(40)])
+    return sae, tmp_path / "s"
+
+
+def test_cli_bad_inputs_are_one_line_and_exit_2(tmp_path, cli, sae_and_shards):
+    sae, shards = sae_and_shards
+    write_shards(tmp_path / "wide", [torch.randn(10, 8)])
+    (tmp_path / "notsae").mkdir()
+    broken = export_saelens(some_sae("topk"), tmp_path / "broken")
+    weights = broken / "sae_weights.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    garbage = export_saelens(some_sae("topk"), tmp_path / "garbage")
+    (garbage / "sae_weights.safetensors").write_bytes(os.urandom(300))
+    nojson = export_saelens(some_sae("topk"), tmp_path / "nojson")
+    (nojson / "cfg.json").write_text("architecture: topk\n")
+    cases = [
+        ((str(tmp_path / "notsae"), "--shards", str(shards)), "is not an SAE folder: it has no cfg.json"),
+        ((str(tmp_path / "nothing"), "--shards", str(shards)), "does not exist"),
+        ((str(sae), "--shards", str(tmp_path / "wide")), "width 8, but the SAE reads d_in=16"),
+        ((str(broken), "--shards", str(shards)), "not a readable safetensors file"),
+        ((str(garbage), "--shards", str(shards)), "not a readable safetensors file"),
+        ((str(sae), "--shards", str(shards), "--rows", "0"), "at least one row"),
+        ((str(sae), "--shards", str(tmp_path / "missing")), "shard directory"),
+        ((str(nojson), "--shards", str(shards)), "cfg.json is not valid JSON"),
+    ]
+    for args, message in cases:
+        code, out, err = cli("evaluate", *args, "--no-db")
+        assert code == 2, (args, out, err)
+        assert err.startswith("error: ") and err.count("\n") == 1 and message in err, (args, err)
+        assert "Traceback" not in err and out == ""
+    (tmp_path / "empty").mkdir()
+    code, _, err = cli("evaluate", str(sae), "--shards", str(tmp_path / "empty"), "--no-db")
+    assert code == 2 and "no .safetensors files" in err
+    code, _, err = cli("make-planted", str(shards), "--rows", "10", "--d-in", "16")
+    assert code == 2 and "already holds shards" in err
+    code, _, err = cli("make-planted", str(tmp_path / "new"), "--rows", "0")
+    assert code == 2 and "rows 0: must be a positive integer" in err
+
+
+def test_cli_bad_input_from_a_real_process(tmp_path):
+    from conftest import run_cli
+
+    proc = run_cli("evaluate", str(tmp_path), "--shards", str(tmp_path / "s"), "--rows", "5")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [f"error: {tmp_path} is not an SAE folder: it has no cfg.json "
+                                                f"and no sae_weights.safetensors"]
+
+
+# ---------------------------------------------------------------- the real SAELens
+
+SAELENS_SCRIPT = r"""
+import json, sys
+from pathlib import Path
+import torch
+from safetensors.torch import load_file, save_file
+from sae_lens import SAE
+from sae_lens.saes.batchtopk_sae import BatchTopKTrainingSAE, BatchTopKTrainingSAEConfig
+from sae_lens.saes.jumprelu_sae import JumpReLUTrainingSAE, JumpReLUTrainingSAEConfig
+from sae_lens.saes.standard_sae import StandardSAE, StandardSAEConfig, StandardTrainingSAE, StandardTrainingSAEConfig
+from sae_lens.saes.topk_sae import TopKSAE, TopKSAEConfig, TopKTrainingSAE, TopKTrainingSAEConfig
+
+root = Path(sys.argv[1])
+x = load_file(str(root / "input.safetensors"))["x"]
+d_in, d_sae = x.shape[1], int(sys.argv[2])
+g = torch.Generator().manual_seed(0)
+# SAEs of SAELens' own, as save_inference_model (training SAEs) and save_model write them
+inference = {
+    "lens_topk": TopKTrainingSAE(TopKTrainingSAEConfig(d_in=d_in, d_sae=d_sae, k=5)),
+    "lens_batchtopk": BatchTopKTrainingSAE(BatchTopKTrainingSAEConfig(d_in=d_in, d_sae=d_sae, k=5)),
+    "lens_standard": StandardTrainingSAE(StandardTrainingSAEConfig(d_in=d_in, d_sae=d_sae)),
+    "lens_jumprelu": JumpReLUTrainingSAE(JumpReLUTrainingSAEConfig(d_in=d_in, d_sae=d_sae)),
+}
+plain = {
+    "lens_topk_rescaled": TopKSAE(TopKSAEConfig(d_in=d_in, d_sae=d_sae, k=5, rescale_acts_by_decoder_norm=True)),
+    "lens_topk_plain": TopKSAE(TopKSAEConfig(d_in=d_in, d_sae=d_sae, k=3, apply_b_dec_to_input=False)),
+    "lens_layer_norm": StandardSAE(StandardSAEConfig(d_in=d_in, d_sae=d_sae, normalize_activations="layer_norm")),
+}
+with torch.no_grad():
+    for name, sae in {**inference, **plain}.items():
+        for p in sae.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+        if hasattr(sae, "threshold"):
+            sae.threshold.copy_(torch.rand(d_sae, generator=g) * 0.3)
+        if hasattr(sae, "topk_threshold"):
+            sae.topk_threshold.fill_(0.2)
+        if name in inference:
+            sae.save_inference_model(str(root / name))
+        else:
+            sae.save_model(str(root / name))
+made = {**inference, **plain}
+outs = {}
+for name in json.loads((root / "names.json").read_text()) + list(made):
+    sae = SAE.load_from_disk(str(root / name), device="cpu")
+    sae.eval()
+    with torch.no_grad():
+        outs[name] = sae.decode(sae.encode(x)).contiguous()
+save_file(outs, str(root / "x_hat.safetensors"))
+"""
+
+
+@pytest.mark.saelens
+def test_saelens_reconstructs_what_our_loader_does(tmp_path):
+    """Our export and SAELens' own saved SAEs, loaded by SAELens and by our loader: the same x_hat."""
+    if not SAELENS_PYTHON.exists():
+        pytest.skip(f"no sae-lens environment at {SAELENS_PYTHON} (create .venv-saelens to run this)")
+    from safetensors.torch import load_file
+
+    names = []
+    for i, arch in enumerate(ARCHS):
+        export_saelens(some_sae(arch, seed=30 + i), tmp_path / arch)
+        names.append(arch)
+    x = rows(64, seed=9)
+    save_file({"x": x}, str(tmp_path / "input.safetensors"))
+    (tmp_path / "names.json").write_text(json.dumps(names))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run([str(SAELENS_PYTHON), "-c", SAELENS_SCRIPT, str(tmp_path), str(D_SAE)], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    theirs = load_file(str(tmp_path / "x_hat.safetensors"))
+    lens = ["lens_topk", "lens_batchtopk", "lens_standard", "lens_jumprelu", "lens_topk_rescaled", "lens_topk_plain"]
+    for name in names + lens:
+        sae = load_sae(tmp_path / name)
+        ours = sae.decode(sae.encode(x))
+        assert (ours - x).abs().max() > 1e-3  # not a trivial identity
+        torch.testing.assert_close(ours, theirs[name], rtol=1e-5, atol=1e-5, msg=name)
+    assert load_sae(tmp_path / "lens_batchtopk").architecture == "jumprelu"
+    assert load_sae(tmp_path / "lens_topk_rescaled").rescale_acts_by_decoder_norm
+    assert not load_sae(tmp_path / "lens_topk_plain").apply_b_dec_to_input
+    with pytest.raises(UserError, match="normalize_activations='layer_norm'"):
+        load_sae(tmp_path / "lens_layer_norm")

@@ -168,6 +168,36 @@ class RunEvent(Base, table=True):
 RUN_EVENT_KINDS = ("rebalance", "balance_limited", "degraded")
 
 
+EVALUATION_ORIGINS = ("heldout", "cli")
+
+
+class SaeEvaluation(Base, table=True):
+    """One evaluation of an SAE on rows of activations (sae_dist.evaluate): the trainer's at the
+    end of a run on its held-out rows ("heldout"), or `python -m sae_dist evaluate` ("cli")."""
+
+    __tablename__ = "evaluations"
+
+    id: int | None = Field(default=None, primary_key=True)
+    # The run whose export was evaluated; NULL for an SAE from elsewhere.
+    run_id: int | None = Field(default=None, foreign_key="training_runs.id", ondelete="CASCADE", index=True)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    sae_path: str
+    data_path: str
+    rows: int = Field(sa_type=BigInteger)
+    # Nullable like step_metrics: NaN is stored as NULL, and FVU is undefined on rows that do not vary.
+    fvu: float | None = None
+    explained_variance: float | None = None
+    mse: float | None = None
+    cosine: float | None = None
+    l0: float | None = None
+    dead_fraction: float | None = None
+    dense_fraction: float | None = None
+    density_json: str  # {"edges": [...], "counts": [...], "never": n}
+    recovery_json: str | None = None  # planted data only
+    model_check_json: str | None = None
+    origin: str  # one of EVALUATION_ORIGINS ("where" is an SQL keyword)
+
+
 class DeviceFault(Base, table=True):
     """A device a training rank died on: unavailable to the scheduler until it reads healthy
     again (`cleared_at` set by a health check)."""

@@ -1,0 +1,102 @@
+"""`python -m sae_dist evaluate` and `make-planted`: the commands' work (sae_dist.cli parses)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from sae_dist.errors import DataError
+from sae_dist.evaluate.data import DEFAULT_ROWS, heldout_batches
+from sae_dist.evaluate.load import load_sae
+from sae_dist.evaluate.metrics import Evaluation, evaluate_sae
+from sae_dist.evaluate.planted import load_planted, write_planted_shards
+
+
+def planted_defaults() -> dict[str, float | int]:
+    """make-planted's defaults: the trainer's synthetic_* defaults, so both plant the same data."""
+    from sae_dist.config import SYNTHETIC_D_IN, config_fields
+
+    defaults = {f.name: f.default for f in config_fields()}
+    return {"d_in": SYNTHETIC_D_IN, "features": defaults["synthetic_features"],
+            "active": defaults["synthetic_active"], "power_law": defaults["synthetic_power_law"],
+            "noise": defaults["synthetic_noise"], "seed": defaults["seed"]}
+
+
+def make_planted(ns: argparse.Namespace) -> int:
+    defaults = planted_defaults()
+    settings = {name: getattr(ns, name) if getattr(ns, name) is not None else default
+                for name, default in defaults.items()}
+    out = write_planted_shards(ns.out, rows=ns.rows, rows_per_shard=ns.rows_per_shard, **settings)
+    print(f"wrote {ns.rows:,} planted rows (d_in {settings['d_in']}, {settings['features']:,} features, "
+          f"{settings['active']} active per row on average, power law {settings['power_law']}, noise "
+          f"{settings['noise']}, seed {settings['seed']}) to {out}; train on them with "
+          f"--source shards --shards-path {out}")
+    return 0
+
+
+def evaluate(ns: argparse.Namespace) -> int:
+    rows = DEFAULT_ROWS if ns.rows is None else ns.rows
+    if rows < 1:
+        raise DataError(f"--rows {rows}: at least one row is needed to evaluate")
+    sae = load_sae(ns.sae_dir)
+    batches = heldout_batches(ns.shards, rows, d_in=sae.d_in)  # checks the shards and their width
+    planted = load_planted(ns.shards)
+    evaluation = evaluate_sae(sae, batches, planted)
+    record = None
+    if not ns.no_db:
+        from sae_dist.db import get_engine
+        from sae_dist.db.evaluations import record_evaluation, run_for_export
+
+        engine = get_engine()
+        run_id = run_for_export(engine, ns.sae_dir)
+        record = (record_evaluation(engine, evaluation, ns.sae_dir, ns.shards, run_id=run_id, where="cli"), run_id)
+    if ns.json:
+        print(json.dumps(evaluation.to_dict()))
+    else:
+        print(summary(evaluation, sae.architecture, sae.d_in, ns.sae_dir, ns.shards))
+        if record is not None:
+            print(f"recorded as evaluation {record[0]}" + (f" of run {record[1]}" if record[1] is not None else ""))
+    return 0
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _opt(x: float | None, fmt: str) -> str:
+    return "undefined (the rows do not vary)" if x is None else format(x, fmt)
+
+
+def summary(ev: Evaluation, architecture: str, d_in: int, sae_dir: str | Path, data: str | Path) -> str:
+    """The readable report: reconstruction, sparsity, a text density histogram, recovery."""
+    dead = round(ev.dead_fraction * ev.d_sae)
+    lines = [
+        f"SAE {sae_dir} ({architecture}, d_in {d_in}, d_sae {ev.d_sae:,}) on the last {ev.rows:,} rows of {data}",
+        f"  FVU                {_opt(ev.fvu, '.4f')}   (explained variance {_opt(ev.explained_variance, '.4f')})",
+        f"  MSE                {ev.mse:.6g}   (summed over dims, mean over rows)",
+        f"  cosine(x, x_hat)   {ev.cosine:.4f}",
+        f"  L0                 {ev.l0:.2f} active latents per row",
+        f"  dead latents       {_pct(ev.dead_fraction)}   ({dead:,} of {ev.d_sae:,} never fired on these rows)",
+        f"  dense latents      {_pct(ev.dense_fraction)}   (firing on more than 10% of the rows)",
+        "  feature density: latents per bin of log10(firing frequency)",
+    ]
+    counts, edges = ev.density.counts, ev.density.edges
+    live = [i for i, c in enumerate(counts) if c]
+    biggest = max([ev.density.never, *counts]) or 1
+    bar = lambda c: "#" * (round(40 * c / biggest) if c else 0) or ("." if c else "")  # noqa: E731
+    if live:
+        for i in range(live[0], live[-1] + 1):
+            close = "]" if i == len(counts) - 1 else ")"
+            lines.append(f"    [{edges[i]:5.1f}, {edges[i + 1]:4.1f}{close} {counts[i]:>8,}  {bar(counts[i])}")
+    lines.append(f"    never fired   {ev.density.never:>8,}  {bar(ev.density.never)}")
+    r = ev.recovery
+    if r is not None:
+        lines.append(f"  planted recovery ({r.features:,} features): mean best cosine {r.mean_best_cos:.4f}, "
+                     f"{_pct(r.frac_above_0_9)} above 0.9, {_pct(r.frac_above_0_8)} above 0.8")
+        lines.append(f"    rarest tenth ({r.rare_features:,}): mean best cosine {r.rare_mean_best_cos:.4f}, "
+                     f"{_pct(r.rare_frac_above_0_9)} above 0.9, {_pct(r.rare_frac_above_0_8)} above 0.8")
+    if ev.model_check:
+        lines.append(f"  model check: {json.dumps(ev.model_check)}")
+    return "\n".join(lines)
+
