@@ -17,6 +17,7 @@ from sae_dist.errors import DataError, UserError
 from sae_dist.evaluate import (
     DENSITY_EDGES,
     Planted,
+    batch_rows_for,
     density_histogram,
     evaluate_sae,
     heldout_batches,
@@ -296,6 +297,7 @@ def test_heldout_rows_are_the_tail_of_the_shards(tmp_path):
     assert torch.equal(heldout_rows(tmp_path / "s", 22), data[-22:])
     assert torch.equal(heldout_rows(tmp_path / "s", 1000), data)  # all, when fewer
     batches = list(heldout_batches(tmp_path / "s", 22, batch_rows=4))
+    assert (batch_rows_for(64), batch_rows_for(2**20), batch_rows_for(2**30)) == (4096, 32, 1)
     assert max(len(b) for b in batches) <= 4 and torch.equal(torch.cat(batches), data[-22:])
     half = torch.randn(30, 3).half()
     write_shards(tmp_path / "h", [half])

@@ -9,7 +9,7 @@ dense latents, the feature-density histogram) and, on planted data, dictionary r
 in-memory SparseAutoencoder the same way.
 """
 
-from sae_dist.evaluate.data import DEFAULT_ROWS, heldout_batches, heldout_rows
+from sae_dist.evaluate.data import DEFAULT_ROWS, batch_rows_for, heldout_batches, heldout_rows
 from sae_dist.evaluate.load import LoadedSae, load_sae
 from sae_dist.evaluate.metrics import (
     DENSITY_EDGES,
@@ -39,6 +39,7 @@ __all__ = [
     "LoadedSae",
     "Planted",
     "Recovery",
+    "batch_rows_for",
     "best_cosines",
     "density_histogram",
     "evaluate_sae",

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from sae_dist.errors import DataError
-from sae_dist.evaluate.data import DEFAULT_ROWS, heldout_batches
+from sae_dist.evaluate.data import DEFAULT_ROWS, batch_rows_for, heldout_batches
 from sae_dist.evaluate.load import load_sae
 from sae_dist.evaluate.metrics import Evaluation, evaluate_sae
 from sae_dist.evaluate.planted import load_planted, write_planted_shards
@@ -40,7 +40,8 @@ def evaluate(ns: argparse.Namespace) -> int:
     if rows < 1:
         raise DataError(f"--rows {rows}: at least one row is needed to evaluate")
     sae = load_sae(ns.sae_dir)
-    batches = heldout_batches(ns.shards, rows, d_in=sae.d_in)  # checks the shards and their width
+    # Checks the shards and their width before any row is read.
+    batches = heldout_batches(ns.shards, rows, batch_rows_for(sae.d_sae), d_in=sae.d_in)
     planted = load_planted(ns.shards)
     evaluation = evaluate_sae(sae, batches, planted)
     record = None

@@ -14,6 +14,12 @@ from sae_dist.sources.shards import _map_rows, open_shards
 
 DEFAULT_ROWS = 16384
 BATCH_ROWS = 4096
+BATCH_LATENTS = 2**25  # rows x d_sae per batch: the dense activations stay near 128 MiB in fp32
+
+
+def batch_rows_for(d_sae: int) -> int:
+    """Rows per evaluation batch for an SAE of d_sae latents (encode makes a dense [rows, d_sae])."""
+    return max(1, min(BATCH_ROWS, BATCH_LATENTS // max(1, d_sae)))
 
 
 def _check_rows(rows: int) -> None:

@@ -159,12 +159,14 @@ def load_sae(path: str | Path, device: str | torch.device = "cpu") -> LoadedSae:
            if tuple(weights[n].shape) != s]
     if bad:
         raise UserError(f"{p}: weight shapes do not match d_in={d_in}, d_sae={d_sae} in {CFG}: {'; '.join(bad)}")
-    # float32 whatever the stored dtype: the metrics should not depend on bf16 rounding of the sums.
+    # float32 whatever the stored dtype (SAELens would run a bf16 SAE in bf16): the metrics then
+    # measure the weights, not bf16 rounding in the products.
     t = {n: weights[n].to(device=device, dtype=torch.float32) for n in shapes}
     if not all(bool(torch.isfinite(v).all()) for v in t.values()):
         raise UserError(f"{p / WEIGHTS} holds NaN or inf weights")
     return LoadedSae(path=p, architecture=arch, d_in=d_in, d_sae=d_sae, W_enc=t["W_enc"], b_enc=t["b_enc"],
                      W_dec=t["W_dec"], b_dec=t["b_dec"], threshold=t.get("threshold"), k=k,
                      apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)),
-                     rescale_acts_by_decoder_norm=arch == "topk" and bool(cfg.get("rescale_acts_by_decoder_norm", False)),
+                     rescale_acts_by_decoder_norm=(arch == "topk"
+                                                   and bool(cfg.get("rescale_acts_by_decoder_norm", False))),
                      cfg=cfg)

@@ -134,19 +134,21 @@ class Accumulator:
 
     @torch.no_grad()
     def add(self, x: Tensor, x_hat: Tensor, acts: Tensor) -> None:
-        x64, xh64 = x.detach().double().cpu(), x_hat.detach().double().cpu()
+        # Reduced on the batch's device (float64 there too); only per-dim and scalar sums move.
+        x64, xh64 = x.detach().double(), x_hat.detach().double()
         if self.shift is None:
-            self.shift = x64.mean(0)
+            self.shift = x64.mean(0).cpu()
             self.sum_x = torch.zeros_like(self.shift)
             self.sum_x2 = torch.zeros_like(self.shift)
-        centred = x64 - self.shift
-        self.sum_x += centred.sum(0)
-        self.sum_x2 += centred.pow(2).sum(0)
+        centred = x64 - self.shift.to(x64.device)
+        self.sum_x += centred.sum(0).cpu()
+        self.sum_x2 += centred.pow(2).sum(0).cpu()
         self.sum_sq_err += float((x64 - xh64).pow(2).sum())
         self.sum_cos += float(F.cosine_similarity(x64, xh64, dim=-1, eps=1e-12).sum())
         on = acts.detach() != 0
-        self.active += int(on.sum())
-        self.fired += on.sum(0).cpu().to(torch.int64)
+        fired = on.sum(0)
+        self.active += int(fired.sum())
+        self.fired += fired.cpu().to(torch.int64)
         self.rows += x.shape[0]
 
     def result(self, W_dec: Tensor | None = None, planted: Planted | None = None) -> Evaluation:
