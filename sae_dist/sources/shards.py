@@ -598,10 +598,11 @@ class ShardStream:
 
     def heldout_rows(self, limit: int | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
         """The held-out tail (the last holdout_rows rows, which no batch of the stream holds), in
-        order, as [n, d_in]: all of it, or its first `limit` rows."""
+        order, as [n, d_in]: all of it, or its last `limit` rows (the data set's last rows either way,
+        as `sae_dist.evaluate` reads them)."""
         count = self.holdout_rows if limit is None else max(0, min(limit, self.holdout_rows))
-        start = self.dataset.total_rows - self.holdout_rows
-        return read_rows(self.dataset, start, start + count, dtype)
+        total = self.dataset.total_rows
+        return read_rows(self.dataset, total - count, total, dtype)
 
     def _gather(self, indices: Tensor, out: Tensor) -> None:
         files, counts = torch.unique_consecutive(torch.searchsorted(self._ends, indices, right=True),
