@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 
 import streamlit as st
 
-from sae_dist.analytics import cards, charts, queries
+from sae_dist.analytics import cards, charts, evaluation_view, queries
 from sae_dist.analytics import format as fmt
 from sae_dist.db import get_engine
 from webui.widgets import card_row, events_toggle
@@ -56,6 +56,34 @@ run_id = st.selectbox(
     format_func=lambda i: f"{i} · {by_id[i]['name']} · {by_id[i]['status']}",
 )
 st.query_params["run"] = str(run_id)
+
+
+def evaluation_section(run_id: int) -> None:
+    """The run's latest SAE evaluation (one indexed row: not cached)."""
+    st.subheader("Evaluation", anchor=False)
+    ev = evaluation_view.latest_evaluation(engine, run_id)
+    if ev is None:
+        st.info("Evaluate the run's exported SAE on held-out activations; the result appears here.",
+                title="No evaluation yet")
+        st.code("python -m sae_dist evaluate RUN_DIR/sae --shards ACTIVATIONS_DIR", language="bash")
+        return
+    st.caption(evaluation_view.rows_caption(ev))
+    card_row(evaluation_view.evaluation_cards(ev))
+    recovery = evaluation_view.recovery_cards(ev)
+    if recovery:
+        st.caption("The planted dictionary recovered by the decoder: all planted features, then the "
+                   "rarest tenth (by planted frequency).")
+        for row in recovery:
+            card_row(row)
+    check_cards = evaluation_view.model_check_cards(ev["model_check"])
+    if check_cards:
+        card_row(check_cards)
+    st.caption(evaluation_view.model_check_caption(ev["model_check"]))
+    chart = evaluation_view.density_chart(ev["density"], ev["rows"])
+    if chart is None:
+        st.caption(f"Feature density: not measured ({fmt.MISSING})")
+    else:
+        st.altair_chart(chart, alt="Latents per bin of log10 firing frequency, never-firing latents apart")
 
 
 @st.fragment(run_every=REFRESH_SECONDS if by_id[run_id]["status"] == "RUNNING" else None)
@@ -117,6 +145,8 @@ def run_view(run_id: int, live: bool) -> None:
             with column:
                 if panel.chart is not None:
                     st.altair_chart(panel.chart, alt=f"{panel.unit.title} against training step")
+
+    evaluation_section(run_id)
 
     st.subheader("Ranks", anchor=False)
     ranks = queries.rank_summary(engine, run_id)
