@@ -443,10 +443,10 @@ def test_cli_make_planted_train_evaluate(tmp_path, cli, state_home):
                    "--d-sae", "32", "--k", "4", "--batch-size", "64", "--devices", "cpu:1",
                    "--out-dir", str(tmp_path / "run"), "--log-every", "1", "--checkpoint-every", "100")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    proc = run_cli("evaluate", str(tmp_path / "run" / "sae"), "--shards", str(tmp_path / "p"), "--rows", "200",
-                   "--json")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(proc.stdout)  # JSON only
+    code, out, err = cli("evaluate", str(tmp_path / "run" / "sae"), "--shards", str(tmp_path / "p"), "--rows", "200",
+                         "--json")
+    assert code == 0, err
+    result = json.loads(out)  # JSON only
     assert result["rows"] == 200 and result["d_sae"] == 32 and result["l0"] <= 4
     assert result["recovery"]["features"] == 32 and result["recovery"]["rare_features"] == 3
     # the same numbers as the API on the same rows, and the row in the database linked to the run
