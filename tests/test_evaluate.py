@@ -215,9 +215,11 @@ def test_our_export_through_our_loader_equals_the_in_memory_sae(arch, tmp_path):
 
 
 def test_a_constant_row_set_has_no_fvu():
-    ev = evaluate_sae(some_sae("topk"), [torch.ones(3, D_IN)])
-    assert ev.fvu is None and ev.explained_variance is None and ev.mse > 0
-    assert ev.to_dict()["fvu"] is None
+    for value in (1.0, 0.1, 0.0):  # 0.1: its mean over 3 rows is not exactly 0.1 in floating point
+        ev = evaluate_sae(some_sae("topk"), [torch.full((3, D_IN), value)])
+        assert ev.fvu is None and ev.explained_variance is None and ev.mse > 0
+        assert ev.to_dict()["fvu"] is None
+    assert evaluate_sae(some_sae("topk"), [torch.full((3, D_IN), 0.1), torch.zeros(1, D_IN)]).fvu > 0
 
 
 def test_bad_rows_refused():

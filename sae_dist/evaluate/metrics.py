@@ -156,7 +156,9 @@ class Accumulator:
             raise DataError("no rows to evaluate on (0 rows selected)")
         n = self.rows
         total_var = float((self.sum_x2 - self.sum_x.pow(2) / n).sum())
-        fvu = self.sum_sq_err / total_var if total_var > 0 else None
+        mean_square = float((self.sum_x2 + 2 * self.shift * self.sum_x + n * self.shift.pow(2)).sum())
+        # Rows that do not vary leave only rounding in total_var: FVU is then undefined, not huge.
+        fvu = self.sum_sq_err / total_var if total_var > 1e-12 * mean_square else None
         return Evaluation(
             rows=n, d_sae=self.d_sae, fvu=fvu, explained_variance=None if fvu is None else 1.0 - fvu,
             mse=self.sum_sq_err / n, cosine=self.sum_cos / n, l0=self.active / n,
