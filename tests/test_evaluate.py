@@ -606,3 +606,15 @@ def test_saelens_reconstructs_what_our_loader_does(tmp_path):
     assert not load_sae(tmp_path / "lens_topk_plain").apply_b_dec_to_input
     with pytest.raises(UserError, match="normalize_activations='layer_norm'"):
         load_sae(tmp_path / "lens_layer_norm")
+
+
+def test_evaluate_shards_is_the_in_memory_sae_on_the_tail_with_its_planted_dictionary(tmp_path):
+    from sae_dist.evaluate import evaluate_shards
+
+    out = write_planted_shards(tmp_path / "p", rows=500, d_in=D_IN, features=40, rows_per_shard=200, seed=2)
+    sae = some_sae("batchtopk")
+    ev = evaluate_shards(sae, out, 300)
+    expected = evaluate_sae(sae, [heldout_rows(out, 300)], load_planted(out))
+    assert ev.rows == 300 and ev.recovery.features == 40 and ev.recovery.rare_features == 4
+    assert ev.density == expected.density and ev.l0 == expected.l0
+    assert ev.fvu == pytest.approx(expected.fvu, rel=1e-10) and ev.recovery == expected.recovery

@@ -3,13 +3,14 @@ dense latents, the feature-density histogram) and, on planted data, dictionary r
 
     sae = load_sae("runs/x/sae")                       # SAELens format: ours or SAELens' own
     ev = evaluate_sae(sae, heldout_batches("acts/", 16384), load_planted("acts/"))
+    ev = evaluate_shards(sae, "acts/", 16384)            # the same, batches sized to d_sae
     print(ev.to_dict())
 
 `evaluate_sae` takes anything with encode / decode / W_dec / d_sae, so the trainer evaluates its
 in-memory SparseAutoencoder the same way.
 """
 
-from sae_dist.evaluate.data import DEFAULT_ROWS, batch_rows_for, heldout_batches, heldout_rows
+from sae_dist.evaluate.data import DEFAULT_ROWS, batch_rows_for, evaluate_shards, heldout_batches, heldout_rows
 from sae_dist.evaluate.load import LoadedSae, load_sae
 from sae_dist.evaluate.metrics import (
     DENSITY_EDGES,
@@ -43,6 +44,7 @@ __all__ = [
     "best_cosines",
     "density_histogram",
     "evaluate_sae",
+    "evaluate_shards",
     "heldout_batches",
     "heldout_rows",
     "load_planted",

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 from sae_dist.errors import DataError
-from sae_dist.evaluate.data import DEFAULT_ROWS, batch_rows_for, heldout_batches
+from sae_dist.evaluate.data import DEFAULT_ROWS, evaluate_shards
 from sae_dist.evaluate.load import load_sae
-from sae_dist.evaluate.metrics import Evaluation, evaluate_sae
-from sae_dist.evaluate.planted import load_planted, write_planted_shards
+from sae_dist.evaluate.metrics import Evaluation
+from sae_dist.evaluate.planted import write_planted_shards
 
 
 def planted_defaults() -> dict[str, float | int]:
@@ -40,10 +40,7 @@ def evaluate(ns: argparse.Namespace) -> int:
     if rows < 1:
         raise DataError(f"--rows {rows}: at least one row is needed to evaluate")
     sae = load_sae(ns.sae_dir)
-    # Checks the shards and their width before any row is read.
-    batches = heldout_batches(ns.shards, rows, batch_rows_for(sae.d_sae), d_in=sae.d_in)
-    planted = load_planted(ns.shards)
-    evaluation = evaluate_sae(sae, batches, planted)
+    evaluation = evaluate_shards(sae, ns.shards, rows)
     record = None
     if not ns.no_db:
         from sae_dist.db import get_engine

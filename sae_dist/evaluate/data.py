@@ -10,6 +10,8 @@ import torch
 from torch import Tensor
 
 from sae_dist.errors import DataError
+from sae_dist.evaluate.metrics import Evaluable, Evaluation, evaluate_sae
+from sae_dist.evaluate.planted import load_planted
 from sae_dist.sources.shards import _map_rows, open_shards
 
 DEFAULT_ROWS = 16384
@@ -60,3 +62,11 @@ def heldout_rows(shards_dir: str | os.PathLike, rows: int = DEFAULT_ROWS) -> Ten
     if not batches:
         raise DataError(f"{shards_dir}: no rows to evaluate on")
     return torch.cat(batches)
+
+
+def evaluate_shards(sae: Evaluable, shards_dir: str | os.PathLike, rows: int = DEFAULT_ROWS) -> Evaluation:
+    """`sae` on the last `rows` rows of a shard directory, with its planted dictionary if it has one."""
+    d_in = int(getattr(sae, "d_in", sae.W_dec.shape[1]))
+    # Checks the shards and their width before any row is read.
+    batches = heldout_batches(shards_dir, rows, batch_rows_for(int(sae.d_sae)), d_in=d_in)
+    return evaluate_sae(sae, batches, load_planted(shards_dir))
