@@ -18,6 +18,7 @@ from sae_dist.analytics import devices as dev
 from sae_dist.analytics import format as fmt
 from sae_dist.config import (ARCHITECTURES, BALANCES, ON_RANK_LOSS, PRECISIONS, SOURCES, SYNTHETIC_D_IN, build_config,
                              config_fields)
+from sae_dist.defaults import describe_resolved
 from sae_dist.errors import ConfigError, UserError
 from sae_dist.paths import state_home
 from scheduler import status
@@ -304,6 +305,7 @@ with devices_box:
                 f"{effective if effective is not None else fmt.MISSING}**")
     if estimate is not None:
         st.caption(f"Estimated memory: {estimate.describe()}.")
+        st.caption("Optimisation: " + describe_resolved(config, config.resolved(max(1, len(selected)))) + ".")
     else:
         st.caption(f"Estimated memory per device: {fmt.MISSING} (fix the form first).")
     if not any(r["selectable"] for r in table):

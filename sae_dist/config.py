@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from sae_dist.defaults import DECAY_FRACTION, default_dead_after_samples, default_lr, default_warmup_steps
 from sae_dist.errors import ConfigError
 
 SYNTHETIC_D_IN = 512  # width of synthetic activations when d_in is not given
@@ -49,7 +50,9 @@ class TrainConfig:
     jumprelu_bandwidth: float = _f(0.001, "JumpReLU straight-through estimator bandwidth")
     auxk_coefficient: float = _f(1 / 32, "AuxK loss weight for dead latents (topk/batchtopk); 0 turns it off")
     auxk_k: int | None = _f(None, "latents the AuxK loss uses; default d_in // 2")
-    dead_after_samples: int = _f(10_000_000, "a latent is dead when it has not fired in this many samples")
+    dead_after_samples: int | None = _f(
+        None, "a latent is dead (AuxK revives it) when it has not fired in this many samples; "
+              "default a tenth of the run's samples, at least one batch, at most 10M")
     # --- the data ---
     source: Literal["synthetic", "shards", "model"] = _f(
         "synthetic", "activation source: synthetic, shards, or model (a transformer run over text as training goes)")
@@ -67,9 +70,10 @@ class TrainConfig:
     seed: int = _f(0, "random seed for initialisation and data")
     # --- optimisation ---
     batch_size: int = _f(4096, "samples per device per micro-batch; the global batch is this x devices x grad_accum")
-    lr: float | None = _f(None, "Adam learning rate for the global batch; default 2e-4 / sqrt(d_sae / 16384)")
-    lr_warmup_steps: int = _f(0, "linear learning-rate warm-up steps")
-    lr_decay_fraction: float = _f(0.0, "linear decay to 0 over this final fraction of the steps")
+    lr: float | None = _f(None, "Adam learning rate for the global batch; default 4e-3 x sqrt(256 / d_in), "
+                                "from the sweep in scripts/sweep_lr.py")
+    lr_warmup_steps: int | None = _f(None, "linear learning-rate warm-up steps; default 5% of the steps, at most 1000")
+    lr_decay_fraction: float | None = _f(None, "linear decay to 0 over this final fraction of the steps; default 0.2")
     steps: int = _f(1000, "optimizer steps")
     precision: Literal["auto", "fp32", "bf16"] = _f(
         "auto", "auto: bf16 autocast on GPUs that support it, fp32 on CPU")
@@ -92,6 +96,9 @@ class TrainConfig:
     log_every: int = _f(10, "steps between metric reports")
     checkpoint_every: int = _f(500, "steps between checkpoints (0: only at the end)")
     keep_checkpoints: int = _f(2, "checkpoints kept on disk")
+    eval_rows: int = _f(16384, "rows the run never trains on, evaluated when it ends (FVU, L0, dead latents, "
+                               "recovery of planted features): shards hold out their last rows (at most a "
+                               "tenth), other sources use rows after the run's last; 0: no evaluation")
     resume: bool = _f(False, "continue from the latest checkpoint in out_dir")
     db: bool = _f(True, "record the run in the state database (off: files only)")
 
@@ -107,8 +114,27 @@ class TrainConfig:
 
     @property
     def resolved_lr(self) -> float:
-        # sparsify's rule: Adam's best lr falls with the square root of the latent count.
-        return self.lr if self.lr is not None else 2e-4 / math.sqrt(self.resolved_d_sae / 2**14)
+        return self.resolved(self._known_world_size()).lr
+
+    def _known_world_size(self) -> int:
+        kind, count = parse_devices(self.devices)
+        return count if kind == "cpu" and count else 1
+
+    def resolved(self, world_size: int) -> TrainConfig:
+        """The config with every rule-based default made a number (sae_dist.defaults), for a run on
+        `world_size` devices: what the run stores and the Train page shows before submit."""
+        global_batch = self.batch_size * self.grad_accum * world_size
+        assert self.d_in is not None, "d_in is set from the source before resolving"
+        return dataclasses.replace(
+            self,
+            lr=(self.lr if self.lr is not None
+                else float(f"{default_lr(global_batch, self.resolved_d_sae, self.k, self.d_in):.3g}")),
+            lr_warmup_steps=(self.lr_warmup_steps if self.lr_warmup_steps is not None
+                             else default_warmup_steps(self.steps)),
+            lr_decay_fraction=self.lr_decay_fraction if self.lr_decay_fraction is not None else DECAY_FRACTION,
+            dead_after_samples=(self.dead_after_samples if self.dead_after_samples is not None
+                                else default_dead_after_samples(self.steps * global_batch, global_batch)),
+        )
 
     @property
     def resolved_auxk_k(self) -> int:
@@ -139,22 +165,26 @@ class TrainConfig:
         choice("on_rank_loss", ON_RANK_LOSS)
         for name in ("expansion_factor", "k", "batch_size", "grad_accum", "steps", "log_every", "keep_checkpoints",
                      "context_length",
-                     "dead_after_samples", "synthetic_features", "jumprelu_init_threshold",
+                     "synthetic_features", "jumprelu_init_threshold",
                      "jumprelu_bandwidth"):
             positive(name)
-        for name in ("d_in", "d_sae", "auxk_k", "lr", "ddp_bucket_mb"):
+        for name in ("d_in", "d_sae", "auxk_k", "lr", "ddp_bucket_mb", "dead_after_samples"):
             positive(name, allow_none=True)
-        for name in ("l1_coefficient", "l0_coefficient", "auxk_coefficient", "lr_warmup_steps",
-                     "checkpoint_every", "synthetic_noise", "synthetic_power_law", "synthetic_active",
+        for name in ("l1_coefficient", "l0_coefficient", "auxk_coefficient",
+                     "checkpoint_every", "eval_rows", "synthetic_noise", "synthetic_power_law", "synthetic_active",
                      "seed", "model_layer"):
             positive(name, allow_zero=True)
+        for name in ("lr_warmup_steps", "lr_decay_fraction"):
+            if getattr(self, name) is not None:
+                positive(name, allow_zero=True)
         for name in ("expansion_factor", "k", "batch_size", "grad_accum", "steps", "log_every", "d_in", "d_sae",
-                     "auxk_k", "synthetic_features", "lr_warmup_steps", "checkpoint_every", "seed", "model_layer",
+                     "auxk_k", "synthetic_features", "lr_warmup_steps", "dead_after_samples", "eval_rows",
+                     "checkpoint_every", "seed", "model_layer",
                      "context_length"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, int):
                 raise ConfigError(name, f"must be a whole number, got {value!r}")
-        if not 0.0 <= self.lr_decay_fraction <= 1.0:
+        if self.lr_decay_fraction is not None and not 0.0 <= self.lr_decay_fraction <= 1.0:
             raise ConfigError("lr_decay_fraction", f"must be between 0 and 1, got {self.lr_decay_fraction}")
         if self.source == "shards" and not self.shards_path:
             raise ConfigError("shards_path", "source = shards needs the directory of the shards")

@@ -6,6 +6,7 @@ import pytest
 
 from conftest import run_cli
 from sae_dist.config import TrainConfig, build_config, load_toml, parse_devices
+from sae_dist.defaults import default_lr
 from sae_dist.errors import ConfigError
 from sae_dist.lr import lr_at
 from sae_dist.metrics import find_stragglers
@@ -41,7 +42,7 @@ def test_defaults_and_resolution():
     assert cfg.architecture == "topk" and cfg.source == "synthetic"
     cfg = cfg.with_d_in(512)
     assert cfg.resolved_d_sae == 4096 and cfg.resolved_auxk_k == 256
-    assert cfg.resolved_lr == pytest.approx(2e-4 / (4096 / 16384) ** 0.5)
+    assert cfg.resolved_lr == float(f"{default_lr(4096, 4096, 32, 512):.3g}")  # the rule, 3 digits
     assert build_config({"architecture": "relu"}).architecture == "standard"
 
 

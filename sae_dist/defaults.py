@@ -1,0 +1,55 @@
+"""Default optimisation settings, as rules of the run's shape: what a config leaves unset.
+
+The rules come from the learning-rate sweep in scripts/sweep_lr.py (README: "How the defaults were
+chosen"); each is a pure function so the Train page, the CLI and the trainer resolve the same
+numbers, and a test pins their outputs.
+"""
+
+from __future__ import annotations
+
+# lr = LR_AT_REFERENCE * (d_in / 256) ** LR_D_IN_EXPONENT: Adam's step is in the weights' own units
+# and a unit-norm decoder row has entries ~ 1 / sqrt(d_in).
+LR_AT_REFERENCE = 4e-3
+LR_D_IN_EXPONENT = -0.5
+WARMUP_FRACTION = 0.05  # of the run's steps
+WARMUP_MAX_STEPS = 1000
+DECAY_FRACTION = 0.2  # linear decay to 0 over the last fifth of the steps
+DEAD_AFTER_FRACTION = 0.1  # of the run's samples
+DEAD_AFTER_MAX = 10_000_000  # the usual window of long runs (sparsify, OpenAI)
+
+
+def default_lr(global_batch: int, d_sae: int, k: int, d_in: int) -> float:
+    """Adam learning rate for a TopK-family SAE of this shape trained with this global batch."""
+    del global_batch, d_sae, k  # the sweep found no dependence worth a term (README table)
+    return LR_AT_REFERENCE * (d_in / 256) ** LR_D_IN_EXPONENT
+
+
+def default_warmup_steps(steps: int) -> int:
+    return min(WARMUP_MAX_STEPS, int(steps * WARMUP_FRACTION))
+
+
+def default_dead_after_samples(total_samples: int, global_batch: int) -> int:
+    """A latent is dead after this many samples without firing: a tenth of the run, at least one
+    step's batch, at most 10M, so AuxK acts in short runs too."""
+    return int(min(DEAD_AFTER_MAX, max(global_batch, total_samples * DEAD_AFTER_FRACTION)))
+
+
+def describe_resolved(given, resolved) -> str:
+    """One line for the Train page and the CLI: the optimisation settings a run will use, each
+    marked "default" where the rule chose it (given: the config as written; resolved: after
+    TrainConfig.resolved)."""
+    def mark(name: str, text: str) -> str:
+        return f"{text} (default)" if getattr(given, name) is None else text
+
+    return ", ".join([
+        mark("lr", f"lr {resolved.lr:.3g}"),
+        mark("lr_warmup_steps", f"warm-up {resolved.lr_warmup_steps:,} steps"),
+        mark("lr_decay_fraction", f"decay to 0 over the last {resolved.lr_decay_fraction:.0%} of the steps"),
+        mark("dead_after_samples", f"dead after {resolved.dead_after_samples:,} samples without firing"),
+    ])
+
+
+def heldout_rows_of(eval_rows: int, total_rows: int) -> int:
+    """Rows of a shard set held out from training for the end-of-run evaluation: the config's
+    eval_rows, but never more than a tenth of the data."""
+    return max(0, min(eval_rows, total_rows // 10))
