@@ -114,7 +114,10 @@ def _parser() -> argparse.ArgumentParser:
                                                        "e.g. RUN_DIR/sae")
     ev.add_argument("--shards", required=True, metavar="DIR", help="the shard directory to evaluate on")
     ev.add_argument("--rows", type=int, metavar="N",
-                    help="evaluate on the last N rows (default 16384; all of them if fewer)")
+                    help="evaluate on the last N rows (default: the tail a run holds out, 16384 rows "
+                         "or a tenth of the set if less)")
+    ev.add_argument("--no-model-check", action="store_true",
+                    help="skip splicing the SAE into the model the shards were harvested from")
     ev.add_argument("--json", action="store_true", help="print the evaluation as JSON only")
     ev.add_argument("--no-db", action="store_true", help="do not record it in the state database")
     mp = sub.add_parser(

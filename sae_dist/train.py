@@ -31,7 +31,9 @@ from sae_dist.balance import (BalanceDecision, BalanceState, BatchPlan, WindowTi
                               initial_weights, plan_for, rebalance)
 from sae_dist.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from sae_dist.config import SYNTHETIC_D_IN, TrainConfig
+from sae_dist.defaults import heldout_rows_of
 from sae_dist.errors import TrainingStopped, UserError
+from sae_dist.evaluate.end_of_run import end_of_run_evaluation, summary_lines
 from sae_dist.export import export_saelens
 from sae_dist.lr import lr_at
 from sae_dist.memory import PeakMemory, estimate_for_config
@@ -75,7 +77,7 @@ def make_source(cfg: TrainConfig, ctx: D.DistContext):
     # One stream over all the data, the same on every rank; each reads its slice of a step.
     dataset = open_shards(cfg.shards_path)
     return ShardStream(dataset, rank=0, world_size=1, batch_size=cfg.batch_size * ctx.world_size * cfg.grad_accum,
-                       seed=cfg.seed)
+                       seed=cfg.seed, holdout_rows=heldout_rows_of(cfg.eval_rows, dataset.total_rows))
 
 
 def source_d_in(source) -> int:
@@ -370,7 +372,8 @@ def _train(cfg: TrainConfig, ctx: D.DistContext) -> TrainResult:
     set_threads(ctx)
     torch.manual_seed(cfg.seed)
     source = make_source(cfg, ctx)
-    cfg = cfg.with_d_in(source_d_in(source))
+    # Rule-based defaults become numbers here, so the run's stored config says what it ran with.
+    cfg = cfg.with_d_in(source_d_in(source)).resolved(ctx.world_size)
     d_sae = cfg.resolved_d_sae
     bf16 = use_bf16(cfg, ctx.device)
     autocast = autocast_for(cfg, ctx.device)
@@ -575,7 +578,8 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
                         balance_state)
         window_start = time.perf_counter()
 
-    # ---- the end: export once, record the final numbers ----
+    # ---- the end: evaluate on rows never trained on, export once, record the final numbers ----
+    evaluated = end_of_run_evaluation(cfg, sae, source, ctx, plan)
     export_dir = run_dir / "sae"
     if main:
         density = fire_total / max(samples_total, 1)
@@ -601,9 +605,23 @@ def _loop(cfg, ctx, source, d_sae, autocast, use_bf16, run_dir: Path, record: _R
             log.info("peak memory: measured %.1f MiB, estimated %.1f MiB (rank 0)",
                      peak_bytes / 2**20, estimate.total / 2**20)
         log.info("SAELens export: %s", export_dir)
+        if evaluated is not None:
+            _record_evaluation(cfg, record, run_dir, export_dir, *evaluated)
     D.barrier()
     return TrainResult(run_dir=run_dir, run_id=record.run_id, export_dir=export_dir if main else None,
                        step=step, final=final)
+
+
+def _record_evaluation(cfg, record: _RunRecord, run_dir: Path, export_dir: Path, evaluation, where: str) -> None:
+    """evaluation.json beside the export, a row in `evaluations`, and its summary in the log."""
+    for line in summary_lines(evaluation, where):
+        log.info("%s", line)
+    (run_dir / "evaluation.json").write_text(json.dumps({"rows": where, **evaluation.to_dict()}, indent=1) + "\n")
+    if record.engine is not None:
+        from sae_dist.db.evaluations import record_evaluation
+
+        data = cfg.shards_path or cfg.model_path or "synthetic"
+        record_evaluation(record.engine, evaluation, export_dir, data, run_id=record.run_id, where="heldout")
 
 
 def _checkpoint(cfg, ctx, sae, opt, source, since_fired, fire_total, samples_total, step, run_dir, plan,

@@ -467,7 +467,8 @@ def test_cli_make_planted_train_evaluate(tmp_path, cli, state_home):
     code, out, _ = cli("evaluate", str(tmp_path / "run" / "sae"), "--shards", str(tmp_path / "p"), "--no-db")
     assert code == 0
     for text in ("FVU", "explained variance", "L0", "dead latents", "dense latents", "never fired",
-                 "planted recovery (32 features)", "rarest tenth (3)", "on the last 600 rows"):
+                 "planted recovery (32 features)", "rarest tenth (3)",
+                 "on the last 60 rows"):  # by default the tail a run holds out: a tenth of 600 rows
         assert text in out
     assert "recorded" not in out and latest_evaluation_for_run(engine, run.id).id == stored.id
 

@@ -36,11 +36,15 @@ def make_planted(ns: argparse.Namespace) -> int:
 
 
 def evaluate(ns: argparse.Namespace) -> int:
-    rows = DEFAULT_ROWS if ns.rows is None else ns.rows
-    if rows < 1:
-        raise DataError(f"--rows {rows}: at least one row is needed to evaluate")
+    if ns.rows is not None and ns.rows < 1:
+        raise DataError(f"--rows {ns.rows}: at least one row is needed to evaluate")
     sae = load_sae(ns.sae_dir)
+    rows = ns.rows if ns.rows is not None else _heldout_tail(ns.shards)
     evaluation = evaluate_shards(sae, ns.shards, rows)
+    if not getattr(ns, "no_model_check", False):
+        from sae_dist.evaluate.model_check import model_check
+
+        evaluation.model_check = model_check(sae, ns.shards)  # None unless harvested from a model
     record = None
     if not ns.no_db:
         from sae_dist.db import get_engine
@@ -56,6 +60,15 @@ def evaluate(ns: argparse.Namespace) -> int:
         if record is not None:
             print(f"recorded as evaluation {record[0]}" + (f" of run {record[1]}" if record[1] is not None else ""))
     return 0
+
+
+def _heldout_tail(shards: str) -> int:
+    """The rows a run on these shards held out (by default), so evaluate reads what it never saw."""
+    from sae_dist.defaults import heldout_rows_of
+    from sae_dist.sources.shards import open_shards
+
+    total = open_shards(shards).total_rows
+    return heldout_rows_of(DEFAULT_ROWS, total) or total
 
 
 def _pct(x: float) -> str:
