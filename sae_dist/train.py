@@ -616,7 +616,7 @@ def _record_evaluation(cfg, record: _RunRecord, run_dir: Path, export_dir: Path,
     """evaluation.json beside the export, a row in `evaluations`, and its summary in the log."""
     for line in summary_lines(evaluation, where):
         log.info("%s", line)
-    (run_dir / "evaluation.json").write_text(json.dumps({"rows": where, **evaluation.to_dict()}, indent=1) + "\n")
+    (run_dir / "evaluation.json").write_text(json.dumps({**evaluation.to_dict(), "which_rows": where}, indent=1) + "\n")
     if record.engine is not None:
         from sae_dist.db.evaluations import record_evaluation
 

@@ -227,7 +227,9 @@ def test_a_full_disk_removes_the_partial_shard_and_says_so(minilm, tmp_path):
 def model_train(minilm, out, *extra, env=None):
     return run_cli("train", "--source", "model", "--model-path", minilm, "--model-layer", "3", "--text-path", TEXT[0],
                    "--devices", "cpu:2", "--expansion-factor", "4", "--k", "16", "--batch-size", "128",
-                   "--log-every", "10", "--no-db", "--out-dir", str(out), *extra, env=env, timeout=400)
+                   "--log-every", "10", "--no-db", "--out-dir", str(out),
+                   "--eval-rows", "256",  # the end-of-run evaluation runs the model for its rows: keep it short
+                   *extra, env=env, timeout=400)
 
 
 def test_training_straight_from_the_model_resumes_exactly(minilm, tmp_path):
