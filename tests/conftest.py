@@ -26,6 +26,11 @@ def add_virtual_devices(conn, uuids: list[str], now, memory_total: int = 16 * 2*
         for i, u in enumerate(uuids)])
 
 
+# A run stopped early by --steps s equals a longer run stopped at step s only while the schedule
+# ignores the run's length: the default warm-up, decay and dead-latent window are fractions of it.
+LENGTH_FREE_SCHEDULE = ("--lr-warmup-steps", "0", "--lr-decay-fraction", "0", "--dead-after-samples", "10000000")
+
+
 @pytest.fixture(autouse=True)
 def state_home(tmp_path, monkeypatch) -> Path:
     home = tmp_path / "home"

@@ -74,6 +74,27 @@ def test_the_page_preselects_every_free_device_and_says_so():
     assert "Train" in [link.value for link in at.page_link]  # the sidebar links the page
 
 
+def optimisation(at: AppTest) -> str:
+    (line,) = [c.value for c in at.caption if c.value.startswith("Optimisation: ")]
+    return line
+
+
+def test_the_resolved_defaults_are_shown_before_submit():
+    from sae_dist.config import TrainConfig
+    from sae_dist.defaults import default_lr
+
+    at = train_page()  # 4 devices x 4096 x 1,000 steps of synthetic d_in 512
+    lr = float(f"{default_lr(4 * 4096, 4096, 32, 512):.3g}")
+    assert optimisation(at) == (f"Optimisation: lr {lr:.3g} (default), warm-up 50 steps (default), decay to 0 over "
+                                "the last 20% of the steps (default), dead after 1,638,400 samples without firing "
+                                "(default).")  # a tenth of the run's 16,384,000 samples
+    assert TrainConfig(d_in=512, steps=1000).resolved(4).dead_after_samples == 1_638_400
+    at.text_input(key="tr_lr").set_value("1e-3").run()
+    pick(at, ["virtual-0"])  # one device: a quarter of the samples
+    assert optimisation(at).startswith("Optimisation: lr 0.001, warm-up 50 steps (default)")
+    assert "dead after 409,600 samples" in optimisation(at)
+
+
 def test_the_summary_follows_the_selection_and_the_batch():
     at = pick(train_page(), ["virtual-1", "virtual-3"])
     assert summary(at) == "Selected: 2 GPUs | Effective batch size: 8192"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, run_cli
+from conftest import LENGTH_FREE_SCHEDULE, REPO, run_cli
 from sae_dist.errors import UserError
 from sae_dist.harvest.contexts import framing_from_examples, join_documents, make_contexts, text_files
 from sae_dist.harvest.sites import module_path
@@ -244,7 +244,7 @@ def test_training_straight_from_the_model_resumes_exactly(minilm, tmp_path):
     from test_train import final_weights, rel_diff
 
     slow = {"SAE_DIST_TEST_SLOW_RANKS": "1:3"}
-    common = ("--log-every", "5", "--checkpoint-every", "10")
+    common = ("--log-every", "5", "--checkpoint-every", "10", *LENGTH_FREE_SCHEDULE)
     straight = ok(model_train(minilm, tmp_path / "straight", *common, "--steps", "20", "--balance", "speed", env=slow))
     (first, _), = shares_in(straight.stdout)
     assert first[0] > 1.5 * first[1], straight.stdout

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import REPO, run_cli
+from conftest import LENGTH_FREE_SCHEDULE, REPO, run_cli
 from sae_dist.checkpoint import STATE, WEIGHTS, latest_checkpoint, list_checkpoints
 from sae_dist.export import load_sae
 from sae_dist.sources.shards import write_shards
@@ -103,9 +103,7 @@ def test_resume_reaches_the_same_weights(tmp_path, source, devices):
         write_shards(tmp_path / "acts", [torch.randn(700, 32, generator=gen) for _ in range(3)])
         args += ["--source", "shards", "--shards-path", str(tmp_path / "acts")]
     common = [*args, "--devices", devices, "--batch-size", "64", "--checkpoint-every", "4",
-              "--dead-after-samples", "512",  # latents die early, so AuxK and its counters matter
-              # A 6-step run is a stopped 12-step run only while the lr schedule ignores the run's length.
-              "--lr-warmup-steps", "0", "--lr-decay-fraction", "0"]
+              *LENGTH_FREE_SCHEDULE, "--dead-after-samples", "512"]  # latents die early: AuxK and its counters matter
     ok(run_cli("train", *common, "--steps", "12", "--out-dir", str(tmp_path / "straight")))
     ok(run_cli("train", *common, "--steps", "6", "--out-dir", str(tmp_path / "split")))
     assert latest_checkpoint(tmp_path / "split").name == "step_00000006"
