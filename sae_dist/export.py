@@ -15,7 +15,6 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from sae_dist.errors import UserError
 from sae_dist.sae import SparseAutoencoder
 
 CFG = "cfg.json"
@@ -62,44 +61,25 @@ def export_saelens(sae: SparseAutoencoder, out_dir: Path, feature_density: torch
 
 
 def load_sae(path: str | Path, device: str | torch.device = "cpu") -> SparseAutoencoder:
-    """Load an SAE folder in SAELens format (ours or SAELens' own topk / standard / jumprelu)."""
-    p = Path(path)
-    if not (p / CFG).is_file() or not (p / WEIGHTS).is_file():
-        raise UserError(f"{p} is not an SAE folder: it needs {CFG} and {WEIGHTS}")
-    cfg = json.loads((p / CFG).read_text())
-    arch = cfg.get("architecture", "standard")
-    if arch not in ("topk", "standard", "jumprelu"):
-        raise UserError(f"{p}: architecture {arch!r} is not one sae-dist can load")
-    if "d_in" not in cfg or "d_sae" not in cfg:
-        raise UserError(f"{p / CFG} lacks d_in or d_sae")
-    if cfg.get("normalize_activations", "none") not in ("none", None):
-        raise UserError(f"{p}: normalize_activations={cfg['normalize_activations']!r} is not supported "
-                        "(sae-dist loads SAEs that read raw activations)")
-    weights = load_file(str(p / WEIGHTS))
-    d_in, d_sae = int(cfg["d_in"]), int(cfg["d_sae"])
-    sae = SparseAutoencoder(d_in, d_sae, arch, k=int(cfg.get("k", 1)), device=device)
-    shapes = {"W_enc": (d_in, d_sae), "b_enc": (d_sae,), "W_dec": (d_sae, d_in), "b_dec": (d_in,)}
-    if arch == "jumprelu":
-        shapes["threshold"] = (d_sae,)
-    absent = [n for n in shapes if n not in weights]
-    if absent:
-        raise UserError(f"{p / WEIGHTS} lacks {', '.join(absent)} (a {arch} SAE needs {', '.join(shapes)})")
-    bad = [f"{n} is {tuple(weights[n].shape)}, expected {s}" for n, s in shapes.items()
-           if tuple(weights[n].shape) != s]
-    if bad:
-        raise UserError(f"{p}: weight shapes do not match d_in={d_in}, d_sae={d_sae} in {CFG}: {'; '.join(bad)}")
-    state = {name: weights[name].float() for name in ("W_enc", "b_enc", "W_dec", "b_dec")}
-    if not cfg.get("apply_b_dec_to_input", True):
+    """Our SparseAutoencoder from an SAE folder in SAELens format (ours or SAELens' own topk /
+    standard / jumprelu): read and checked by sae_dist.evaluate's loader, then folded so that our
+    encode gives SAELens' activations."""
+    from sae_dist.evaluate.load import load_sae as read_sae_folder
+
+    read = read_sae_folder(path, device)
+    sae = SparseAutoencoder(read.d_in, read.d_sae, read.architecture, k=read.k or 1, device=device)
+    state = {"W_enc": read.W_enc, "b_enc": read.b_enc, "W_dec": read.W_dec, "b_dec": read.b_dec}
+    if not read.apply_b_dec_to_input:
         # SAELens encodes x @ W_enc + b_enc; ours subtracts b_dec first, so fold it into b_enc.
         state["b_enc"] = state["b_enc"] + state["b_dec"] @ state["W_enc"]
-    if arch == "topk" and cfg.get("rescale_acts_by_decoder_norm", False):
+    if read.rescale_acts_by_decoder_norm:
         # Fold the decoder norms into the encoder (exact for TopK, as SAELens' fold_W_dec_norm).
         norms = state["W_dec"].norm(dim=1).clamp_min(1e-8)
         state["W_dec"] = state["W_dec"] / norms[:, None]
         state["W_enc"] = state["W_enc"] * norms
         state["b_enc"] = state["b_enc"] * norms
-    if arch == "jumprelu":
-        state["log_threshold"] = weights["threshold"].float().clamp_min(1e-12).log()
+    if read.architecture == "jumprelu":
+        state["log_threshold"] = read.threshold.clamp_min(1e-12).log()
     sae.load_state_dict(state)
     return sae.eval()
 

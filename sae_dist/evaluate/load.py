@@ -123,8 +123,9 @@ def load_sae(path: str | Path, device: str | torch.device = "cpu") -> LoadedSae:
     """Read an SAE folder (cfg.json + sae_weights.safetensors); raise UserError for what is not one."""
     p = Path(path)
     if not p.is_dir():
-        raise UserError(f"SAE folder {p} does not exist" if not p.exists() else f"{p} is not an SAE folder "
-                        f"(a file, not a directory with {CFG} and {WEIGHTS})")
+        raise UserError(f"SAE folder {p} does not exist (an SAE folder holds {CFG} and {WEIGHTS})"
+                        if not p.exists() else f"{p} is not an SAE folder (a file, not a directory with {CFG} "
+                        f"and {WEIGHTS})")
     absent = [name for name in (CFG, WEIGHTS) if not (p / name).is_file()]
     if absent:
         raise UserError(f"{p} is not an SAE folder: it has no {' and no '.join(absent)}")
