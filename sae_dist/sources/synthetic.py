@@ -76,13 +76,10 @@ class SyntheticSource:
         return x + self.noise * torch.randn(CHUNK, self.d_in, generator=gen)
 
 
-@torch.no_grad()
 def dictionary_recovery(true_features: Tensor, W_dec: Tensor, threshold: float = 0.9) -> tuple[float, float]:
     """(mean over true features of the best cosine with a decoder row, fraction above threshold)."""
-    truth = true_features / true_features.norm(dim=1, keepdim=True)
-    dec = W_dec.float().cpu()
-    dec = dec / dec.norm(dim=1, keepdim=True).clamp_min(1e-12)
-    best = torch.zeros(truth.shape[0])
-    for i in range(0, dec.shape[0], 8192):  # bounded memory for large d_sae
-        best = torch.maximum(best, (truth @ dec[i:i + 8192].t()).max(dim=1).values)
-    return float(best.mean()), float((best > threshold).float().mean())
+    # The evaluator's own measure (imported here: the evaluator imports this module).
+    from sae_dist.evaluate.metrics import best_cosines
+
+    best = best_cosines(true_features, W_dec)
+    return float(best.mean()), float((best > threshold).double().mean())
