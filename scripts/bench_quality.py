@@ -159,6 +159,8 @@ def main() -> int:
                     help="text the MiniLM set is harvested from")
     ap.add_argument("--sets", default=",".join(s.name for s in SETS))
     ap.add_argument("--trainers", default=",".join(TRAINERS))
+    ap.add_argument("--table-only", action="store_true",
+                    help="train nothing: evaluate the SAEs already under OUT, the others shown as not run")
     args = ap.parse_args()
     peer_venvs = Path(os.environ.get("PEERS_VENV_DIR", "/tmp/sae-peers"))
     sets = [s for s in SETS if s.name in args.sets.split(",")]
@@ -167,6 +169,9 @@ def main() -> int:
     for ds in sets:
         shards = make_data(ds, args.out, args.text if not ds.planted else None)
         for trainer in trainers:
+            done = args.out / ds.name / trainer / ("sae" if trainer == "sae-dist" else "") / "cfg.json"
+            if args.table_only and not done.exists():
+                continue  # shown as not run
             sae_dir = train(trainer, ds, shards, args.out, args.peers, peer_venvs)
             results[ds.name, trainer] = evaluate(sae_dir, shards, args.out, f"{ds.name}-{trainer}")
             r = results[ds.name, trainer]
@@ -178,6 +183,9 @@ def main() -> int:
     goals = []
     for ds in sets:
         for trainer in trainers:
+            if (ds.name, trainer) not in results:
+                print(f"| {ds.name} | {trainer} | not run | | | | | |")
+                continue
             r = results[ds.name, trainer]
             rec = r.get("recovery") or {}
             print(f"| {ds.name} | {trainer} | {r['fvu']:.3f} | {pct(rec.get('frac_above_0_9'))} | "
@@ -185,7 +193,9 @@ def main() -> int:
                   f"{pct(r['dense_fraction'])} | {r['l0']:.1f} |")
         ours = results.get((ds.name, "sae-dist"))
         peers = [results[ds.name, t] for t in ("sparsify", "saelens") if (ds.name, t) in results]
-        if ours and len(peers) == 2:
+        if ours and len(peers) < 2:
+            goals.append((ds.name, None, f"{2 - len(peers)} of the 2 peers not run"))
+        elif ours:
             below = all(ours["fvu"] < p["fvu"] for p in peers)
             theirs = ", ".join(f"{p['fvu']:.3f}" for p in peers)
             if ds.planted:
@@ -203,8 +213,8 @@ def main() -> int:
     if goals:
         print()
         for name, met, why in goals:
-            print(f"goal {name}: {'MET' if met else 'NOT MET'}: {why}")
-    return 0 if all(met for _, met, _ in goals) else 1
+            print(f"goal {name}: {({True: 'MET', False: 'NOT MET', None: 'NOT CHECKED'})[met]}: {why}")
+    return 0 if all(met for _, met, _ in goals) else 1  # NOT CHECKED fails too: the goal is unproven
 
 
 if __name__ == "__main__":
