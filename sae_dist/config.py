@@ -70,7 +70,7 @@ class TrainConfig:
     seed: int = _f(0, "random seed for initialisation and data")
     # --- optimisation ---
     batch_size: int = _f(4096, "samples per device per micro-batch; the global batch is this x devices x grad_accum")
-    lr: float | None = _f(None, "Adam learning rate for the global batch; default 4e-3 x sqrt(256 / d_in), "
+    lr: float | None = _f(None, "Adam learning rate for the global batch; default 1.8e-3 x sqrt(256 / d_in), "
                                 "from the sweep in scripts/sweep_lr.py")
     lr_warmup_steps: int | None = _f(None, "linear learning-rate warm-up steps; default 5% of the steps, at most 1000")
     lr_decay_fraction: float | None = _f(None, "linear decay to 0 over this final fraction of the steps; default 0.2")
