@@ -47,8 +47,8 @@ def end_of_run_evaluation(cfg, sae, source, ctx: D.DistContext, plan) -> tuple[E
         planted = load_planted(cfg.shards_path)
         where = f"the shards' held-out tail ({n:,} rows no batch drew)"
     else:
-        batches = [torch.cat(model_rows)[i:i + batch] for i in range(0, sum(len(r) for r in model_rows), batch)]
-        where = f"the model's next {sum(len(r) for r in model_rows):,} rows (text after the run's)"
+        batches = model_rows.split(batch)
+        where = f"the model's next {len(model_rows):,} rows (text after the run's)"
     was_training = sae.training
     sae.eval()  # BatchTopK encodes with its learned threshold, as exported
     try:
@@ -60,15 +60,15 @@ def end_of_run_evaluation(cfg, sae, source, ctx: D.DistContext, plan) -> tuple[E
     return evaluation, where
 
 
-def _model_rows(source, ctx: D.DistContext, plan, rows: int) -> list[Tensor] | None:
-    """The model stream's next `rows` rows (whole steps), gathered on rank 0."""
+def _model_rows(source, ctx: D.DistContext, plan, rows: int) -> Tensor | None:
+    """The model stream's next `rows` rows (drawn in whole steps by every rank), on rank 0."""
     mine: list[Tensor] = []
     for _ in range(-(-rows // plan.global_batch)):
         mine += [x.detach().float().cpu() for x in source.next_batches(plan, ctx.rank, ctx.device)]
     gathered = D.gather_objects(mine)
     if not ctx.is_main:
         return None
-    return [x for rank_rows in gathered for x in rank_rows][: max(1, rows)]
+    return torch.cat([x for rank_rows in gathered for x in rank_rows])[:rows]
 
 
 def _model_check(sae, shards_path: str) -> dict | None:
