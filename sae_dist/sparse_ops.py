@@ -18,6 +18,11 @@ top-k (bias added in the scan, AuxK's selection in the same pass) is the compile
 `sae_dist.kernels` where it could be built. Under autocast only the encoder product runs in the
 low precision; the selected values and every gradient stay in the parameters' dtype.
 `dense_topk_reference` is the plain autograd version the tests and the benchmark compare against.
+
+Nothing here is decorated with `torch.compiler.disable`: that decorator imports torch._dynamo
+(1.5 to 3 s) in every process that loads an SAE (evaluate, export, the launcher, the app's
+helpers), and the trainer never compiles. The CSR patterns are data-dependent; `torch.compile` of
+an SAE is not supported.
 """
 
 from __future__ import annotations
@@ -229,7 +234,6 @@ class _SparseEncode(torch.autograd.Function):
         return grad_x, grad_b_dec, grad_w_enc_t.t(), grad_b_enc, None, None, None, None, None
 
 
-@torch.compiler.disable
 def sparse_encode(x: Tensor, b_dec: Tensor, w_enc: Tensor, b_enc: Tensor, k: int, *, batch_level: bool = False,
                   dead_mask: Tensor | None = None, k_aux: int = 0) -> Encoded:
     """TopK (or BatchTopK) encode of x - b_dec, with AuxK's dead-latent selection when dead_mask is given."""
@@ -257,7 +261,6 @@ class _SparseDecode(torch.autograd.Function):
         return grad_acts, grad_w_dec, None
 
 
-@torch.compiler.disable
 def sparse_decode(acts: Tensor, w_dec: Tensor, pattern: Pattern) -> Tensor:
     """sum over each sample's active latents of act * W_dec[latent]: [batch, d_in] (no b_dec)."""
     return _SparseDecode.apply(acts, w_dec, pattern)

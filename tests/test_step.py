@@ -64,3 +64,19 @@ def test_decoder_gradient_is_a_bucket_of_its_own(one_rank_group, compress):
     sizes = [int(s) for s in data["rebuilt_bucket_sizes"].split(",")]
     assert sizes[0] == sae.W_dec.numel() * 4 and len(sizes) >= 2
     assert data["rebuilt_per_bucket_param_indices"].split(",")[0].strip() == "0"  # W_dec is parameter 0
+
+
+def test_an_sae_never_loads_the_compiler():
+    """torch._dynamo costs 1.5 to 3 s to import: loading the trainer's modules and running an SAE
+    forward and backward (TopK with AuxK) must not pull it in. (torch.optim's own param groups
+    import it lazily, so a process that builds an optimizer pays it anyway.)"""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch, sae_dist.train\n"
+            "from sae_dist.sae import SparseAutoencoder\n"
+            "sae = SparseAutoencoder(32, 256, 'topk', 8, auxk_coefficient=1/32, seed=0)\n"
+            "sae(torch.randn(64, 32), dead_mask=torch.ones(256, dtype=torch.bool)).loss.backward()\n"
+            "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo was imported'\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
