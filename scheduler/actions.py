@@ -15,7 +15,7 @@ from typing import Callable
 from sqlalchemy.engine import Engine
 
 from scheduler import procs, store
-from scheduler.daemon import wake_daemon
+from scheduler.control import wake_daemon
 
 ACTIONS = ("cancel", "hold", "release", "requeue")
 

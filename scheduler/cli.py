@@ -137,7 +137,7 @@ def _engine():
 
 def _ensure_daemon() -> None:
     """submit starts a daemon when none runs, so a newcomer never has to (SAE_DIST_AUTOSTART=0: don't)."""
-    from scheduler.daemon import ensure_daemon
+    from scheduler.control import ensure_daemon
 
     ensure_daemon()
 
@@ -364,7 +364,7 @@ def _each_job(args, action) -> int:
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             failed = True
-    from scheduler.daemon import wake_daemon
+    from scheduler.control import wake_daemon
 
     wake_daemon()
     return USER_ERROR_EXIT if failed else 0
@@ -396,7 +396,7 @@ def cmd_requeue(args) -> int:
 
 def _recheck() -> list[dict]:
     """Probe the failed devices now (no daemon needed); what each probe said."""
-    from scheduler.daemon import wake_daemon
+    from scheduler.control import wake_daemon
     from scheduler.health import recheck_now
 
     results = recheck_now(_engine())
@@ -538,7 +538,8 @@ def cmd_export_sbatch(args) -> int:
 
 def cmd_daemon(args) -> int:
     from sae_dist.paths import state_home
-    from scheduler.daemon import daemon_running, main as run_daemon, start_daemon_detached, stop_daemon
+    from scheduler.control import daemon_running, start_daemon_detached, stop_daemon
+    from scheduler.daemon import main as run_daemon
 
     if args.stop:
         pid = stop_daemon()

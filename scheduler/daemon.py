@@ -15,22 +15,18 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from datetime import datetime, timedelta, timezone
 from collections.abc import Iterable
-from pathlib import Path
 
-from filelock import FileLock, Timeout
+from filelock import FileLock
 from sqlalchemy import delete, insert
 
 from sae_dist.db import GpuSample, get_engine, utcnow
 from sae_dist.db.schema import Device
-from sae_dist.errors import UserError
 from sae_dist.paths import state_home
-from scheduler import procs, store
+from scheduler import control, procs, store
 from scheduler.busy import classify
 from scheduler.devices import CpuSampler, DeviceInfo, inventory
 from scheduler.faults import Fault, apply_faults, device_faults, recheck_interval_s
@@ -43,80 +39,6 @@ PASS_INTERVAL_S = 1.0
 SAMPLE_FLUSH_S = 5.0  # samples are written in batches
 RETENTION_DAYS = float(os.environ.get("SAE_DIST_SAMPLE_RETENTION_DAYS", "7"))
 SUPERVISOR_START_GRACE_S = 10.0  # a job just started may not have its supervisor recorded yet
-
-
-def daemon_lock_path() -> Path:
-    return state_home() / "daemon.lock"
-
-
-def pid_file() -> Path:
-    return state_home() / "daemon.pid"
-
-
-def daemon_running() -> bool:
-    """True while some process holds the daemon lock."""
-    lock = FileLock(str(daemon_lock_path()))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        return True
-    lock.release()
-    return False
-
-
-def wake_daemon() -> None:
-    """Ask the daemon for a scheduling pass now (SIGUSR1); harmless when none runs."""
-    try:
-        pid, ticks = (int(x) for x in pid_file().read_text().split())
-    except (OSError, ValueError):
-        return
-    if procs.is_alive(pid, ticks):
-        try:
-            os.kill(pid, signal.SIGUSR1)
-        except OSError:
-            pass
-
-
-def start_daemon_detached() -> None:
-    """Start a daemon in the background (it exits at once if another one holds the lock)."""
-    log_path = state_home() / "daemon.log"
-    with open(log_path, "ab") as out:
-        subprocess.Popen([sys.executable, "-m", "scheduler", "daemon"], stdin=subprocess.DEVNULL,
-                         stdout=out, stderr=out, start_new_session=True, cwd=str(state_home()))
-
-
-def stop_daemon(timeout_s: float = 15.0) -> int | None:
-    """SIGTERM the daemon and wait for it to let go of its lock. Returns its pid, None if none ran.
-    Its jobs carry on (their supervisors do not depend on it)."""
-    try:
-        pid, ticks = (int(x) for x in pid_file().read_text().split())
-    except (OSError, ValueError):
-        pid = ticks = None
-    if pid is None or not procs.is_alive(pid, ticks) or not daemon_running():
-        return None
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while daemon_running():
-        if time.monotonic() > deadline:
-            raise UserError(f"the daemon {pid} did not stop within {timeout_s:.0f} s")
-        time.sleep(0.05)
-    return pid
-
-
-AUTOSTART_ENV_VAR = "SAE_DIST_AUTOSTART"
-
-
-def ensure_daemon() -> bool:
-    """After a submit: start a daemon when none runs, else wake it, so a newcomer never has to.
-
-    `SAE_DIST_AUTOSTART=0` (tests, a machine where the daemon is a service) starts none and only
-    wakes one that runs. Shared by the CLI and the app. Returns True when it started one.
-    """
-    if os.environ.get(AUTOSTART_ENV_VAR, "1") != "0" and not daemon_running():
-        start_daemon_detached()
-        return True
-    wake_daemon()
-    return False
 
 
 class Daemon:
@@ -133,14 +55,9 @@ class Daemon:
 
     # ---- the loop ----
     def run(self) -> None:
-        lock = FileLock(str(daemon_lock_path()))
+        lock = control.take_daemon_lock()
         try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            raise UserError(f"a scheduler daemon already runs for {state_home()} (see {pid_file()})") from None
-        try:
-            me = os.getpid()
-            pid_file().write_text(f"{me} {procs.start_ticks(me)}\n")
+            me = control.write_pid_file()
             signal.signal(signal.SIGUSR1, lambda *_: self.wake.set())
             signal.signal(signal.SIGTERM, lambda *_: self._stop())
             signal.signal(signal.SIGINT, lambda *_: self._stop())
@@ -180,7 +97,7 @@ class Daemon:
             running = self._reap(running, now)
             devices = self._read_devices(running, allocations, self._faults(now))
             started_at = {j.id: j.started_at.timestamp() for j in running if j.started_at}
-            our_pids = {p for j in running for p in job_pids(j)}
+            our_pids = {p for j in running for p in procs.job_pids(j)}
             states = classify(devices, {u: j for u, j in allocations.items()}, started_at, our_pids, now)
             self._sample(devices, in_use)
             views = [DeviceView(uuid=d.uuid, index=d.index, free=states[d.uuid].state == "idle",
@@ -265,7 +182,7 @@ class Daemon:
 
     def _read_devices(self, running: list, allocations: dict[str, int],
                       faults: dict[str, Fault]) -> list[DeviceInfo]:
-        devices = apply_faults(inventory(pids_by_device(running), self.sampler), faults)
+        devices = apply_faults(inventory(procs.pids_by_device(running), self.sampler), faults)
         self._store_inventory(devices)
         return devices
 
@@ -330,51 +247,9 @@ def _close_lock_files() -> None:
     which fork shares, so a supervisor holding them would keep a new daemon from starting after
     this one is killed."""
     home = str(state_home().resolve())
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
+    for fd, target in procs.own_open_files().items():
         if target.startswith(home) and target.endswith(".lock"):
-            os.close(int(fd))
-
-
-def job_pids(job) -> list[int]:
-    """The job's processes now: its main process and every descendant (ranks included)."""
-    if not job.pid or not procs.is_alive(job.pid, job.proc_start_ticks):
-        return []
-    return [job.pid, *procs.descendants(job.pid)]
-
-
-def pids_by_device(running: list) -> dict[str, list[int]]:
-    """Which processes count on which device: a training rank on the device of its LOCAL_RANK,
-    everything else of the job (launcher, a plain command) on the job's first device."""
-    out: dict[str, list[int]] = {}
-    for job in running:
-        devices = json.loads(job.devices_json or "[]")
-        if not devices:
-            continue
-        pids = job_pids(job)
-        ranks = dict((pid, dev) for dev, pid in _rank_devices(devices, pids))
-        for pid in pids:
-            out.setdefault(ranks.get(pid, devices[0]), []).append(pid)
-    return out
-
-
-def _rank_devices(devices: list[str], pids: list[int]) -> list[tuple[str, int]]:
-    """(device, pid) for the job's training ranks, told apart by torchrun's LOCAL_RANK variable."""
-    out = []
-    for pid in pids:
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        for item in env:
-            if item.startswith(b"LOCAL_RANK="):
-                rank = int(item.split(b"=", 1)[1] or 0)
-                if rank < len(devices):
-                    out.append((devices[rank], pid))
-    return out
+            os.close(fd)
 
 
 def _job_view(job, held: Iterable[str] = ()) -> JobView:
@@ -398,5 +273,4 @@ def main() -> int:
     return 0
 
 
-__all__ = ["Daemon", "daemon_running", "ensure_daemon", "start_daemon_detached", "stop_daemon", "wake_daemon", "thin_samples", "main"]
-_ = datetime  # typing only
+__all__ = ["Daemon", "thin_samples", "main"]

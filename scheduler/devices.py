@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from sae_dist.errors import UserError
+from scheduler import procs
 
 if TYPE_CHECKING:
     from scheduler.faults import Fault
@@ -205,18 +206,10 @@ def read_rss(pid: int) -> int | None:
 
 def read_cpu_times(pid: int) -> tuple[float, float] | None:
     """(CPU seconds used, start time in seconds since boot) of a process, or None when gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
+    reading = procs.cpu_ticks(pid)
+    if reading is None:
         return None
-    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
-    fields = stat.rpartition(")")[2].split()
-    try:
-        ticks = int(fields[11]) + int(fields[12])  # utime + stime (fields 14 and 15)
-        start = int(fields[19])  # starttime (field 22)
-    except (IndexError, ValueError):
-        return None
+    ticks, start = reading
     hz = _clock_ticks()
     return ticks / hz, start / hz
 

@@ -6,47 +6,79 @@ ticks since boot: a pid reused by another program after a crash has a different 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 from pathlib import Path
 
+# Indices into `stat_fields` (field N of /proc/PID/stat is index N - 3).
+_STATE, _PPID, _UTIME, _STIME, _START = 0, 1, 11, 12, 19
 
-def start_ticks(pid: int) -> int | None:
+
+def stat_fields(pid: int | str) -> list[str] | None:
+    """/proc/PID/stat from field 3 (the state) on, or None when the process is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    # The command name (field 2) may hold spaces and parentheses: split after its closing ')'.
-    fields = stat[stat.rindex(")") + 2:].split()
-    return int(fields[19])
+    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+    return stat.rpartition(")")[2].split()
+
+
+def start_ticks(pid: int) -> int | None:
+    fields = stat_fields(pid)
+    return int(fields[_START]) if fields else None
+
+
+def cpu_ticks(pid: int) -> tuple[int, int] | None:
+    """(user + system CPU time, start time) of a process in clock ticks, or None when gone."""
+    fields = stat_fields(pid)
+    try:
+        return int(fields[_UTIME]) + int(fields[_STIME]), int(fields[_START])
+    except (TypeError, IndexError, ValueError):
+        return None
 
 
 def is_alive(pid: int | None, ticks: int | None) -> bool:
     """True if pid runs and is the process we recorded (not a zombie, not a reused pid)."""
     if not pid:
         return False
-    now = start_ticks(pid)
-    if now is None or (ticks is not None and now != ticks):
+    fields = stat_fields(pid)
+    if not fields or (ticks is not None and int(fields[_START]) != ticks):
         return False
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    return fields[_STATE] != "Z"
 
 
 def _parents() -> dict[int, int]:
     """pid -> parent pid of every process (a /proc scan: /proc/PID/task/*/children is often absent)."""
     out = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := stat_fields(entry)):
+            out[int(entry)] = int(fields[_PPID])
+    return out
+
+
+def local_rank(pid: int) -> int | None:
+    """The LOCAL_RANK in a process's environment (torchrun sets it per rank), or None."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in env:
+        if item.startswith(b"LOCAL_RANK="):
+            return int(item.split(b"=", 1)[1] or 0)
+    return None
+
+
+def own_open_files() -> dict[int, str]:
+    """This process's open file descriptors and what each points to."""
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
         try:
-            stat = (entry / "stat").read_text()
+            out[int(fd)] = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
-        out[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
     return out
 
 
@@ -113,3 +145,27 @@ def terminate_tree(root_pid: int, pgid: int | None, grace_s: float) -> None:
     signal_group(pgid, signal.SIGKILL)
     signal_pids(tree, signal.SIGKILL)
     wait_gone(tree, 5.0)
+
+
+# ---- a job's processes (a job row: pid, proc_start_ticks, devices_json) ----
+
+def job_pids(job) -> list[int]:
+    """The job's processes now: its main process and every descendant (ranks included)."""
+    if not job.pid or not is_alive(job.pid, job.proc_start_ticks):
+        return []
+    return [job.pid, *descendants(job.pid)]
+
+
+def pids_by_device(running: list) -> dict[str, list[int]]:
+    """Which processes count on which device: a training rank on the device of its LOCAL_RANK,
+    everything else of the job (launcher, a plain command) on the job's first device."""
+    out: dict[str, list[int]] = {}
+    for job in running:
+        devices = json.loads(job.devices_json or "[]")
+        if not devices:
+            continue
+        for pid in job_pids(job):
+            rank = local_rank(pid)
+            device = devices[rank] if rank is not None and rank < len(devices) else devices[0]
+            out.setdefault(device, []).append(pid)
+    return out

@@ -40,7 +40,7 @@ def devices_now(engine: Engine, now: float | None = None
     """(devices, state by uuid, allocations uuid -> job id): the live inventory and what each
     device is doing. A device with an open fault is unavailable, the fault its reason (and in
     `DeviceInfo.fault`). Reads no process CPU over time (see `latest_samples` for utilisation)."""
-    from scheduler.daemon import job_pids, pids_by_device
+    from scheduler.procs import job_pids, pids_by_device
     from scheduler.store import active_allocations, pending_and_running
 
     with engine.connect() as conn:

@@ -35,7 +35,7 @@ def new_job(spec: JobSpec, devices: list[tuple[int, str]]) -> NewJob:
 def submit_spec(engine: Engine, spec: JobSpec, devices: list[DeviceInfo] | None = None) -> int:
     """Queue `spec` (its gpu_ids checked against `devices`, default the live inventory) and
     make sure a daemon will act on it. Returns the job id."""
-    from scheduler.daemon import ensure_daemon
+    from scheduler.control import ensure_daemon
 
     if devices is None:
         from scheduler.devices import inventory

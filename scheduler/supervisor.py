@@ -168,7 +168,7 @@ def _become_subreaper() -> None:
 
 
 def _poke_daemon() -> None:
-    from scheduler.daemon import wake_daemon
+    from scheduler.control import wake_daemon
 
     wake_daemon()
 

@@ -75,7 +75,7 @@ def fill_history(n: int) -> None:
 
 def submit_to_running(count: int) -> tuple[float, float]:
     from sae_dist.db import get_engine
-    from scheduler.daemon import wake_daemon
+    from scheduler.control import wake_daemon
     from scheduler.store import NewJob, get_job, submit
 
     engine = get_engine()

@@ -13,7 +13,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from sae_dist.db import DatabaseMetricsLogger, create_run, get_engine, update_run, utcnow
-from scheduler.daemon import daemon_running
+from scheduler.control import daemon_running
 from scheduler.store import finish_job, list_jobs
 from webui.sidebar import PAGES
 

@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 from conftest import REPO
 from sae_dist.db import get_engine
 from sae_dist.sources.shards import write_shards
-from scheduler.daemon import daemon_running
+from scheduler.control import daemon_running
 from scheduler.store import list_jobs
 from test_status import running_job
 

@@ -294,7 +294,7 @@ def test_backfill_starts_a_short_job_but_not_one_that_would_delay_the_head(sched
 
 def test_one_daemon_per_state_directory(sched):
     first = sched.start_daemon()
-    from scheduler.daemon import daemon_running
+    from scheduler.control import daemon_running
 
     wait_for(daemon_running, 20, "the first daemon")
     second = run_cli("daemon", module="scheduler", timeout=30)
@@ -306,7 +306,7 @@ def test_one_daemon_per_state_directory(sched):
 
 def test_daemon_detach_and_stop(sched):
     """`daemon --detach` starts one in the background (once); `daemon --stop` ends it, not its jobs."""
-    from scheduler.daemon import daemon_running
+    from scheduler.control import daemon_running
 
     started = run_cli("daemon", "--detach", module="scheduler", timeout=30)
     assert started.returncode == 0 and "daemon started" in started.stdout, started.stderr

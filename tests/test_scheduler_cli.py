@@ -317,7 +317,7 @@ def test_names_patterns_environment_and_listings(sched, tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 
 def test_submit_starts_one_daemon(sched, tmp_path, monkeypatch):
-    from scheduler.daemon import daemon_running
+    from scheduler.control import daemon_running
 
     monkeypatch.delenv("SAE_DIST_AUTOSTART")
     assert not daemon_running()

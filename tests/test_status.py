@@ -14,7 +14,7 @@ from conftest import REPO, run_cli
 from sae_dist.analytics import devices as dev
 from sae_dist.db import GpuSample, StepMetric, create_run, get_engine, update_run, utcnow
 from scheduler import status
-from scheduler.daemon import daemon_running, ensure_daemon
+from scheduler.control import daemon_running, ensure_daemon
 from scheduler.store import NewJob, finish_job, get_job, start_jobs, submit
 from scheduler.submit import DEMO_DEVICES, submit_demo
 

@@ -1,0 +1,117 @@
+"""Talking to the daemon from outside it: is it running, wake it, start it, stop it.
+
+One daemon runs per state directory; it holds `daemon.lock` for its whole life and writes its
+pid (with the process's start time, so a reused pid is not mistaken for it) to `daemon.pid`.
+Clients (the CLI, `scheduler.actions`, `scheduler.submit`, the supervisors, the app) only need
+this module, never the daemon loop in `scheduler.daemon`, so none of them imports the loop's
+database and device machinery, and the daemon and the supervisor it forks do not import each
+other.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from sae_dist.errors import UserError
+from sae_dist.paths import state_home
+from scheduler import procs
+
+AUTOSTART_ENV_VAR = "SAE_DIST_AUTOSTART"
+
+
+def daemon_lock_path() -> Path:
+    return state_home() / "daemon.lock"
+
+
+def pid_file() -> Path:
+    return state_home() / "daemon.pid"
+
+
+def take_daemon_lock() -> FileLock:
+    """The lock only the running daemon holds; a UserError when another daemon has it."""
+    lock = FileLock(str(daemon_lock_path()))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise UserError(f"a scheduler daemon already runs for {state_home()} (see {pid_file()})") from None
+    return lock
+
+
+def write_pid_file() -> int:
+    """Record this process as the daemon (pid and start time). Returns the pid."""
+    me = os.getpid()
+    pid_file().write_text(f"{me} {procs.start_ticks(me)}\n")
+    return me
+
+
+def _recorded_daemon() -> tuple[int, int] | tuple[None, None]:
+    """(pid, start ticks) from the pid file, or (None, None) when there is none to read."""
+    try:
+        pid, ticks = (int(x) for x in pid_file().read_text().split())
+    except (OSError, ValueError):
+        return None, None
+    return pid, ticks
+
+
+def daemon_running() -> bool:
+    """True while some process holds the daemon lock."""
+    lock = FileLock(str(daemon_lock_path()))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return True
+    lock.release()
+    return False
+
+
+def wake_daemon() -> None:
+    """Ask the daemon for a scheduling pass now (SIGUSR1); harmless when none runs."""
+    pid, ticks = _recorded_daemon()
+    if pid is not None and procs.is_alive(pid, ticks):
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except OSError:
+            pass
+
+
+def start_daemon_detached() -> None:
+    """Start a daemon in the background (it exits at once if another one holds the lock)."""
+    log_path = state_home() / "daemon.log"
+    with open(log_path, "ab") as out:
+        subprocess.Popen([sys.executable, "-m", "scheduler", "daemon"], stdin=subprocess.DEVNULL,
+                         stdout=out, stderr=out, start_new_session=True, cwd=str(state_home()))
+
+
+def stop_daemon(timeout_s: float = 15.0) -> int | None:
+    """SIGTERM the daemon and wait for it to let go of its lock. Returns its pid, None if none ran.
+    Its jobs carry on (their supervisors do not depend on it)."""
+    pid, ticks = _recorded_daemon()
+    if pid is None or not procs.is_alive(pid, ticks) or not daemon_running():
+        return None
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while daemon_running():
+        if time.monotonic() > deadline:
+            raise UserError(f"the daemon {pid} did not stop within {timeout_s:.0f} s")
+        time.sleep(0.05)
+    return pid
+
+
+def ensure_daemon() -> bool:
+    """After a submit: start a daemon when none runs, else wake it, so a newcomer never has to.
+
+    `SAE_DIST_AUTOSTART=0` (tests, a machine where the daemon is a service) starts none and only
+    wakes one that runs. Shared by the CLI and the app. Returns True when it started one.
+    """
+    if os.environ.get(AUTOSTART_ENV_VAR, "1") != "0" and not daemon_running():
+        start_daemon_detached()
+        return True
+    wake_daemon()
+    return False
