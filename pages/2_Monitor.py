@@ -174,7 +174,7 @@ def job_header(job: dict, now: datetime) -> None:
         parts.append(f"started {fmt.fmt_time(job['started_at'])}")
     if job["ended_at"]:
         parts.append(f"ended {fmt.fmt_time(job['ended_at'])}")
-    parts.append(f"elapsed {jobs.fmt_duration(jobs.elapsed_s(job, now))}")
+    parts.append(f"elapsed {fmt.fmt_duration(jobs.elapsed_s(job, now))}")
     if job["state"] not in LIVE_STATES:
         code = job["exit_code"] if job["exit_code"] is not None else fmt.MISSING
         parts.append(f"exit code {code}" + (f", signal {job['signal']}" if job["signal"] else ""))

@@ -115,8 +115,8 @@ def tables(known: frozenset[int]) -> None:
                          if j["id"] in runs and runs[j["id"]]["total_steps"] else None),
             "Steps": (fmt.fmt_steps(runs[j["id"]]["last_step"], runs[j["id"]]["total_steps"])
                       if j["id"] in runs else fmt.MISSING),
-            "Elapsed": jobs.fmt_duration(jobs.elapsed_s(j, now)),
-            "Time limit": jobs.fmt_duration(j["time_limit_s"]) if j["time_limit_s"] else "none",
+            "Elapsed": fmt.fmt_duration(jobs.elapsed_s(j, now)),
+            "Time limit": fmt.fmt_duration(j["time_limit_s"]) if j["time_limit_s"] else "none",
             "Started": j["started_at"],
             "Note": "cancelling" if j["cancel_requested"] else "",
         } for j in queue["running"]], hide_index=True, key="running_table",
@@ -134,7 +134,7 @@ def tables(known: frozenset[int]) -> None:
         st.dataframe([{
             "Job": j["id"], "Name": j["name"], "User": j["user"], "GPUs": j["gpus"],
             "Priority": j["priority"], "Reason": jobs.explain_reason(j["reason"]),
-            "Waiting": jobs.fmt_duration((now - j["submitted_at"]).total_seconds()),
+            "Waiting": fmt.fmt_duration((now - j["submitted_at"]).total_seconds()),
             "Submitted": j["submitted_at"],
         } for j in queue["pending"]], hide_index=True, key="pending_table",
             alt="Pending jobs in the order they would start, with why each waits",
@@ -152,7 +152,7 @@ def tables(known: frozenset[int]) -> None:
             "Job": j["id"], "Name": j["name"], "State": j["state"],
             "Exit": (f"{j['exit_code'] if j['exit_code'] is not None else fmt.MISSING}"
                      + (f" (signal {j['signal']})" if j["signal"] else "")),
-            "GPUs": j["gpus"], "Elapsed": jobs.fmt_duration(jobs.elapsed_s(j, now)),
+            "GPUs": j["gpus"], "Elapsed": fmt.fmt_duration(jobs.elapsed_s(j, now)),
             "Ended": j["ended_at"], "Reason": j["reason"] or "",
         } for j in queue["finished"]], hide_index=True, key="finished_table",
             alt="Finished jobs, newest first, with their final state and exit code",

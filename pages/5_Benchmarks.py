@@ -1,16 +1,18 @@
 """Benchmarks: how training scaled with the device count, measured; and a projection, drawn apart.
 Then heterogeneous runs: each rank's share and times before and after rebalancing.
 
-`?bench=<id>` opens one benchmark. Tables and charts come from `sae_dist.bench` (summary,
-report, charts, balance), the same code as `python -m sae_dist report` and
-`scripts/bench_balance.py`; this page only lays them out.
+`?bench=<id>` opens one benchmark. The figures come from `sae_dist.bench` (summary,
+reliability, balance), their tables and charts from `sae_dist.analytics` (bench_tables,
+bench_charts): the same code as `python -m sae_dist report` and `scripts/bench_balance.py`;
+this page only lays them out.
 """
 
 import streamlit as st
 
-from sae_dist.analytics import queries
+from sae_dist.analytics import bench_charts, queries
+from sae_dist.analytics import bench_tables as T
 from sae_dist.analytics import format as fmt
-from sae_dist.bench import balance, charts, reliability, report, scaling
+from sae_dist.bench import balance, reliability, scaling
 from sae_dist.bench import summary as S
 from webui.sidebar import page_frame
 
@@ -30,7 +32,7 @@ st.caption("Throughput, speedup and efficiency on 1 and N devices, measured by "
            "`python -m sae_dist bench`; efficiency against ideal (N x) and against the ceiling "
            "(the same per-device work as N independent processes, no communication). Points that "
            "fail the reliability checks are drawn hollow and grey and never counted as results.")
-benches = report.list_benchmarks(engine)
+benches = queries.list_benchmarks(engine)
 by_id = {b["id"]: b for b in benches}
 
 
@@ -71,9 +73,9 @@ def scaling_section() -> None:
 
 
 def show(bench_id: int, compact: bool, link: str) -> None:
-    run, points = report.load_benchmark(bench_id, engine)
+    run, points = queries.load_benchmark(engine, bench_id)
     rows = S.summarize(points)
-    for line in report.environment_lines(run):
+    for line in T.environment_lines(run):
         st.caption(line)
     if run["virtual"]:
         st.badge("virtual devices: CPU-backed figures", color="violet", icon=":material/memory:")
@@ -99,19 +101,19 @@ def show(bench_id: int, compact: bool, link: str) -> None:
                   border=True, help="The highest speedup among reliable multi-device points only")
         st.metric("Reliable device counts", f"{sum(r['reliable'] for r in rows)} of {len(rows)}", border=True,
                   help=reliability.RULES_TEXT)
-    st.altair_chart(charts.speedup_chart(rows, projection, title=f"Speedup ({run['mode']} scaling)"),
+    st.altair_chart(bench_charts.speedup_chart(rows, projection, title=f"Speedup ({run['mode']} scaling)"),
                     alt="Measured speedup against device count, with the ideal line, targets and projection")
     if not compact:
-        st.altair_chart(charts.efficiency_chart(rows), alt="Efficiency against ideal and against the ceiling")
+        st.altair_chart(bench_charts.efficiency_chart(rows), alt="Efficiency against ideal and against the ceiling")
     st.markdown("**Measured**")
-    st.caption(report.headline_text(rows) + ". Samples/s: median over repeats ± spread (half the range "
+    st.caption(T.headline_text(rows) + ". Samples/s: median over repeats ± spread (half the range "
                "over the median).")
-    st.dataframe(report.measured_table(rows), hide_index=True)
+    st.dataframe(T.measured_table(rows), hide_index=True)
     with st.expander("Other load, point by point (in the order measured)", expanded=bool(warning) and not compact):
         st.caption("CPU of other processes in percent of one core (100% = one core kept busy): the "
                    "machine's busy time minus the point's own processes, just before it and while it ran. "
                    + reliability.RULES_TEXT)
-        st.dataframe(report.other_load_table(points), hide_index=True)
+        st.dataframe(T.other_load_table(points), hide_index=True)
     comm = [r for r in rows if r["comm_share"] is not None]
     if comm:
         st.caption("Communication: the share of a DDP step spent in the gradient all-reduce, from the "
@@ -120,11 +122,11 @@ def show(bench_id: int, compact: bool, link: str) -> None:
     st.markdown(f"**Projected for {link_label}** · a model, not a measurement")
     st.caption(S.MODEL_TEXT)
     if projection:
-        st.dataframe(report.projection_table(projection), hide_index=True)
+        st.dataframe(T.projection_table(projection), hide_index=True)
         one = next(r for r in rows if r["devices"] == 1)
         worst = projection[-1]
-        st.caption(f"Break-even: below {report.fmt_batch(worst['break_even_batch'])} samples per device on "
-                   f"{worst['devices']} devices, the all-reduce of {report.fmt_bytes(one['grad_bytes'])} "
+        st.caption(f"Break-even: below {T.fmt_batch(worst['break_even_batch'])} samples per device on "
+                   f"{worst['devices']} devices, the all-reduce of {fmt.fmt_bytes(one['grad_bytes'])} "
                    f"takes longer than the compute (measured batch {one['per_device_batch']:,}).")
     else:
         st.caption(S.projection_note(rows) or "No projection.")
@@ -172,7 +174,7 @@ def heterogeneous_section() -> None:
                                  key="balance_time_field", label_visibility="collapsed",
                                  format_func={"compute_time_s": "Compute time",
                                               "step_time_s": "Step time"}.get)
-    chart = balance.rank_time_chart(windows, events, field or "compute_time_s")
+    chart = bench_charts.rank_time_chart(windows, events, field or "compute_time_s")
     if chart is not None:
         st.altair_chart(chart, alt="Each rank's time per step against step, rebalances marked")
     if events:

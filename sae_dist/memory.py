@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GIB = 2**30
+from sae_dist.analytics.format import fmt_bytes
+
 MIB = 2**20
 
 # What a rank holds before its model, by device kind (the estimate's "runtime" part).
@@ -54,12 +55,8 @@ class MemoryEstimate:
         return sum(getattr(self, name) for name in self.PARTS)
 
     def describe(self) -> str:
-        parts = ", ".join(f"{name} {format_bytes(getattr(self, name))}" for name in self.PARTS)
-        return f"{format_bytes(self.total)} per device ({parts})"
-
-
-def format_bytes(n: int) -> str:
-    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
+        parts = ", ".join(f"{name} {fmt_bytes(getattr(self, name))}" for name in self.PARTS)
+        return f"{fmt_bytes(self.total)} per device ({parts})"
 
 
 CPU_ENCODE_BLOCK_ELEMENTS = 1 << 22  # 16 MB of fp32 pre-activations: stays in a CPU's cache

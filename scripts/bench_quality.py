@@ -30,6 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sae_dist.analytics.format import fmt_percent  # noqa: E402
+
 TRAIN_ROWS = 2**20
 HELDOUT = 16384
 BATCH = 1024
@@ -146,10 +150,6 @@ def evaluate(sae_dir: Path, shards: Path, out: Path, label: str) -> dict:
     return json.loads(log.read_text())
 
 
-def pct(value: float | None) -> str:
-    return "—" if value is None else f"{100 * value:.1f}%"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -175,7 +175,7 @@ def main() -> int:
             sae_dir = train(trainer, ds, shards, args.out, args.peers, peer_venvs)
             results[ds.name, trainer] = evaluate(sae_dir, shards, args.out, f"{ds.name}-{trainer}")
             r = results[ds.name, trainer]
-            print(f"{ds.name:<7} {trainer:<9} fvu {r['fvu']:.4f} dead {pct(r['dead_fraction'])}", flush=True)
+            print(f"{ds.name:<7} {trainer:<9} fvu {r['fvu']:.4f} dead {fmt_percent(r['dead_fraction'])}", flush=True)
 
     print(f"\nHeld-out evaluation ({HELDOUT:,} rows no trainer saw), one pass of {TRAIN_ROWS:,} rows, batch {BATCH}:")
     print("| data | trainer | FVU | recovered cos>0.9 | rarest tenth >0.9 | dead | dense | L0 |")
@@ -188,9 +188,9 @@ def main() -> int:
                 continue
             r = results[ds.name, trainer]
             rec = r.get("recovery") or {}
-            print(f"| {ds.name} | {trainer} | {r['fvu']:.3f} | {pct(rec.get('frac_above_0_9'))} | "
-                  f"{pct(rec.get('rare_frac_above_0_9'))} | {pct(r['dead_fraction'])} | "
-                  f"{pct(r['dense_fraction'])} | {r['l0']:.1f} |")
+            print(f"| {ds.name} | {trainer} | {r['fvu']:.3f} | {fmt_percent(rec.get('frac_above_0_9'))} | "
+                  f"{fmt_percent(rec.get('rare_frac_above_0_9'))} | {fmt_percent(r['dead_fraction'])} | "
+                  f"{fmt_percent(r['dense_fraction'])} | {r['l0']:.1f} |")
         ours = results.get((ds.name, "sae-dist"))
         peers = [results[ds.name, t] for t in ("sparsify", "saelens") if (ds.name, t) in results]
         if ours and len(peers) < 2:
@@ -202,11 +202,11 @@ def main() -> int:
                 recovered = (ours.get("recovery") or {}).get("frac_above_0_9") or 0.0
                 goals.append((ds.name, below and recovered >= 0.9,
                               f"FVU {ours['fvu']:.3f} vs peers {theirs}; "
-                              f"recovered {pct(recovered)} (goal >= 90%)"))
+                              f"recovered {fmt_percent(recovered)} (goal >= 90%)"))
             else:
                 goals.append((ds.name, below and ours["dead_fraction"] < 0.01,
                               f"FVU {ours['fvu']:.3f} vs peers {theirs}; "
-                              f"dead {pct(ours['dead_fraction'])} (goal < 1%)"))
+                              f"dead {fmt_percent(ours['dead_fraction'])} (goal < 1%)"))
     print()
     for ds in sets:
         print(f"{ds.name}: {ds.describe()}")

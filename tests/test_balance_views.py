@@ -9,7 +9,7 @@ import json
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from sae_dist.analytics import charts, queries
+from sae_dist.analytics import bench_charts, charts, queries
 from sae_dist.analytics import format as fmt
 from sae_dist.bench import balance
 from sae_dist.db import DatabaseMetricsLogger, add_run_event, create_run, get_engine, utcnow
@@ -133,16 +133,16 @@ def test_rank_time_chart_marks_the_rebalances():
     windows = two_ranks(range(5, 31, 5), {5: (128, 128), 15: (192, 64)}, {5: (0.01, 0.03)})
     events = [rebalance(10, [128, 128], [192, 64]),
               {"step": 20, "kind": "balance_limited", "message": "slow", "details": {}}]
-    spec = balance.rank_time_chart(windows, events).to_dict()
+    spec = bench_charts.rank_time_chart(windows, events).to_dict()
     rows = [row for data in spec["datasets"].values() for row in data]
     marks = [row for row in rows if "listing" in row]  # the balance-limited event is not drawn
     assert [(m["step"], m["count"], m["kinds"], m["listing"]) for m in marks] == [
         (10, 1, "rebalanced", "step 10 rebalanced: shares [128, 128] -> [192, 64]")]
     assert {row["share"] for row in rows if "share" in row} == {"128", "192", "64"}
     assert spec["title"]["subtitle"] == "dashed: rebalanced"
-    assert balance.rank_time_chart([], events) is None
+    assert bench_charts.rank_time_chart([], events) is None
     with pytest.raises(ValueError):
-        balance.rank_time_chart(windows, events, "nonsense")
+        bench_charts.rank_time_chart(windows, events, "nonsense")
 
 
 def test_event_rules_on_the_monitor_curves_only_when_there_are_events():

@@ -18,7 +18,8 @@ import pytest
 from sqlmodel import Session
 
 from conftest import REPO
-from sae_dist.bench import charts, load, reliability as R, report
+from sae_dist.analytics import bench_charts, bench_tables
+from sae_dist.bench import load, reliability as R, report
 from sae_dist.bench import summary as S
 from sae_dist.db import BenchmarkPoint, BenchmarkRun, get_engine
 
@@ -127,7 +128,7 @@ def test_projection_and_headline_use_reliable_points_only():
     quiet = S.summarize([point(1, "ddp", 1024.0, cpu=0.5), point(2, "ddp", 1800.0, batch=512, cpu=0.5),
                          point(4, "ddp", 9000.0, batch=256, cpu=0.5)])  # 4 devices: superlinear
     assert S.best_speedup(quiet)["devices"] == 2  # not the (bigger, impossible) 4-device figure
-    assert "1.76x on 2 devices" in report.headline_text(quiet)
+    assert "1.76x on 2 devices" in bench_tables.headline_text(quiet)
     bandwidth = S.link_bandwidth("pcie4")[1]
     assert [p["devices"] for p in S.projection_rows(quiet, "strong", bandwidth)] == [2, 4, 8]
     assert S.projection_note(quiet) is None
@@ -135,15 +136,15 @@ def test_projection_and_headline_use_reliable_points_only():
     busy = S.summarize([point(1, "ddp", 1024.0, cpu=80.0), point(2, "ddp", 1800.0, batch=512, cpu=0.5)])
     assert S.projection_rows(busy, "strong", bandwidth) == []
     assert S.projection_note(busy).startswith("No projection: the 1-device point is unreliable (other processes used 80%")
-    assert report.headline_text(busy) == "Best speedup: none — no multi-device point is reliable"
+    assert bench_tables.headline_text(busy) == "Best speedup: none — no multi-device point is reliable"
 
 
 def test_chart_data_marks_unreliable_points():
     rows = S.summarize([point(1, "ddp", 1000.0, cpu=0.0), point(2, "ddp", 7210.0, batch=512, cpu=0.0),
                         point(2, "ceiling", 2000.0, batch=512, cpu=0.0)])
-    spec = charts.speedup_chart(rows, []).to_dict()
+    spec = bench_charts.speedup_chart(rows, []).to_dict()
     values = [v for data in spec["datasets"].values() for v in data]
-    measured = {(v["devices"], v["series"]): v for v in values if v["series"] in charts.MEASURED}
+    measured = {(v["devices"], v["series"]): v for v in values if v["series"] in bench_charts.MEASURED}
     assert measured[(1, "measured (DDP)")]["reliable"] is True
     bad = measured[(2, "measured (DDP)")]
     assert bad["reliable"] is False and "superlinear" in bad["reason"]
@@ -152,8 +153,8 @@ def test_chart_data_marks_unreliable_points():
     solid = next(l for l in layers.values() if {"filter": "datum.reliable"} in (l.get("transform") or []))
     hollow = next(l for l in layers.values() if {"filter": "(!datum.reliable)"} in (l.get("transform") or []))
     assert solid["mark"]["type"] == "line"
-    assert hollow["mark"]["filled"] is False and hollow["encoding"]["color"] == {"value": charts.UNRELIABLE_COLOR}
-    eff = charts.efficiency_chart(rows).to_dict()
+    assert hollow["mark"]["filled"] is False and hollow["encoding"]["color"] == {"value": bench_charts.UNRELIABLE_COLOR}
+    eff = bench_charts.efficiency_chart(rows).to_dict()
     bars = [v for data in eff["datasets"].values() for v in data if "against" in v]
     assert {(v["devices"], v["reliable"]) for v in bars} == {("1", True), ("2", False)}
     hollow_bars = eff["layer"][0]["layer"][1]

@@ -277,12 +277,10 @@ def test_available_actions_follow_the_state():
     assert cancelled["requeue"] is None  # the flag of its cancellation stays; requeue clears it
 
 
-def test_explain_reason_and_durations():
+def test_explain_reason():
     assert jobs.explain_reason("Resources").startswith("Resources: waiting for enough free")
     assert jobs.explain_reason("Requeued after FAILED") == "Requeued after FAILED"
     assert jobs.explain_reason("Resources, RunningJobs:3,5") == (
         "Resources, RunningJobs:3,5: it runs alone (exclusive) and waits for jobs 3, 5 to end")
     assert jobs.explain_reason("Resources, ExclusiveJob:12") == (
         "Resources, ExclusiveJob:12: exclusive job 12 holds the whole machine")
-    assert jobs.fmt_duration(65) == "1:05" and jobs.fmt_duration(3 * 3600 + 5) == "3:00:05"
-    assert jobs.fmt_duration(None) == "—" and jobs.fmt_duration(90061) == "1-01:01:01"

@@ -1,6 +1,11 @@
-"""How numbers read on the page: a missing value is "—", never 0; units are spelled out.
+"""How numbers read on the page, in the CLIs and in the reports: a missing value is "—",
+never 0; units are spelled out.
 
-Pure functions (no Streamlit), so the table the app shows is testable with plain data.
+The one duration (`fmt_duration`), byte (`fmt_bytes`) and percent (`fmt_percent`, and
+`fmt_util` for a reading already in percent) formatter of the project: every page, CLI,
+report and script writes these quantities through them, so the same thing reads the same
+everywhere. Pure functions of the standard library only (no torch, no Streamlit): the
+scheduler's CLI imports this module too.
 """
 
 from __future__ import annotations
@@ -28,12 +33,13 @@ def fmt_number(value: float | None, digits: int = 4) -> str:
 
 
 def fmt_percent(value: float | None, decimals: int = 1) -> str:
-    """A fraction as a percentage; "—" when missing."""
+    """A fraction (0.25) as a percentage with `decimals` decimals ("25.0%"); "—" when missing."""
     return MISSING if _missing(value) else f"{100 * value:.{decimals}f}%"
 
 
-def fmt_bytes(value: int | None) -> str:
-    """Bytes in binary units (MiB, GiB); "—" when not measured."""
+def fmt_bytes(value: int | float | None) -> str:
+    """Bytes in binary units, one decimal past bytes: "512 B", "88.0 MiB", "3.1 GiB",
+    "3.0 TiB"; "—" when not measured."""
     if _missing(value):
         return MISSING
     size = float(value)
@@ -139,7 +145,8 @@ def fmt_watts(value: float | None, limit: float | None = None) -> str:
 
 
 def fmt_util(value: float | None) -> str:
-    """Utilisation in percent (0 to 100): "37%"; "—" when not measured."""
+    """A reading already in percent (0 to 100: a device's utilisation, other processes' CPU in
+    percent of one core) as a whole percentage: "37%"; "—" when not measured."""
     return MISSING if _missing(value) else f"{value:.0f}%"
 
 

@@ -167,19 +167,6 @@ def elapsed_s(job: dict[str, Any], now: datetime) -> float | None:
     return ((job["ended_at"] or now) - job["started_at"]).total_seconds()
 
 
-def fmt_duration(seconds: float | None) -> str:
-    """SLURM's elapsed format: "MM:SS", "H:MM:SS", "D-HH:MM:SS"; "—" when unknown."""
-    if seconds is None:
-        return "—"
-    s = max(0, int(seconds))
-    days, s = divmod(s, 86400)
-    hours, s = divmod(s, 3600)
-    minutes, s = divmod(s, 60)
-    if days:
-        return f"{days}-{hours:02d}:{minutes:02d}:{s:02d}"
-    return f"{hours}:{minutes:02d}:{s:02d}" if hours else f"{minutes}:{s:02d}"
-
-
 def log_paths(job: dict[str, Any]) -> list[tuple[str, str]]:
     """The job's log files as (label, path): stdout, then stderr when it is another file."""
     out = []

@@ -1,4 +1,5 @@
-"""Read-only queries for the app: training runs, their step metrics and per-rank stats.
+"""Read-only queries for the app: training runs, their step metrics and per-rank stats,
+benchmarks and their points.
 
 Each function takes an engine and returns plain data (dicts, lists): nothing here imports
 Streamlit or the scheduler, and nothing writes. Missing numbers stay None all the way to
@@ -14,7 +15,8 @@ from sqlalchemy import and_, case, func, select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from sae_dist.db.schema import RankStat, RunEvent, StepMetric, TrainingRun
+from sae_dist.db.schema import BenchmarkPoint, BenchmarkRun, RankStat, RunEvent, StepMetric, TrainingRun
+from sae_dist.errors import UserError
 
 CURVE_METRICS = ("loss", "fvu", "l0", "dead_fraction")
 """The step metrics drawn as training curves, in display order."""
@@ -145,6 +147,25 @@ def balanced_runs(engine: Engine, limit: int = 200) -> list[dict[str, Any]]:
              .order_by(TrainingRun.id.desc()).limit(limit))
     with engine.connect() as conn:
         return [dict(row) for row in conn.execute(query).mappings()]
+
+
+def list_benchmarks(engine: Engine) -> list[dict[str, Any]]:
+    """Every benchmark run (benchmark_runs rows), newest first."""
+    with Session(engine) as s:
+        runs = s.execute(select(BenchmarkRun).order_by(BenchmarkRun.id.desc())).scalars().all()
+        return [r.model_dump() for r in runs]
+
+
+def load_benchmark(engine: Engine, bench_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The benchmark's row and its points as plain dicts; a UserError names a missing id."""
+    with Session(engine) as s:
+        run = s.get(BenchmarkRun, bench_id)
+        if run is None:
+            raise UserError(f"no benchmark {bench_id} in {engine.url.render_as_string(hide_password=True)} "
+                            "(python -m sae_dist bench prints the id of each one)")
+        points = s.execute(select(BenchmarkPoint).where(BenchmarkPoint.bench_id == bench_id)
+                           .order_by(BenchmarkPoint.devices, BenchmarkPoint.repeat)).scalars().all()
+        return run.model_dump(), [p.model_dump() for p in points]
 
 
 def _window(row) -> dict[str, Any]:

@@ -14,8 +14,8 @@ The Benchmarks page and `scripts/bench_balance.py` read a run through these defi
 - over a period, a rank's time is the median of its windows (the first window's warm-up does
   not drag it) and its share the last one recorded in the period.
 
-Pure functions on plain data (lists of dicts from `sae_dist.analytics.queries`), except the
-chart builder, which returns an Altair chart.
+Pure functions on plain data (lists of dicts from `sae_dist.analytics.queries`); the chart
+of these figures is `sae_dist.analytics.bench_charts.rank_time_chart`.
 """
 
 from __future__ import annotations
@@ -23,16 +23,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-import altair as alt
-import pandas as pd
-
-from sae_dist.analytics import units
-from sae_dist.analytics.charts import CHART_HEIGHT, event_marks, events_subtitle, step_x, value_y
-from sae_dist.analytics.downsample import MAX_ROWS_PER_CHART, downsample_indices, points_per_series
 from sae_dist.analytics.format import MISSING, fmt_ratio, fmt_seconds, fmt_share
-
-MARKED_EVENTS = ("rebalance", "degraded")  # the events that change who computes what
-
 
 def rebalance_steps(events: list[dict]) -> list[int]:
     """The steps at which the shares were rebalanced, in order."""
@@ -154,42 +145,3 @@ def ratio_text(before: float | None, after: float | None) -> str:
 def _total(shares: list[int | None]) -> int | None:
     # The global batch only when every rank's share is known: a partial sum would mislead.
     return sum(shares) if shares and all(s is not None for s in shares) else None
-
-
-def rank_time_chart(windows: list[dict], events: list[dict], field: str = "compute_time_s"
-                    ) -> alt.LayerChart | None:
-    """Each rank's `field` (compute_time_s or step_time_s, drawn in ms) against step, one line
-    per rank with its share in the tooltip, the rebalances (and any loss of devices) as
-    dashed rules, grouped into a few marks when dense (`charts.event_marks`). None without
-    windows."""
-    if field not in ("compute_time_s", "step_time_s"):
-        raise ValueError(f"field must be compute_time_s or step_time_s, got {field!r}")
-    if not windows:
-        return None
-    rows = _chart_rows(windows, field)
-    x = step_x()
-    line = alt.Chart(pd.DataFrame(rows)).mark_line(point=len(rows) <= 120).encode(
-        x=x, y=value_y(units.RANK_TIME, "ms"), color=alt.Color("rank:N", title="Rank"),
-        tooltip=[alt.Tooltip("rank:N", title="Rank"), alt.Tooltip("step:Q", title="Step", format=","),
-                 alt.Tooltip("ms:Q", title="Time (ms)", format=units.RANK_TIME.value),
-                 alt.Tooltip("share:N", title="Share (samples/step)")])
-    marked = [e for e in events if e["kind"] in MARKED_EVENTS]
-    title = "Compute time per rank" if field == "compute_time_s" else "Step time per rank"
-    subtitle = events_subtitle(marked) or "no rebalance"
-    return alt.layer(line, *event_marks(marked)).properties(
-        title=alt.TitleParams(title, subtitle=subtitle), height=CHART_HEIGHT)
-
-
-def _chart_rows(windows: list[dict], field: str) -> list[dict[str, Any]]:
-    """Long-form rows, each rank's series thinned so that the chart stays under the limit."""
-    ranks = sorted({w["rank"] for w in windows})
-    per_rank = points_per_series(len(ranks), MAX_ROWS_PER_CHART)
-    rows = []
-    for rank in ranks:
-        series = [w for w in windows if w["rank"] == rank]
-        label = f"{rank} ({series[-1]['device']})" if series[-1]["device"] else str(rank)
-        for i in downsample_indices([w[field] for w in series], per_rank):
-            w = series[i]
-            rows.append({"step": w["step"], "rank": label, "ms": 1000 * w[field],
-                         "share": MISSING if w["batch_size"] is None else f"{w['batch_size']:,}"})
-    return rows

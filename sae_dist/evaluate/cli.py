@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from sae_dist.analytics.format import fmt_percent
 from sae_dist.errors import DataError
 from sae_dist.evaluate.data import DEFAULT_ROWS, evaluate_shards
 from sae_dist.evaluate.load import load_sae
@@ -71,10 +72,6 @@ def _heldout_tail(shards: str) -> int:
     return heldout_rows_of(DEFAULT_ROWS, total) or total
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
-
-
 def _opt(x: float | None, fmt: str) -> str:
     return "undefined (the rows do not vary)" if x is None else format(x, fmt)
 
@@ -88,8 +85,8 @@ def summary(ev: Evaluation, architecture: str, d_in: int, sae_dir: str | Path, d
         f"  MSE                {ev.mse:.6g}   (summed over dims, mean over rows)",
         f"  cosine(x, x_hat)   {ev.cosine:.4f}",
         f"  L0                 {ev.l0:.2f} active latents per row",
-        f"  dead latents       {_pct(ev.dead_fraction)}   ({dead:,} of {ev.d_sae:,} never fired on these rows)",
-        f"  dense latents      {_pct(ev.dense_fraction)}   (firing on more than 10% of the rows)",
+        f"  dead latents       {fmt_percent(ev.dead_fraction)}   ({dead:,} of {ev.d_sae:,} never fired on these rows)",
+        f"  dense latents      {fmt_percent(ev.dense_fraction)}   (firing on more than 10% of the rows)",
         "  feature density: latents per bin of log10(firing frequency)",
     ]
     counts, edges = ev.density.counts, ev.density.edges
@@ -104,9 +101,9 @@ def summary(ev: Evaluation, architecture: str, d_in: int, sae_dir: str | Path, d
     r = ev.recovery
     if r is not None:
         lines.append(f"  planted recovery ({r.features:,} features): mean best cosine {r.mean_best_cos:.4f}, "
-                     f"{_pct(r.frac_above_0_9)} above 0.9, {_pct(r.frac_above_0_8)} above 0.8")
+                     f"{fmt_percent(r.frac_above_0_9)} above 0.9, {fmt_percent(r.frac_above_0_8)} above 0.8")
         lines.append(f"    rarest tenth ({r.rare_features:,}): mean best cosine {r.rare_mean_best_cos:.4f}, "
-                     f"{_pct(r.rare_frac_above_0_9)} above 0.9, {_pct(r.rare_frac_above_0_8)} above 0.8")
+                     f"{fmt_percent(r.rare_frac_above_0_9)} above 0.9, {fmt_percent(r.rare_frac_above_0_8)} above 0.8")
     if ev.model_check:
         lines.append(f"  model check: {json.dumps(ev.model_check)}")
     return "\n".join(lines)

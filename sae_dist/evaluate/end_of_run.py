@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from sae_dist import distributed as D
+from sae_dist.analytics.format import fmt_percent
 from sae_dist.evaluate.data import batch_rows_for, heldout_batches
 from sae_dist.evaluate.metrics import Evaluation, Planted, evaluate_sae
 from sae_dist.evaluate.planted import load_planted, planted_from_settings
@@ -85,17 +86,13 @@ def _model_check(sae, shards_path: str) -> dict | None:
 
 def summary_lines(evaluation: Evaluation, where: str) -> Iterator[str]:
     d = evaluation.to_dict()
-
-    def pct(v: float | None) -> str:
-        return "unknown" if v is None else f"{100 * v:.1f}%"
-
     fvu = "unknown" if d["fvu"] is None else f"{d['fvu']:.4f}"
-    yield (f"evaluation on {where}: FVU {fvu}, L0 {d['l0']:.1f}, dead {pct(d['dead_fraction'])}, "
-           f"dense {pct(d['dense_fraction'])}")
+    yield (f"evaluation on {where}: FVU {fvu}, L0 {d['l0']:.1f}, dead {fmt_percent(d['dead_fraction'])}, "
+           f"dense {fmt_percent(d['dense_fraction'])}")
     rec = d.get("recovery")
     if rec:
-        yield (f"planted features recovered: {pct(rec['frac_above_0_9'])} at cos > 0.9 "
-               f"({pct(rec['rare_frac_above_0_9'])} of the rarest tenth), mean best cosine "
+        yield (f"planted features recovered: {fmt_percent(rec['frac_above_0_9'])} at cos > 0.9 "
+               f"({fmt_percent(rec['rare_frac_above_0_9'])} of the rarest tenth), mean best cosine "
                f"{rec['mean_best_cos']:.3f}")
     check = d.get("model_check")
     if check and check.get("kind") == "sentence_cosine":

@@ -1,17 +1,29 @@
-"""Altair charts of a benchmark, for the app's Benchmarks page and the HTML report.
+"""Altair charts of benchmarks and heterogeneous runs: the Benchmarks page and the HTML report.
 
-Measured series are solid with points; the ideal line, the targets and the projection are
-drawn apart (dashed or hollow) and say what they are in the legend: a projection is a model.
-A measured point that fails the reliability checks (sae_dist.bench.reliability) is drawn hollow
-and grey, with its reason in the tooltip, and the measured line does not pass through it.
+Scaling (`speedup_chart`, `efficiency_chart`): measured series are solid with points; the
+ideal line, the targets and the projection are drawn apart (dashed or hollow) and say what
+they are in the legend: a projection is a model. A measured point that fails the reliability
+checks (sae_dist.bench.reliability) is drawn hollow and grey, with its reason in the tooltip,
+and the measured line does not pass through it.
+
+Heterogeneous runs (`rank_time_chart`): each rank's time per step, the rebalances marked.
+The figures come from `sae_dist.bench` (summary, balance); this module only draws them.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import altair as alt
 import pandas as pd
 
+from sae_dist.analytics import units
+from sae_dist.analytics.charts import CHART_HEIGHT, event_marks, events_subtitle, step_x, value_y
+from sae_dist.analytics.downsample import MAX_ROWS_PER_CHART, downsample_indices, points_per_series
+from sae_dist.analytics.format import MISSING
 from sae_dist.bench import scaling
+
+MARKED_EVENTS = ("rebalance", "degraded")  # the events that change who computes what
 
 SERIES_ORDER = ["measured (DDP)", "ceiling (no communication)", "ideal (N x)", "target",
                 "projected, no overlap", "projected, full overlap"]
@@ -102,3 +114,44 @@ def efficiency_chart(rows: list[dict]) -> alt.Chart:
         color="#cf222e", strokeDash=[4, 4]).encode(y="y:Q")
     return alt.layer(bars, floor).properties(title=f"Efficiency (target over {scaling.TARGET_EFFICIENCY:.0%})",
                                              height=300)
+
+
+# ---- heterogeneous runs ----------------------------------------------------------------------
+
+def rank_time_chart(windows: list[dict], events: list[dict], field: str = "compute_time_s"
+                    ) -> alt.LayerChart | None:
+    """Each rank's `field` (compute_time_s or step_time_s, drawn in ms) against step, one line
+    per rank with its share in the tooltip, the rebalances (and any loss of devices) as
+    dashed rules, grouped into a few marks when dense (`charts.event_marks`). None without
+    windows."""
+    if field not in ("compute_time_s", "step_time_s"):
+        raise ValueError(f"field must be compute_time_s or step_time_s, got {field!r}")
+    if not windows:
+        return None
+    rows = _chart_rows(windows, field)
+    x = step_x()
+    line = alt.Chart(pd.DataFrame(rows)).mark_line(point=len(rows) <= 120).encode(
+        x=x, y=value_y(units.RANK_TIME, "ms"), color=alt.Color("rank:N", title="Rank"),
+        tooltip=[alt.Tooltip("rank:N", title="Rank"), alt.Tooltip("step:Q", title="Step", format=","),
+                 alt.Tooltip("ms:Q", title="Time (ms)", format=units.RANK_TIME.value),
+                 alt.Tooltip("share:N", title="Share (samples/step)")])
+    marked = [e for e in events if e["kind"] in MARKED_EVENTS]
+    title = "Compute time per rank" if field == "compute_time_s" else "Step time per rank"
+    subtitle = events_subtitle(marked) or "no rebalance"
+    return alt.layer(line, *event_marks(marked)).properties(
+        title=alt.TitleParams(title, subtitle=subtitle), height=CHART_HEIGHT)
+
+
+def _chart_rows(windows: list[dict], field: str) -> list[dict[str, Any]]:
+    """Long-form rows, each rank's series thinned so that the chart stays under the limit."""
+    ranks = sorted({w["rank"] for w in windows})
+    per_rank = points_per_series(len(ranks), MAX_ROWS_PER_CHART)
+    rows = []
+    for rank in ranks:
+        series = [w for w in windows if w["rank"] == rank]
+        label = f"{rank} ({series[-1]['device']})" if series[-1]["device"] else str(rank)
+        for i in downsample_indices([w[field] for w in series], per_rank):
+            w = series[i]
+            rows.append({"step": w["step"], "rank": label, "ms": 1000 * w[field],
+                         "share": MISSING if w["batch_size"] is None else f"{w['batch_size']:,}"})
+    return rows

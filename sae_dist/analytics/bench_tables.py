@@ -1,0 +1,114 @@
+"""A benchmark as display strings: the tables and lines that the Benchmarks page and the
+md/html report (`python -m sae_dist report`) both show, so they read the same in both.
+
+Pure functions of the summary rows (`sae_dist.bench.summary.summarize`), the projection
+(`summary.projection_rows`) and the stored points; a value not recorded reads "—".
+"""
+
+from __future__ import annotations
+
+import json
+
+from sae_dist.analytics.format import MISSING, fmt_bytes, fmt_util
+from sae_dist.bench import reliability as R
+from sae_dist.bench import summary as S
+
+
+def _num(value, fmt: str = ",.0f") -> str:
+    return MISSING if value is None else format(value, fmt)
+
+
+def fmt_other_load(row: dict) -> str:
+    """The most other load a device count's points saw, as text ('—': not recorded)."""
+    parts = []
+    if row.get("other_cpu_pct") is not None:
+        parts.append(f"{fmt_util(row['other_cpu_pct'])} of a core")
+    if row.get("other_gpu_pct"):
+        parts.append(f"GPU {fmt_util(row['other_gpu_pct'])} SM")
+    if row.get("other_gpu_unknown"):
+        parts.append(f"{row['other_gpu_unknown']} GPU process(es), utilisation unknown")
+    return ", ".join(parts) or MISSING
+
+
+def measured_table(rows: list[dict]) -> list[dict[str, str]]:
+    """The measured rows as display strings (shared by md, html and the app)."""
+    return [{
+        "Reliable": "yes" if r.get("reliable", True) else "NO",
+        "Devices": str(r["devices"]), "Batch/device": f"{r['per_device_batch']:,}",
+        "Samples/s": _num(r["samples_per_s"]) + (f" ± {r['spread']:.0%}" if r["repeats"] > 1 else ""),
+        "Step": f"{r['step_s'] * 1e3:.1f} ms",
+        "Speedup": _num(r["speedup"], ".2f") + (f" (target {r['target_speedup']})" if r["target_speedup"] else ""),
+        "Efficiency": _num(r["efficiency"], ".0%"),
+        "Ceiling samples/s": _num(r["ceiling_samples_per_s"]) + (
+            f" ± {r['ceiling_spread']:.0%}" if r.get("ceiling_spread") is not None and r["repeats"] > 1 else ""),
+        "Efficiency vs ceiling": _num(r["efficiency_vs_ceiling"], ".0%"),
+        "Communication": _num(r["comm_share"], ".0%"),
+        "Peak memory/device": fmt_bytes(r["peak_memory"]),
+        "Mean utilisation": fmt_util(r["mean_utilization_pct"]),
+        "Gradient all-reduced/step": fmt_bytes(r["grad_bytes"]),
+        "All-reduce bandwidth": (MISSING if r["allreduce_bytes_per_s"] is None
+                                 else f"{r['allreduce_bytes_per_s'] / 1e9:.2f} GB/s"),
+        "Other load (most, while running)": fmt_other_load(r),
+        "Why unreliable": r.get("reason") or "",
+    } for r in rows]
+
+
+def other_load_table(points: list[dict]) -> list[dict[str, str]]:
+    """Each point in the order it ran (repeats interleave across device counts): the other
+    processes' CPU (percent of one core) just before it and while it ran, the busiest of them,
+    other scheduler jobs seen running, and other GPU processes."""
+    out = []
+    for p in sorted(points, key=lambda p: (p.get("created_at") is None, p.get("created_at"), p.get("id") or 0)):
+        load = R.point_load(p.get("other_load_json"))
+        gpu = MISSING
+        if load["gpu_pct"] is not None or load["gpu_unknown"]:
+            gpu = (f"{fmt_util(load['gpu_pct'])} SM" if load["gpu_pct"] is not None else "") + (
+                f" ({load['gpu_unknown']} of unknown use)" if load["gpu_unknown"] else "")
+        out.append({
+            "Devices": str(p["devices"]), "Kind": p["kind"], "Repeat": str(p["repeat"] + 1),
+            "Samples/s": _num(p["samples_per_s"]),
+            "Other CPU before": fmt_util(load["before_cpu_pct"]),
+            "Other CPU while running": fmt_util(load["cpu_pct"]),
+            "Busiest other processes": load["top"] or MISSING,
+            "Other jobs running": ", ".join(f"{j['id']} {j['name']} ({j['user']})" for j in load["jobs"]) or MISSING,
+            "Other GPU processes": gpu,
+        })
+    return out
+
+
+def headline_text(rows: list[dict]) -> str:
+    """The best speedup, from reliable rows only."""
+    best = S.best_speedup(rows)
+    if best is None:
+        multi = [r for r in rows if r["devices"] > 1]
+        return ("Best speedup: none — no multi-device point is reliable" if multi
+                else "Best speedup: none — no multi-device point measured")
+    return (f"Best speedup: {best['speedup']:.2f}x on {best['devices']} devices "
+            f"(efficiency {best['efficiency']:.0%}; reliable points only)")
+
+
+def fmt_batch(value: float) -> str:
+    return f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
+
+
+def projection_table(projection: list[dict]) -> list[dict[str, str]]:
+    return [{
+        "Devices": str(p["devices"]), "All-reduce": f"{p['allreduce_s'] * 1e3:.2f} ms",
+        "Speedup, no overlap": f"{p['speedup_no_overlap']:.2f}",
+        "Speedup, full overlap": f"{p['speedup_overlap']:.2f}",
+        "Break-even batch/device": fmt_batch(p["break_even_batch"]),
+    } for p in projection]
+
+
+def environment_lines(run: dict) -> list[str]:
+    names = json.loads(run["device_names"])
+    lines = [f"Benchmark {run['id']} ({run['name']}): {run['mode']} scaling, devices {run['device_counts']}, "
+             f"{run['steps']} timed steps after {run['warmup_steps']} warm-up, {run['repeats']} repeat(s), "
+             f"{'scheduler jobs' if run['queued'] else 'run directly (--no-queue)'}; status {run['status']}",
+             f"Devices: {', '.join(sorted(set(names)))}" + (" — virtual (CPU-backed): the figures are the "
+                                                            "CPU's, not a GPU's" if run["virtual"] else ""),
+             f"Backend {run['backend']}, torch {run['torch_version']}, link {run['link'] or 'unknown'}, "
+             f"host {run['host']}, started {run['created_at']:%Y-%m-%d %H:%M} UTC"]
+    if run.get("error"):
+        lines.append(f"Error: {run['error']}")
+    return lines

@@ -1,0 +1,53 @@
+"""The project's one duration, byte and percent formatter (sae_dist.analytics.format), on plain
+numbers: what every page, CLI, report and script writes for these quantities."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sae_dist.analytics import format as fmt
+
+GIB, MIB = 2**30, 2**20
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (0, "0 s"), (45.4, "45 s"), (59.6, "1 min 00 s"), (65, "1 min 05 s"), (185, "3 min 05 s"),
+    (3 * 3600 + 5, "3 h 00 min"), (2 * 3600 + 7 * 60, "2 h 07 min"), (90061, "1 d 01 h"),
+    (-5, "0 s"),  # a clock that stepped back reads as no time, never as a negative duration
+])
+def test_duration(seconds, text):
+    assert fmt.fmt_duration(seconds) == text
+
+
+def test_duration_replaces_the_queue_pages_slurm_text():
+    # The Queue and Monitor pages wrote SLURM's "1:05", "3:00:05", "1-01:01:01"; every page now
+    # writes the Overview's text for the same durations.
+    assert fmt.fmt_duration(65) == "1 min 05 s" and fmt.fmt_duration(3 * 3600 + 5) == "3 h 00 min"
+    assert fmt.fmt_duration(None) == "—" and fmt.fmt_duration(90061) == "1 d 01 h"
+
+
+@pytest.mark.parametrize("n, text", [
+    (0, "0 B"), (512, "512 B"), (1536, "1.5 KiB"), (88 * MIB, "88.0 MiB"), (512 * MIB, "512.0 MiB"),
+    (20 * GIB, "20.0 GiB"), (int(3.1 * GIB), "3.1 GiB"), (3 * 2**40, "3.0 TiB"), (2.5 * GIB, "2.5 GiB"),
+])
+def test_bytes(n, text):
+    assert fmt.fmt_bytes(n) == text
+
+
+@pytest.mark.parametrize("fraction, decimals, text", [
+    (0.25, 1, "25.0%"), (0.0008, 1, "0.1%"), (1.0, 1, "100.0%"), (0.998, 1, "99.8%"), (0.5, 0, "50%"),
+    (0.0, 1, "0.0%"),
+])
+def test_percent(fraction, decimals, text):
+    assert fmt.fmt_percent(fraction, decimals) == text
+
+
+def test_a_reading_already_in_percent():
+    assert fmt.fmt_util(37.4) == "37%" and fmt.fmt_util(0.0) == "0%" and fmt.fmt_util(100) == "100%"
+
+
+@pytest.mark.parametrize("formatter", [fmt.fmt_duration, fmt.fmt_bytes, fmt.fmt_percent, fmt.fmt_util])
+def test_missing_is_a_dash_never_zero(formatter):
+    assert formatter(None) == formatter(math.nan) == formatter(math.inf) == "—"
