@@ -26,12 +26,9 @@ RUNS_PAGE = "pages/4_Training_runs.py"
 FINISHED_COLORS = {"COMPLETED": "green", "CANCELLED": "gray", "TIMEOUT": "orange"}  # others: red
 
 
-def monitor_link(job_id: int, run_id: int | None, label: str) -> None:
-    """A link to watch a job: the Monitor page once it exists, else its training run's page."""
-    if (APP_ROOT / MONITOR_PAGE).is_file():
-        st.page_link(MONITOR_PAGE, label=label, icon=":material/speed:", query_params={"job": str(job_id)})
-    elif run_id is not None:
-        st.page_link(RUNS_PAGE, label=label, icon=":material/monitoring:", query_params={"run": str(run_id)})
+def monitor_link(job_id: int, label: str) -> None:
+    """A link to watch a job on the Monitor page."""
+    st.page_link(MONITOR_PAGE, label=label, icon=":material/speed:", query_params={"job": str(job_id)})
 
 
 def start_demo() -> None:
@@ -60,7 +57,7 @@ if demo is not None and demo_active(demo[0]):
         st.success(f"Demo job {job_id} is queued on {n} device{'s' if n > 1 else ''}: synthetic data, "
                    "3,000 steps, about a minute on CPU. Its curves appear below as it trains.",
                    title="Demo submitted", icon=":material/rocket_launch:")
-        monitor_link(job_id, None, f"Monitor job {job_id}")
+        monitor_link(job_id, f"Monitor job {job_id}")
 elif demo is None and count_jobs(engine) == 0 and not queries.list_runs(engine, limit=1):
     with st.container(border=True, key="demo_card"):
         st.markdown("**Nothing has run here yet.** Try it with one click: a small sparse autoencoder "
@@ -156,7 +153,7 @@ def running_job(job: dict) -> None:
             st.caption(text)
         else:
             st.progress(job["fraction"], text=text)
-        monitor_link(job["id"], job["run_id"], f"Watch job {job['id']}")
+        monitor_link(job["id"], f"Watch job {job['id']}")
 
 
 def progress_text(job: dict) -> str:

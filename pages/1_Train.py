@@ -368,8 +368,5 @@ if "tr_submitted" in st.session_state:
     job_id, job_name, n = st.session_state["tr_submitted"]
     st.success(f"Job {job_id} ({job_name}) is queued on {n} device{'s' if n > 1 else ''}.",
                title="Submitted", icon=":material/check_circle:")
-    if (APP_ROOT / MONITOR_PAGE).is_file():
-        st.page_link(MONITOR_PAGE, label=f"Monitor job {job_id}", icon=":material/speed:",
-                     query_params={"job": str(job_id)})
-    else:
-        st.caption(f"Job id {job_id}: follow it with `python -m scheduler queue`.")
+    st.page_link(MONITOR_PAGE, label=f"Monitor job {job_id}", icon=":material/speed:",
+                 query_params={"job": str(job_id)})

@@ -1,7 +1,7 @@
 """Every read-modify-write on jobs and devices, each one transaction that holds the write lock.
 
 Select-then-update is only safe inside `BEGIN IMMEDIATE` (SQLite) or as one atomic statement
-(DESIGN pitfall 5); the partial unique indexes on allocations and ports make a double allocation
+(else two can take one device); the partial unique indexes on allocations and ports make a double allocation
 impossible even if a bug got past that. Functions here take an engine and plain values, and
 return plain values; the daemon, the supervisor, the CLI and the app share them.
 """

@@ -1,6 +1,7 @@
 """The Streamlit app with AppTest: every page, an empty database and one with runs.
 
-Live refresh (`st.fragment(run_every=...)`) never fires in AppTest (DESIGN.md, pitfall 2):
+Live refresh (`st.fragment(run_every=...)`) never fires in AppTest (it runs a script once,
+with no clock):
 these tests check what the fragments draw, not that they redraw.
 """
 

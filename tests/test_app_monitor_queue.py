@@ -1,6 +1,7 @@
 """The Monitor and Queue pages with AppTest, on a real state database in a temporary home.
 
-Live refresh (`st.fragment(run_every=...)`) never fires in AppTest (DESIGN.md, pitfall 2):
+Live refresh (`st.fragment(run_every=...)`) never fires in AppTest (it runs a script once,
+with no clock):
 these tests check what the fragments draw; the browser check watches them redraw. The Queue's
 confirmation dialog opens from a session-state flag, so AppTest can answer it (pitfall 3).
 """

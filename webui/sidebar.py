@@ -1,9 +1,8 @@
 """The frame every page shares: page config, the sidebar, the state database.
 
 The sidebar is drawn here with `st.page_link`, once for all pages, and Streamlit's own
-page list is hidden (`[client] showSidebarNavigation = false`): together with a `pages/`
-folder, `st.navigation` made the sidebar depend on which URL was hit first (DESIGN.md,
-pitfall 1).
+page list is hidden (`[client] showSidebarNavigation = false`): `st.navigation` with a
+`pages/` folder makes the sidebar depend on which URL was hit first after a restart.
 """
 
 from __future__ import annotations

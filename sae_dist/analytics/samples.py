@@ -2,7 +2,7 @@
 metrics by step, at most about `MAX_POINTS_PER_SERIES` points a series whatever the window.
 
 Device readings. Buckets are whole seconds of Unix time, `epoch // width * width` on
-integers (SQLAlchemy's `/` is true division: DESIGN pitfall 6), aligned to multiples of the
+integers (SQLAlchemy's `/` is true division, even on integer columns), aligned to multiples of the
 width so a bucket's edges do not move as the window slides. Widths come from a short list
 of round values (1 s, 2 s, 5 s, ..., 1 min, 2 min, ...), the smallest that keeps a window
 within the budget. Where to read them from is the speed decision:
