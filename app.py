@@ -13,7 +13,7 @@ import streamlit as st
 from sae_dist.analytics import devices as dev
 from sae_dist.analytics import format as fmt
 from sae_dist.analytics import queries
-from sae_dist.analytics.format import runs_table
+from sae_dist.analytics.tables import runs_table
 from sae_dist.errors import UserError
 from scheduler import status
 from scheduler.store import JobNotFound, count_jobs, get_job

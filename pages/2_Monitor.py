@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 
 import streamlit as st
 
-from sae_dist.analytics import cards, charts, jobs, queries, samples, units
+from sae_dist.analytics import cards, charts, jobs, queries, samples, tables, units
 from sae_dist.analytics import format as fmt
 from sae_dist.db import get_engine
 from webui.widgets import card_row, events_toggle
@@ -271,28 +271,7 @@ def training(job: dict) -> None:
     run = queries.get_run_summary(engine, run_id)
     if run is None:
         return
-    # A job stopped from outside (cancel, time limit, killed) can leave its run saying RUNNING.
-    orphaned = run["status"] == "RUNNING" and job["state"] not in LIVE_STATES
-    with st.container(horizontal=True, vertical_alignment="center"):
-        st.caption(f"Run {run_id} · {run['name']} · step "
-                   f"{fmt.fmt_steps(run['last_step'], run['total_steps'])} · {run['world_size']} × "
-                   f"{run['backend']}", width="content")
-        if orphaned:
-            st.badge(f"stopped with the job ({job['state']})", color="orange")
-        else:
-            st.badge(run["status"], color=fmt.RUN_STATUS_COLORS.get(run["status"], "gray"))
-        st.page_link("pages/4_Training_runs.py", label="Run details", icon=":material/monitoring:",
-                     query_params={"run": str(run_id)})
-    if run["progress"] is not None:
-        st.progress(run["progress"])
-    if run["status"] == "FAILED":
-        st.error(run["error"] or "no error message recorded", title="The run failed")
-    elif run["status"] == "STOPPED":
-        st.caption(f"The training {run['error'] or 'was stopped'}: the figures below are the last "
-                   "it logged.")
-    elif orphaned:
-        st.caption(f"The job ended ({job['state']}) before the training recorded its end: the "
-                   "figures below are the last it logged.")
+    training_header(job, run)
     db_url = engine.url.render_as_string(hide_password=False)
     # Not cached: both are a few indexed rows, and an event can land after its step's metrics.
     events = queries.run_events(engine, run_id)
@@ -315,33 +294,67 @@ def training(job: dict) -> None:
             else:
                 st.altair_chart(panel.chart, alt=f"{panel.unit.title} against step")
     with grid[len(TRAIN_CURVES) % 2]:
-        # DDP ranks wait for each other every step, so their step times match; the compute time
-        # (before the gradient all-reduce) is where a slow rank shows.
-        field = st.segmented_control(
-            "Rank time", ["step_time_s", "compute_time_s"], default="step_time_s",
-            key="monitor_rank_time", label_visibility="collapsed",
-            format_func={"step_time_s": "Step time", "compute_time_s": "Compute time"}.get)
-        field = field or "step_time_s"
-        times = load_rank_times(db_url, run_id, field, run["last_step"], run["last_update"])
-        chart = charts.binned_rank_time_chart(times, field, drawn)
-        if chart is None:
-            st.caption("Time per rank: no per-rank statistics logged yet.")
-        else:
-            st.altair_chart(chart, alt="Time per step of each rank against step, stragglers "
-                                       "and run events marked")
+        rank_times(run, db_url, drawn)
         shares(window)
+    feature_recovery(run, curves)
 
+
+def training_header(job: dict, run: dict) -> None:
+    """The run's step, status and a link to its page; why it stopped when it did."""
+    # A job stopped from outside (cancel, time limit, killed) can leave its run saying RUNNING.
+    orphaned = run["status"] == "RUNNING" and job["state"] not in LIVE_STATES
+    with st.container(horizontal=True, vertical_alignment="center"):
+        st.caption(f"Run {run['id']} · {run['name']} · step "
+                   f"{fmt.fmt_steps(run['last_step'], run['total_steps'])} · {run['world_size']} × "
+                   f"{run['backend']}", width="content")
+        if orphaned:
+            st.badge(f"stopped with the job ({job['state']})", color="orange")
+        else:
+            st.badge(run["status"], color=fmt.RUN_STATUS_COLORS.get(run["status"], "gray"))
+        st.page_link("pages/4_Training_runs.py", label="Run details", icon=":material/monitoring:",
+                     query_params={"run": str(run["id"])})
+    if run["progress"] is not None:
+        st.progress(run["progress"])
+    if run["status"] == "FAILED":
+        st.error(run["error"] or "no error message recorded", title="The run failed")
+    elif run["status"] == "STOPPED":
+        st.caption(f"The training {run['error'] or 'was stopped'}: the figures below are the last "
+                   "it logged.")
+    elif orphaned:
+        st.caption(f"The job ended ({job['state']}) before the training recorded its end: the "
+                   "figures below are the last it logged.")
+
+
+def rank_times(run: dict, db_url: str, drawn: list[dict] | None) -> None:
+    # DDP ranks wait for each other every step, so their step times match; the compute time
+    # (before the gradient all-reduce) is where a slow rank shows.
+    field = st.segmented_control(
+        "Rank time", ["step_time_s", "compute_time_s"], default="step_time_s",
+        key="monitor_rank_time", label_visibility="collapsed",
+        format_func={"step_time_s": "Step time", "compute_time_s": "Compute time"}.get)
+    field = field or "step_time_s"
+    times = load_rank_times(db_url, run["id"], field, run["last_step"], run["last_update"])
+    chart = charts.binned_rank_time_chart(times, field, drawn)
+    if chart is None:
+        st.caption("Time per rank: no per-rank statistics logged yet.")
+    else:
+        st.altair_chart(chart, alt="Time per step of each rank against step, stragglers "
+                                   "and run events marked")
+
+
+def feature_recovery(run: dict, curves: dict) -> None:
     recovery = {metric: charts.binned_panel(curves, metric) for metric in RECOVERY_CURVES}
-    if run["recovery_frac"] is not None or any(p.chart is not None for p in recovery.values()):
-        st.subheader("Feature recovery", anchor=False)
-        st.caption("Synthetic data plants a known dictionary: how much of it the SAE has found "
-                   "(measured at checkpoints).")
-        card_row(cards.training_cards(recovery, run["final"]))
-        columns = st.columns(2)
-        for column, panel in zip(columns, recovery.values()):
-            with column:
-                if panel.chart is not None:
-                    st.altair_chart(panel.chart, alt=f"{panel.unit.title} against step")
+    if run["recovery_frac"] is None and all(p.chart is None for p in recovery.values()):
+        return
+    st.subheader("Feature recovery", anchor=False)
+    st.caption("Synthetic data plants a known dictionary: how much of it the SAE has found "
+               "(measured at checkpoints).")
+    card_row(cards.training_cards(recovery, run["final"]))
+    columns = st.columns(2)
+    for column, panel in zip(columns, recovery.values()):
+        with column:
+            if panel.chart is not None:
+                st.altair_chart(panel.chart, alt=f"{panel.unit.title} against step")
 
 
 def load_balance(run: dict, events: list[dict], window: list[dict]) -> None:
@@ -368,7 +381,7 @@ def shares(window: list[dict]) -> None:
     """Each rank's share of the step's batch beside its times, when the trainer recorded it."""
     if not any(w["batch_size"] is not None for w in window):
         return  # a run from before shares were recorded: nothing to show, nothing to invent
-    st.dataframe(fmt.shares_table(window), hide_index=True, key="rank_shares",
+    st.dataframe(tables.shares_table(window), hide_index=True, key="rank_shares",
                  alt="Each rank's share of the step's batch, step and compute time")
     st.caption(f"Latest report window (step {window[0]['step']:,}). Share: the samples a rank "
                "computes each step (of the global batch); rebalancing moves samples away from a "

@@ -10,8 +10,8 @@ from datetime import datetime, timezone
 
 import streamlit as st
 
-from sae_dist.analytics import jobs
 from sae_dist.analytics import format as fmt
+from sae_dist.analytics import jobs, tables
 from sae_dist.errors import UserError
 from scheduler import actions, cluster
 from webui.sidebar import page_frame
@@ -93,7 +93,7 @@ choices = {j["id"]: j for part in ("running", "pending", "finished") for j in qu
 
 
 @st.fragment(run_every=REFRESH_S)
-def tables(known: frozenset[int]) -> None:
+def queue_tables(known: frozenset[int]) -> None:
     now = datetime.now(timezone.utc)
     queue = jobs.queue(engine, FINISHED_SHOWN)
     ids = {j["id"] for part in queue.values() for j in part}
@@ -104,85 +104,75 @@ def tables(known: frozenset[int]) -> None:
         st.metric("Pending", len(queue["pending"]), border=True)
         st.metric("Held", sum(j["held"] for j in queue["pending"]), border=True)
         st.metric("Finished (shown)", len(queue["finished"]), border=True)
+    running_table(queue["running"], now)
+    pending_table(queue["pending"], now)
+    finished_table(queue["finished"], now)
+    cluster_table()
 
+
+def running_table(running: list[dict], now: datetime) -> None:
     st.subheader("Running", anchor=False)
-    if queue["running"]:
-        runs = jobs.runs_by_job(engine, [j["id"] for j in queue["running"]])
-        st.dataframe([{
-            "Job": j["id"], "Name": j["name"], "User": j["user"], "GPUs": j["gpus"],
-            "Devices": fmt.short_devices(j["devices"]),
-            "Progress": (min(runs[j["id"]]["last_step"] / runs[j["id"]]["total_steps"], 1.0)
-                         if j["id"] in runs and runs[j["id"]]["total_steps"] else None),
-            "Steps": (fmt.fmt_steps(runs[j["id"]]["last_step"], runs[j["id"]]["total_steps"])
-                      if j["id"] in runs else fmt.MISSING),
-            "Elapsed": fmt.fmt_duration(jobs.elapsed_s(j, now)),
-            "Time limit": fmt.fmt_duration(j["time_limit_s"]) if j["time_limit_s"] else "none",
-            "Started": j["started_at"],
-            "Note": "cancelling" if j["cancel_requested"] else "",
-        } for j in queue["running"]], hide_index=True, key="running_table",
-            alt="Running jobs with their devices, progress and elapsed time",
-            column_config={
-                "Job": st.column_config.NumberColumn(format="%d", width=50),
-                "Progress": st.column_config.ProgressColumn(min_value=0.0, max_value=1.0,
-                                                            format="percent", width=100),
-                "Started": st.column_config.DatetimeColumn("Started (UTC)", **TIME_COLUMN)})
-    else:
+    if not running:
         st.caption("No job is running.")
+        return
+    runs = jobs.runs_by_job(engine, [j["id"] for j in running])
+    st.dataframe(
+        tables.running_rows(running, runs, now), hide_index=True, key="running_table",
+        alt="Running jobs with their devices, progress and elapsed time",
+        column_config={
+            "Job": st.column_config.NumberColumn(format="%d", width=50),
+            "Progress": st.column_config.ProgressColumn(min_value=0.0, max_value=1.0,
+                                                        format="percent", width=100),
+            "Started": st.column_config.DatetimeColumn("Started (UTC)", **TIME_COLUMN)})
 
+
+def pending_table(pending: list[dict], now: datetime) -> None:
     st.subheader("Pending", anchor=False)
-    if queue["pending"]:
-        st.dataframe([{
-            "Job": j["id"], "Name": j["name"], "User": j["user"], "GPUs": j["gpus"],
-            "Priority": j["priority"], "Reason": jobs.explain_reason(j["reason"]),
-            "Waiting": fmt.fmt_duration((now - j["submitted_at"]).total_seconds()),
-            "Submitted": j["submitted_at"],
-        } for j in queue["pending"]], hide_index=True, key="pending_table",
-            alt="Pending jobs in the order they would start, with why each waits",
-            column_config={
-                "Job": st.column_config.NumberColumn(format="%d", width=50),
-                "Reason": st.column_config.TextColumn(width="large"),
-                "Submitted": st.column_config.DatetimeColumn("Submitted (UTC)", **TIME_COLUMN)})
-        st.caption("In the order they would start: highest priority first, then oldest.")
-    else:
+    if not pending:
         st.caption("Nothing is waiting.")
+        return
+    st.dataframe(
+        tables.pending_rows(pending, now), hide_index=True, key="pending_table",
+        alt="Pending jobs in the order they would start, with why each waits",
+        column_config={
+            "Job": st.column_config.NumberColumn(format="%d", width=50),
+            "Reason": st.column_config.TextColumn(width="large"),
+            "Submitted": st.column_config.DatetimeColumn("Submitted (UTC)", **TIME_COLUMN)})
+    st.caption("In the order they would start: highest priority first, then oldest.")
 
+
+def finished_table(finished: list[dict], now: datetime) -> None:
     st.subheader("Finished", anchor=False)
-    if queue["finished"]:
-        st.dataframe([{
-            "Job": j["id"], "Name": j["name"], "State": j["state"],
-            "Exit": (f"{j['exit_code'] if j['exit_code'] is not None else fmt.MISSING}"
-                     + (f" (signal {j['signal']})" if j["signal"] else "")),
-            "GPUs": j["gpus"], "Elapsed": fmt.fmt_duration(jobs.elapsed_s(j, now)),
-            "Ended": j["ended_at"], "Reason": j["reason"] or "",
-        } for j in queue["finished"]], hide_index=True, key="finished_table",
-            alt="Finished jobs, newest first, with their final state and exit code",
-            column_config={
-                "Job": st.column_config.NumberColumn(format="%d", width=50),
-                "Ended": st.column_config.DatetimeColumn("Ended (UTC)", **TIME_COLUMN)})
-        if len(queue["finished"]) == FINISHED_SHOWN:
-            st.caption(f"The last {FINISHED_SHOWN}; `python -m scheduler acct` lists them all.")
-    else:
+    if not finished:
         st.caption("No job has finished yet.")
+        return
+    st.dataframe(
+        tables.finished_rows(finished, now), hide_index=True, key="finished_table",
+        alt="Finished jobs, newest first, with their final state and exit code",
+        column_config={
+            "Job": st.column_config.NumberColumn(format="%d", width=50),
+            "Ended": st.column_config.DatetimeColumn("Ended (UTC)", **TIME_COLUMN)})
+    if len(finished) == FINISHED_SHOWN:
+        st.caption(f"The last {FINISHED_SHOWN}; `python -m scheduler acct` lists them all.")
 
+
+def cluster_table() -> None:
     slurm_jobs, slurm_error = cluster.listed(engine)
-    if slurm_jobs:
-        st.subheader("On the SLURM cluster", anchor=False)
-        if slurm_error:
-            st.warning(f"SLURM could not be asked ({slurm_error}); the last states read are shown.")
-        st.dataframe([{
-            "Job": f"slurm:{j.cluster_job_id}", "Name": j.name, "User": j.user, "Kind": j.kind, "State": j.state,
-            "Exit": (f"{j.exit_code if j.exit_code is not None else fmt.MISSING}"
-                     + (f" (signal {j.signal})" if j.signal else "")),
-            "Started": j.started_at, "Ended": j.ended_at,
-        } for j in reversed(slurm_jobs)], hide_index=True, key="cluster_table",
-            alt="Jobs handed to the SLURM cluster, with the state SLURM reports",
-            column_config={"Started": st.column_config.DatetimeColumn("Started (UTC)", **TIME_COLUMN),
-                           "Ended": st.column_config.DatetimeColumn("Ended (UTC)", **TIME_COLUMN)})
-        st.caption("Submitted with `python -m scheduler submit --cluster slurm`; states read from SLURM "
-                   "(squeue, sacct); cancel with `python -m scheduler cancel slurm:<id>`.")
+    if not slurm_jobs:
+        return
+    st.subheader("On the SLURM cluster", anchor=False)
+    if slurm_error:
+        st.warning(f"SLURM could not be asked ({slurm_error}); the last states read are shown.")
+    st.dataframe(
+        tables.cluster_rows(slurm_jobs), hide_index=True, key="cluster_table",
+        alt="Jobs handed to the SLURM cluster, with the state SLURM reports",
+        column_config={"Started": st.column_config.DatetimeColumn("Started (UTC)", **TIME_COLUMN),
+                       "Ended": st.column_config.DatetimeColumn("Ended (UTC)", **TIME_COLUMN)})
+    st.caption("Submitted with `python -m scheduler submit --cluster slurm`; states read from SLURM "
+               "(squeue, sacct); cancel with `python -m scheduler cancel slurm:<id>`.")
 
 
-tables(frozenset(choices))
+queue_tables(frozenset(choices))
 
 
 # ---- one job: actions and log -----------------------------------------------------------------

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 
 import streamlit as st
 
-from sae_dist.analytics import cards, charts, evaluation_view, queries
+from sae_dist.analytics import cards, charts, evaluation_view, queries, tables
 from sae_dist.analytics import format as fmt
 from sae_dist.db import get_engine
 from webui.widgets import card_row, events_toggle
@@ -94,7 +94,27 @@ def run_view(run_id: int, live: bool) -> None:
         return
     if live and run["status"] != "RUNNING":
         st.rerun()  # it just ended: redraw the page once, without the timer
+    run_header(run)
+    db_url = engine.url.render_as_string(hide_password=False)
+    metrics = load_metrics(db_url, run_id, run["last_step"], run["last_update"])
+    events = queries.run_events(engine, run_id)  # a few indexed rows: not cached
+    show = events_toggle("runs_show_events", events)
+    drawn = events if show else None
+    training_curves(run, metrics, drawn)
+    feature_recovery(run, metrics)
+    evaluation_section(run_id)
+    ranks_section(run, db_url, drawn)
+    with st.expander("Configuration and files"):
+        st.markdown(f"Run directory: `{run['run_dir']}`  \n"
+                    f"SAELens export: `{run['export_dir'] or fmt.MISSING}`  \n"
+                    f"Started {fmt.fmt_time(run['started_at'])} · finished "
+                    f"{fmt.fmt_time(run['finished_at'])} · scheduler job "
+                    f"{run['job_id'] if run['job_id'] is not None else fmt.MISSING}")
+        st.json(run["config"], expanded=True)
 
+
+def run_header(run: dict) -> None:
+    """Name, status, where it runs, progress, and why it stopped (or seems to have)."""
     now = datetime.now(timezone.utc)
     silent = None if run["last_update"] is None else (now - run["last_update"]).total_seconds()
     with st.container(horizontal=True, vertical_alignment="center"):
@@ -115,79 +135,64 @@ def run_view(run_id: int, live: bool) -> None:
         st.warning(f"The last metrics arrived {fmt.fmt_ago(silent)}: the training process "
                    "may have stopped without recording it.")
 
-    db_url = engine.url.render_as_string(hide_password=False)
-    metrics = load_metrics(db_url, run_id, run["last_step"], run["last_update"])
-    events = queries.run_events(engine, run_id)  # a few indexed rows: not cached
-    show = events_toggle("runs_show_events", events)
-    drawn = events if show else None
+
+def training_curves(run: dict, metrics: dict, drawn: list[dict] | None) -> None:
     # Cards and charts from the same panels: a card is its chart's last point (cards.py).
     panels = {metric: charts.training_panel(metrics, metric, drawn) for metric in TRAIN_CURVES}
     card_row(cards.training_cards(panels, run["final"]))
     st.subheader("Training curves", anchor=False)
     if not metrics["step"]:
         st.info("No step logged yet.")
-    else:
-        grid = st.columns(2)
-        for i, panel in enumerate(panels.values()):
-            with grid[i % 2]:
-                if panel.chart is None:
-                    st.caption(f"{panel.unit.title}: not measured ({fmt.MISSING})")
-                else:
-                    st.altair_chart(panel.chart, alt=f"{panel.unit.title} against training step")
+        return
+    grid = st.columns(2)
+    for i, panel in enumerate(panels.values()):
+        with grid[i % 2]:
+            if panel.chart is None:
+                st.caption(f"{panel.unit.title}: not measured ({fmt.MISSING})")
+            else:
+                st.altair_chart(panel.chart, alt=f"{panel.unit.title} against training step")
 
+
+def feature_recovery(run: dict, metrics: dict) -> None:
     recovery = {metric: charts.training_panel(metrics, metric) for metric in RECOVERY_CURVES}
-    if any(panel.chart is not None for panel in recovery.values()):
-        st.subheader("Feature recovery", anchor=False)
-        st.caption("Synthetic data plants a known dictionary: how much of it the SAE has found "
-                   "(measured at checkpoints).")
-        card_row(cards.training_cards(recovery, run["final"]))
-        for column, panel in zip(st.columns(2), recovery.values()):
-            with column:
-                if panel.chart is not None:
-                    st.altair_chart(panel.chart, alt=f"{panel.unit.title} against training step")
+    if not any(panel.chart is not None for panel in recovery.values()):
+        return
+    st.subheader("Feature recovery", anchor=False)
+    st.caption("Synthetic data plants a known dictionary: how much of it the SAE has found "
+               "(measured at checkpoints).")
+    card_row(cards.training_cards(recovery, run["final"]))
+    for column, panel in zip(st.columns(2), recovery.values()):
+        with column:
+            if panel.chart is not None:
+                st.altair_chart(panel.chart, alt=f"{panel.unit.title} against training step")
 
-    evaluation_section(run_id)
 
+def ranks_section(run: dict, db_url: str, drawn: list[dict] | None) -> None:
     st.subheader("Ranks", anchor=False)
-    ranks = queries.rank_summary(engine, run_id)
+    ranks = queries.rank_summary(engine, run["id"])
     if not ranks:
         st.info("No per-rank statistics logged yet.")
-    else:
-        st.dataframe(
-            [{"Rank": r["rank"], "Device": r["device"] or fmt.MISSING,
-              "Steps logged": r["steps_logged"],
-              "Mean step time": fmt.fmt_seconds(r["mean_step_time_s"]),
-              "Mean compute time": fmt.fmt_seconds(r["mean_compute_time_s"]),
-              "Peak memory": fmt.fmt_bytes(r["peak_memory_bytes"]),
-              "Straggler steps": r["straggler_steps"]} for r in ranks],
-            hide_index=True, alt="Per-rank timings, peak memory and straggler counts",
-        )
-        st.caption("A rank is a straggler at a logged step when its compute time is over "
-                   "1.3 × the median of the ranks. Peak memory: allocated GPU memory, or the "
-                   "growth of the process's resident memory on a CPU rank.")
-        stats = load_rank_stats(db_url, run_id, run["last_step"], run["last_update"])
-        left, right = st.columns(2)
-        with left:
-            field = st.segmented_control(
-                "Time", ["compute_time_s", "step_time_s"], default="compute_time_s",
-                key="rank_time_field", label_visibility="collapsed",
-                format_func={"compute_time_s": "Compute time", "step_time_s": "Step time"}.get)
-            chart = charts.rank_time_chart(stats, field or "compute_time_s", drawn)
-            st.altair_chart(chart, alt="Time per step of each rank, stragglers marked")
-        with right:
-            chart = charts.peak_memory_chart(ranks)
-            if chart is None:
-                st.caption(f"Peak memory per rank: not measured ({fmt.MISSING})")
-            else:
-                st.altair_chart(chart, alt="Peak memory of each rank")
-
-    with st.expander("Configuration and files"):
-        st.markdown(f"Run directory: `{run['run_dir']}`  \n"
-                    f"SAELens export: `{run['export_dir'] or fmt.MISSING}`  \n"
-                    f"Started {fmt.fmt_time(run['started_at'])} · finished "
-                    f"{fmt.fmt_time(run['finished_at'])} · scheduler job "
-                    f"{run['job_id'] if run['job_id'] is not None else fmt.MISSING}")
-        st.json(run["config"], expanded=True)
+        return
+    st.dataframe(tables.ranks_table(ranks), hide_index=True,
+                 alt="Per-rank timings, peak memory and straggler counts")
+    st.caption("A rank is a straggler at a logged step when its compute time is over "
+               "1.3 × the median of the ranks. Peak memory: allocated GPU memory, or the "
+               "growth of the process's resident memory on a CPU rank.")
+    stats = load_rank_stats(db_url, run["id"], run["last_step"], run["last_update"])
+    left, right = st.columns(2)
+    with left:
+        field = st.segmented_control(
+            "Time", ["compute_time_s", "step_time_s"], default="compute_time_s",
+            key="rank_time_field", label_visibility="collapsed",
+            format_func={"compute_time_s": "Compute time", "step_time_s": "Step time"}.get)
+        chart = charts.rank_time_chart(stats, field or "compute_time_s", drawn)
+        st.altair_chart(chart, alt="Time per step of each rank, stragglers marked")
+    with right:
+        chart = charts.peak_memory_chart(ranks)
+        if chart is None:
+            st.caption(f"Peak memory per rank: not measured ({fmt.MISSING})")
+        else:
+            st.altair_chart(chart, alt="Peak memory of each rank")
 
 
 run_view(run_id, by_id[run_id]["status"] == "RUNNING")

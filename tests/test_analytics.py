@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from sae_dist.analytics import charts, queries
+from sae_dist.analytics import charts, queries, tables
 from sae_dist.analytics import format as fmt
 from sae_dist.analytics.downsample import (
     MAX_ROWS_PER_CHART,
@@ -143,7 +143,7 @@ def test_runs_summaries_latest_and_final_metrics(engine):
     detail = queries.get_run_summary(engine, live)
     assert detail["config"]["k"] == 4 and detail["name"] == "live"
 
-    table = fmt.runs_table(runs, T0 + timedelta(seconds=70))
+    table = tables.runs_table(runs, T0 + timedelta(seconds=70))
     assert table[1]["steps"] == "10 / 100" and table[1]["L0"] == "—" and table[1]["FVU"] == "0.9"
     assert table[1]["last update"] == "60 s ago"
     assert table[0]["FVU"] == "—" and table[0]["last update"] == "—"

@@ -90,33 +90,6 @@ def short_devices(devices: list[str], uuid_chars: int = 8) -> str:
     return ", ".join(short) or MISSING
 
 
-def runs_table(runs: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
-    """The overview's table rows from `queries.list_runs` summaries (one dict per run).
-
-    Numbers are pre-formatted strings so that a missing one reads "—"; progress stays a
-    fraction (or None) for a progress-bar column; started stays a datetime.
-    """
-    rows = []
-    for run in runs:
-        updated = run["last_update"]
-        rows.append({  # the columns people scan first come first
-            "id": run["id"],
-            "name": run["name"],
-            "status": run["status"],
-            "steps": fmt_steps(run["last_step"], run["total_steps"]),
-            "progress": run["progress"],
-            "FVU": fmt_number(run["fvu"]),
-            "L0": fmt_number(run["l0"], 3),
-            "samples/s": fmt_number(run["samples_per_s"], 3),
-            "world size": run["world_size"],
-            "backend": run["backend"],
-            "devices": short_devices(run["devices"]),
-            "started": run["started_at"],
-            "last update": fmt_ago(None if updated is None else (now - updated).total_seconds()),
-        })
-    return rows
-
-
 def fmt_duration(seconds: float | None) -> str:
     """A longer duration (elapsed, ETA, time limit): "45 s", "3 min 05 s", "2 h 07 min",
     "1 d 04 h"; "—" when unknown."""
@@ -216,17 +189,6 @@ def balance_limited_slowdown(rank: int, events: list[dict[str, Any]],
     if rank not in times or min(times.values()) <= 0 or times[rank] < max(times.values()):
         return None
     return times[rank] / min(times.values())
-
-
-def shares_table(window: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The latest window of each rank (`queries.latest_rank_window`) as table rows: its share
-    of the step's batch beside its step and compute times; "—" where not recorded."""
-    shares = [w["batch_size"] for w in window]
-    total = sum(shares) if shares and not any(_missing(s) for s in shares) else None
-    return [{"Rank": w["rank"], "Device": w["device"] or MISSING,
-             "Share": fmt_share(w["batch_size"], total),
-             "Step time": fmt_seconds(w["step_time_s"]),
-             "Compute time": fmt_seconds(w["compute_time_s"])} for w in window]
 
 
 def event_lines(events: list[dict[str, Any]], limit: int = 10) -> list[str]:
