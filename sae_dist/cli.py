@@ -6,39 +6,10 @@ import argparse
 import logging
 import sys
 import time
-import typing
-from typing import Any
 
-from sae_dist.config import SYNTHETIC_D_IN, TrainConfig, build_config, config_fields, field_types, load_toml
+from sae_dist.config import SYNTHETIC_D_IN, TrainConfig
+from sae_dist.contract import add_config_flags, config_from_args
 from sae_dist.errors import USER_ERROR_EXIT, TrainingStopped, UserError
-
-
-def _add_config_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
-    """One flag per config field, with the field's help; unset flags leave the TOML/default alone."""
-    parser.add_argument("--config", help="TOML file with the same keys as the flags (flags win)")
-    types = field_types()
-    for f in config_fields():
-        if f.name in skip:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f.metadata.get("help", "") + (f" (default: {f.default})" if f.default is not None else "")
-        annotation = types[f.name]
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        base = args[0] if args and typing.get_origin(annotation) is not typing.Literal else annotation
-        if base is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
-                                help=help_text)
-        else:
-            convert = {int: int, float: float}.get(base, str)
-            parser.add_argument(flag, type=convert, default=argparse.SUPPRESS, help=help_text,
-                                metavar=f.name.upper())
-
-
-def config_from_args(ns: argparse.Namespace) -> TrainConfig:
-    values: dict[str, Any] = load_toml(ns.config) if getattr(ns, "config", None) else {}
-    names = {f.name for f in config_fields()}
-    values.update({k: v for k, v in vars(ns).items() if k in names})
-    return build_config(values)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,9 +17,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train an SAE on N devices (DDP)",
                            description="Train a sparse autoencoder; N devices run as N DDP ranks.")
-    _add_config_flags(train)
+    add_config_flags(train)
     est = sub.add_parser("estimate-memory", help="memory per device for a training config")
-    _add_config_flags(est)
+    add_config_flags(est)
     bench = sub.add_parser(
         "bench", help="measure how training scales with the device count",
         description="Measure throughput, speedup and efficiency on 1 and N devices (DDP), against "
@@ -71,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="run the points here, not as scheduler jobs (the devices must be free)")
     bench.add_argument("--device-kind", choices=("cuda", "cpu"), help="default: cuda where visible, else cpu")
     bench.add_argument("--name", dest="bench_name", help="a name for the benchmark (default from the config)")
-    _add_config_flags(bench, skip=("devices", "steps", "name"))
+    add_config_flags(bench, skip=("devices", "steps", "name"))
     point = sub.add_parser("bench-point", help=argparse.SUPPRESS)
     point.add_argument("spec")
     point.add_argument("result")
@@ -207,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
-    from sae_dist.launch import OUR_LAUNCHER_ENV, die_with_parent, in_worker, launch
+    from sae_dist.contract import OUR_LAUNCHER_ENV
+    from sae_dist.launch import die_with_parent, in_worker, launch
 
     if not in_worker():
         return launch(_preflight(config_from_args(ns)), train_argv)

@@ -1,12 +1,26 @@
 """The contract between the scheduler and the trainer, in one torch-free place.
 
 A job reaches its ranks through two channels only: the `python -m sae_dist train` flags that
-rebuild its `TrainConfig`, and the environment variables named here. The scheduler writes both,
-the launcher and the trainer read them; neither side spells a name on its own.
+rebuild its `TrainConfig` (written by `train_argv`, read by `add_config_flags` and
+`config_from_args`, all below), and the environment variables named here. The scheduler writes
+both, the launcher and the trainer read them; neither side spells a name on its own.
 See docs/architecture.md ("The scheduler-trainer contract").
 """
 
 from __future__ import annotations
+
+import argparse
+import typing
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from sae_dist.errors import ConfigError, UserError
+
+if TYPE_CHECKING:
+    from sae_dist.config import TrainConfig
+
+# sae_dist.config is imported inside the functions below: every `python -m scheduler` command
+# reads a name from here, and only submit needs the config code (~30 ms).
 
 # ---- the job's environment (written by scheduler/supervisor.py, read by the launcher and ranks) ----
 JOB_ID_ENV = "SAE_DIST_JOB_ID"  # the scheduler's job id; a run records it
@@ -25,6 +39,114 @@ THREADS_PER_RANK_ENV = "SAE_DIST_THREADS_PER_RANK"  # torch threads of each CPU 
 # ---- test and benchmark knobs ----
 SLOW_RANKS_ENV = "SAE_DIST_TEST_SLOW_RANKS"  # "1:3" makes rank 1's compute 3x slower (virtual devices)
 
-# Names a user's --export may not set: the scheduler owns them (CUDA's two included).
+# Names a user's --env may not set: the supervisor sets them for every job, and a user's value would
+# break device isolation or the port reservation (two jobs on one rendezvous port).
 RESERVED_JOB_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", JOB_ID_ENV, JOB_NAME_ENV,
                               NUM_GPUS_ENV, DEVICES_ENV, VIRTUAL_DEVICES_ENV, MASTER_PORT_ENV})
+
+
+# ---- the job's flags: TrainConfig -> `python -m sae_dist train` flags -> TrainConfig ----
+# Both directions sit here, beside each other, so that a new config field cannot reach one side
+# only (tests/test_contract.py round-trips every field through the real parser).
+
+TRAIN_FLAG = "--train"  # submit's flag for a training job: a mistake in its config names it
+
+
+def add_config_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """One flag per config field, with the field's help; unset flags leave the TOML/default alone."""
+    from sae_dist.config import config_fields, field_types
+
+    parser.add_argument("--config", help="TOML file with the same keys as the flags (flags win)")
+    types = field_types()
+    for f in config_fields():
+        if f.name in skip:
+            continue
+        flag = _flag(f.name)
+        help_text = f.metadata.get("help", "") + (f" (default: {f.default})" if f.default is not None else "")
+        annotation = types[f.name]
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        base = args[0] if args and typing.get_origin(annotation) is not typing.Literal else annotation
+        if base is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                                help=help_text)
+        else:
+            convert = {int: int, float: float}.get(base, str)
+            parser.add_argument(flag, type=convert, default=argparse.SUPPRESS, help=help_text,
+                                metavar=f.name.upper())
+
+
+def config_from_args(ns: argparse.Namespace) -> TrainConfig:
+    """The config the flags (over the --config TOML, over the defaults) describe, validated."""
+    from sae_dist.config import build_config, config_fields, load_toml
+
+    values: dict[str, Any] = load_toml(ns.config) if getattr(ns, "config", None) else {}
+    names = {f.name for f in config_fields()}
+    values.update({k: v for k, v in vars(ns).items() if k in names})
+    return build_config(values)
+
+
+def checked_train_config(config: TrainConfig | Mapping[str, Any]) -> TrainConfig:
+    """A TrainConfig as it is (valid by construction), or a dict of settings checked by the
+    trainer's own validation; a mistake is one UserError naming --train."""
+    from sae_dist.config import TrainConfig, build_config
+
+    if isinstance(config, TrainConfig):
+        return config
+    try:
+        return build_config(dict(config))
+    except ConfigError as e:
+        raise UserError(f"{TRAIN_FLAG}: {e}") from None
+
+
+def train_argv(config: TrainConfig | Mapping[str, Any], devices_flag: str) -> list[str]:
+    """The `python -m sae_dist train` flags that rebuild this config on `devices_flag` ("cuda:2").
+
+    A dict is validated first (checked_train_config). One `--flag=value` per field that differs
+    from its default (the '=' form keeps a value that starts with '-' from reading as a flag);
+    booleans as --x / --no-x; --devices last. The config's own `devices` is replaced: a job runs
+    on what the scheduler allocated.
+    """
+    _check_devices_flag(devices_flag)
+    return _flags(checked_train_config(config).to_dict(), devices_flag)
+
+
+def stored_train_argv(stored: Mapping[str, Any], devices_flag: str) -> list[str]:
+    """train_argv of a queued job's config: the dict submit validated and stored, so it is not
+    validated again. A field it lacks (queued before the field existed) keeps its default."""
+    _check_devices_flag(devices_flag)
+    return _flags(stored, devices_flag)
+
+
+def _check_devices_flag(devices_flag: str) -> None:
+    from sae_dist.config import parse_devices
+
+    try:
+        parse_devices(devices_flag)
+    except ConfigError as e:
+        raise UserError(f"{TRAIN_FLAG}: {e}") from None
+
+
+def _flags(values: Mapping[str, Any], devices_flag: str) -> list[str]:
+    from sae_dist.config import config_fields
+
+    fields = config_fields()
+    unknown = sorted(set(values) - {f.name for f in fields})
+    if unknown:  # a stored config from a version with other fields: never drop a setting silently
+        raise UserError(f"{TRAIN_FLAG}: {unknown[0]}: unknown setting")
+    flags: list[str] = []
+    for f in fields:
+        value = values.get(f.name, f.default)
+        if f.name == "devices" or value == f.default:
+            continue
+        if isinstance(value, bool):
+            flags.append(_flag(f.name) if value else "--no-" + f.name.replace("_", "-"))
+        elif value is None:
+            # No flag spells None; every optional field defaults to None, so this is a new field.
+            raise UserError(f"{TRAIN_FLAG}: {f.name} cannot be unset from the command line")
+        else:
+            flags.append(f"{_flag(f.name)}={value!r}" if isinstance(value, float) else f"{_flag(f.name)}={value}")
+    return [*flags, f"--devices={devices_flag}"]
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")

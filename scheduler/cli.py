@@ -15,9 +15,11 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
+from sae_dist.contract import NUM_GPUS_ENV
 from sae_dist.errors import USER_ERROR_EXIT, UserError
 
 STATE_ORDER = {"RUNNING": 0, "PENDING": 1}
+SUBMITTED_STATE = "PENDING"  # every job is queued PENDING (held ones too, with the reason JobHeldUser)
 SHORT = {"PENDING": "PD", "RUNNING": "R", "COMPLETED": "CD", "FAILED": "F", "CANCELLED": "CA",
          "TIMEOUT": "TO", "NODE_FAIL": "NF", "OUT_OF_MEMORY": "OOM"}
 
@@ -43,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--exclusive", action="store_true",
                    help="SLURM's --exclusive: the job gets the whole machine. It starts once every device is "
                         "free and no other job runs, holds every device while it runs (nothing else starts), "
-                        "and runs on --gpus N of them (default: all; SAE_DIST_NUM_GPUS=N); not with --gpu-ids")
+                        f"and runs on --gpus N of them (default: all; {NUM_GPUS_ENV}=N); not with --gpu-ids")
     s.add_argument("-D", "--chdir", help="working directory (default: the current one)")
     s.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment (repeatable)")
     s.add_argument("-o", "--output", help="stdout file; %%j = job id, %%x = job name")
@@ -135,13 +137,6 @@ def _engine():
     return get_engine()
 
 
-def _ensure_daemon() -> None:
-    """submit starts a daemon when none runs, so a newcomer never has to (SAE_DIST_AUTOSTART=0: don't)."""
-    from scheduler.control import ensure_daemon
-
-    ensure_daemon()
-
-
 def _devices_now():
     """Live inventory (NVML or virtual) with each device's state; no process sampling."""
     from scheduler.status import devices_now
@@ -198,7 +193,6 @@ def _iso(dt: datetime | None) -> str | None:
 
 def cmd_submit(args) -> int:
     from scheduler import spec as S
-    from scheduler.store import submit
 
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     now = datetime.now(timezone.utc)
@@ -208,7 +202,8 @@ def cmd_submit(args) -> int:
 
         if argv:
             raise UserError("give either --train run.toml or a command after --, not both")
-        train_config = build_config(load_toml(args.train)).to_dict()
+        # Built (validated) once here; JobSpec keeps it as it is. Its errors name the field alone.
+        train_config = build_config(load_toml(args.train))
     elif not argv:
         raise UserError("empty command: put the program and its arguments after --, or use --train run.toml")
     job_spec = S.JobSpec(
@@ -229,12 +224,10 @@ def cmd_submit(args) -> int:
         return _submit_to_cluster(args, job_spec)
     if args.nodes is not None or args.gpus_per_node is not None or args.cpu:
         raise UserError("--nodes, --gpus-per-node and --cpu are for --cluster slurm")
-    from scheduler.devices import inventory
-    from scheduler.submit import new_job
+    from scheduler.submit import submit_spec
 
-    job_id = submit(_engine(), new_job(job_spec, [(d.index, d.uuid) for d in inventory({}, None)]))
-    _ensure_daemon()
-    print(json.dumps({"job_id": job_id}) if args.json else f"Submitted job {job_id}")
+    job_id = submit_spec(_engine(), job_spec)  # on this machine's devices; starts a daemon if none runs
+    print(json.dumps({"job_id": job_id, "state": SUBMITTED_STATE}) if args.json else f"Submitted job {job_id}")
     return 0
 
 
@@ -252,7 +245,8 @@ def _submit_to_cluster(args, job_spec) -> int:
     script = sbatch_script(cluster.script_job(job_spec), nodes=args.nodes or 1, gpus_per_node=args.gpus_per_node,
                            cpu=args.cpu, db_url=default_db_url())
     slurm_id = cluster.submit(_engine(), job_spec, script, state_home() / "slurm")
-    print(json.dumps({"job_id": f"slurm:{slurm_id}"}) if args.json else f"Submitted batch job slurm:{slurm_id}")
+    print(json.dumps({"job_id": f"slurm:{slurm_id}", "state": SUBMITTED_STATE}) if args.json
+          else f"Submitted batch job slurm:{slurm_id}")
     return 0
 
 
@@ -281,29 +275,21 @@ def _job_row(job, now: float) -> dict[str, Any]:
     end = job.ended_at.timestamp() if job.ended_at else None
     return {
         "job_id": job.id, "name": job.name, "user": job.user, "state": job.state, "reason": job.reason,
-        "gpus": job.gpus, "devices": json.loads(job.devices_json) if job.devices_json else [],
+        "gpus": job.gpus, "devices": job.devices,
         "priority": job.priority, "submitted": _iso(job.submitted_at), "start": _iso(job.started_at),
         "end": _iso(job.ended_at), "elapsed_s": (end or now) - start if start else None,
         "time_limit_s": job.time_limit_s, "exit_code": job.exit_code, "signal": job.signal,
-        "kind": job.kind, "held": bool(job.held),  # the fast SQLite read gives 0/1
-        "exclusive": bool(getattr(job, "exclusive", False)),  # absent from a database not yet migrated
+        "kind": job.kind, "held": job.held, "exclusive": job.exclusive,
     }
 
 
 def cmd_queue(args) -> int:
-    from scheduler.fastread import read_jobs
+    from sae_dist.job_listing import has_cluster_jobs, read_jobs
 
     now = time.time()
-    states = None if args.all else ("PENDING", "RUNNING")
-    jobs = read_jobs(states)
-    if jobs is None:  # not plain SQLite, or not created yet: the regular (migrating) path
-        from scheduler.store import list_jobs
-
-        jobs = list_jobs(_engine(), states)
+    jobs = read_jobs(states=None if args.all else ("PENDING", "RUNNING"))
     jobs.sort(key=lambda j: (STATE_ORDER.get(j.state, 2), -j.priority if j.state == "PENDING" else 0, j.id))
     rows = [_job_row(j, now) for j in jobs]
-    from scheduler.fastread import has_cluster_jobs
-
     if has_cluster_jobs() is not False:
         rows += _cluster_rows(args.all, now)
     held = _exclusive_allocations(rows)
@@ -328,16 +314,9 @@ def _exclusive_allocations(rows: list[dict]) -> dict[int, list[str]]:
     wanted = {r["job_id"] for r in rows if r["exclusive"] and r["state"] == "RUNNING"}
     if not wanted:
         return {}
-    from scheduler.fastread import read_allocations
+    from sae_dist.job_listing import read_allocations
 
     held = read_allocations()
-    if held is None:  # not plain SQLite: the regular path
-        from scheduler.store import active_allocations
-
-        with _engine().connect() as conn:
-            held = {}
-            for uuid, job_id in active_allocations(conn).items():
-                held.setdefault(job_id, []).append(uuid)
     return {job_id: uuids for job_id, uuids in held.items() if job_id in wanted}
 
 
@@ -459,12 +438,12 @@ def _latest_samples() -> dict[str, dict]:
 
 
 def cmd_acct(args) -> int:
+    from sae_dist.job_listing import read_jobs
     from scheduler.recommend import format_memory
-    from scheduler.store import list_jobs
     from scheduler.usage import job_usage, summarize
 
     engine = _engine()
-    jobs = list_jobs(engine)
+    jobs = read_jobs(engine)
     if args.jobs:
         parts = [x.strip() for x in args.jobs.split(",")]
         if not all(x.isascii() and x.isdigit() for x in parts):

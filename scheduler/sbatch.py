@@ -12,6 +12,8 @@ import json
 import re
 import shlex
 
+from sae_dist.contract import DEVICE_TYPE_ENV, stored_train_argv
+
 RDZV_PORT = 29400  # torchrun's documented c10d default; the cluster job owns its nodes
 
 
@@ -59,16 +61,14 @@ def sbatch_script(job, nodes: int = 1, gpus_per_node: int | None = None, cpu: bo
         lines.append(f"#SBATCH --time={slurm_time(job.time_limit_s)}")
     lines += ["", "set -euo pipefail", f"cd {shlex.quote(job.workdir)}", "export CUDA_DEVICE_ORDER=PCI_BUS_ID"]
     if cpu:
-        lines.append("export SAE_DIST_DEVICE_TYPE=cpu")
+        lines.append(f"export {DEVICE_TYPE_ENV}=cpu")
     for key, value in json.loads(job.env_json or "{}").items():
         lines.append(f"export {key}={shlex.quote(value)}")
     shared_db = bool(db_url) and not db_url.startswith("sqlite")
     if shared_db:
         lines.append(f"export SAE_DIST_DB_URL={shlex.quote(db_url)}")
-    if job.kind == "train":
-        from scheduler.spec import train_argv
-
-        flags = train_argv(json.loads(job.train_config_json), f"{'cpu' if cpu else 'cuda'}:{ranks}")
+    if job.kind == "train":  # a stored job's config, or a JobSpec's: validated at submit either way
+        flags = stored_train_argv(json.loads(job.train_config_json), f"{'cpu' if cpu else 'cuda'}:{ranks}")
         if not shared_db:
             flags = [*flags, "--no-db"]
             lines += ["# Metrics go to the run directory only: SQLite on a shared (NFS) home is refused. To record",

@@ -8,8 +8,8 @@ what to do. The same spec is built from the CLI, from the app and from tests, so
 Formats follow SLURM's (`--time`, `--begin`, `--dependency`, `--output` with `%j`/`%x`) so habits
 carry over; where we accept less than SLURM, the error says what we do accept.
 
-This module is pure and imports fast: no torch, no database. `sae_dist.config` (TrainConfig
-validation) is imported lazily, only for training jobs.
+This module is pure and imports fast: no torch, no database. A training job's config is checked
+by the trainer's own validation (sae_dist.contract), whose code is imported only for training jobs.
 """
 
 from __future__ import annotations
@@ -20,28 +20,26 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, time, timedelta, tzinfo
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from sae_dist.contract import JOB_ID_ENV, RESERVED_JOB_ENV, TRAIN_FLAG, checked_train_config
 from sae_dist.errors import UserError
+
+if TYPE_CHECKING:
+    from sae_dist.config import TrainConfig
 
 KINDS = ("command", "train")
 DEPENDENCY_KINDS = ("afterok", "afterany", "afternotok")
 
 # The flag each JobSpec field comes from, so an error names what the user typed (SLURM's spellings).
 FLAGS: dict[str, str] = {
-    "name": "--job-name", "kind": "submit", "argv": "the command after --", "train_config": "--train",
+    "name": "--job-name", "kind": "submit", "argv": "the command after --", "train_config": TRAIN_FLAG,
     "gpus": "--gpus", "gpu_ids": "--gpu-ids", "mem_per_gpu": "--mem-per-gpu", "priority": "--nice",
     "time_limit_s": "--time", "begin_at": "--begin", "dependencies": "--dependency", "held": "--hold",
     "requeue": "--requeue", "exclusive": "--exclusive", "workdir": "--chdir", "env": "--env", "stdout": "--output", "stderr": "--error",
 }
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# Set by the supervisor for every job; a user's value would break device isolation or the port
-# reservation (two jobs on one rendezvous port), so it is refused rather than silently overridden.
-# The names are those scheduler/supervisor.py's job_environment sets.
-RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "SAE_DIST_JOB_ID", "SAE_DIST_JOB_NAME",
-                          "SAE_DIST_NUM_GPUS", "SAE_DIST_DEVICES", "SAE_DIST_VIRTUAL_DEVICES",
-                          "SAE_DIST_MASTER_PORT"})
 # SLURM's nice range; priority = -nice must fit the database's integer column.
 MAX_PRIORITY = 2_147_483_645
 MAX_NAME_CHARS = 256
@@ -224,8 +222,8 @@ def _check_env_entry(key: Any, value: Any) -> None:
                    "with a digit")
     if key.startswith("SLURM_"):
         raise _err("--env", f"{key} refused: SLURM_* variables make tools (Lightning, ...) think they "
-                   "run under SLURM; the job gets SAE_DIST_JOB_ID and friends instead")
-    if key in RESERVED_ENV:
+                   f"run under SLURM; the job gets {JOB_ID_ENV} and friends instead")
+    if key in RESERVED_JOB_ENV:  # refused rather than silently overridden
         raise _err("--env", f"{key} is set by the scheduler for every job; drop it")
     if not isinstance(value, str):
         raise _err("--env", f"value of {key} must be a string, got {value!r}")
@@ -273,7 +271,8 @@ class JobSpec:
 
     kind: str = "command"  # "command" (an argv, never run through a shell) or "train" (a TrainConfig)
     argv: list[str] = field(default_factory=list)  # the command; empty for kind "train"
-    train_config: dict[str, Any] | None = None  # kind "train": the TrainConfig, normalised to a full dict
+    # kind "train": a TrainConfig, or a dict of its settings; stored as the validated full dict
+    train_config: dict[str, Any] | TrainConfig | None = None
     name: str | None = None  # default: the program's basename; for training the run name, else "train"
     gpus: int | None = None  # devices wanted; default len(gpu_ids), else the train config's N, else 1
     # (exclusive: None stays, meaning every device; see resolve_gpus);
@@ -317,9 +316,12 @@ class JobSpec:
         else:
             if self.argv:
                 raise _err("--train", "a training job takes no command; its flags come from the config")
-            if not isinstance(self.train_config, dict):
+            from sae_dist.config import TrainConfig
+
+            if not isinstance(self.train_config, (dict, TrainConfig)):
                 raise _err("--train", "a training job needs a config (--train run.toml)")
-            self.train_config = validate_train_config(self.train_config)
+            # Validated here once; the supervisor and sbatch trust the stored dict.
+            self.train_config = checked_train_config(self.train_config).to_dict()
         if any("\0" in a for a in self.argv):
             raise _err(FLAGS["argv"], "an argument contains a NUL byte, which no program can receive")
 
@@ -423,17 +425,6 @@ class JobSpec:
             pattern = getattr(self, name)
             if pattern is not None:
                 check_output_pattern(pattern, FLAGS[name])
-
-
-def validate_train_config(config: dict[str, Any]) -> dict[str, Any]:
-    """A TrainConfig dict checked by the trainer's own validation, returned with every field filled."""
-    from sae_dist.config import build_config
-    from sae_dist.errors import ConfigError
-
-    try:
-        return build_config(dict(config)).to_dict()
-    except ConfigError as e:
-        raise _err("--train", f"{e}") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -548,39 +539,3 @@ def expand_output(pattern: str | None, job_id: int, name: str, log_dir: Path, wo
         return m.group(0)
 
     return base / _OUTPUT_TOKEN.sub(substitute, text)
-
-
-# ---------------------------------------------------------------------------------------------
-# Training jobs as trainer flags.
-# ---------------------------------------------------------------------------------------------
-
-
-def train_argv(train_config: dict[str, Any], devices_flag: str) -> list[str]:
-    """The `python -m sae_dist train` flags that rebuild this config on `devices_flag` ("cuda:2").
-
-    One `--flag=value` per field that differs from its default (the '=' form keeps a value that
-    starts with '-' from reading as a flag); booleans as --x / --no-x; --devices last. The config's
-    own `devices` is replaced: a job runs on what the scheduler allocated.
-    """
-    from sae_dist.config import config_fields, parse_devices
-    from sae_dist.errors import ConfigError
-
-    try:
-        parse_devices(devices_flag)
-    except ConfigError as e:
-        raise _err("--train", f"{e}") from None
-    config = validate_train_config(train_config)
-    flags: list[str] = []
-    for f in config_fields():
-        value = config[f.name]
-        if f.name == "devices" or value == f.default:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(flag if value else "--no-" + f.name.replace("_", "-"))
-        elif value is None:
-            # No flag spells None; every optional field defaults to None, so this is a new field.
-            raise _err("--train", f"{f.name} cannot be unset from the command line")
-        else:
-            flags.append(f"{flag}={value!r}" if isinstance(value, float) else f"{flag}={value}")
-    return [*flags, f"--devices={devices_flag}"]

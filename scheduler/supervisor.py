@@ -18,6 +18,15 @@ import threading
 import time
 from pathlib import Path
 
+from sae_dist.contract import (
+    DEVICES_ENV,
+    JOB_ID_ENV,
+    JOB_NAME_ENV,
+    MASTER_PORT_ENV,
+    NUM_GPUS_ENV,
+    VIRTUAL_DEVICES_ENV,
+    stored_train_argv,
+)
 from sae_dist.db import get_engine
 from sae_dist.paths import state_home
 from scheduler import procs
@@ -38,25 +47,23 @@ def job_environment(job, devices: list[str], base: dict[str, str]) -> dict[str, 
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         # Real GPUs by UUID (indices shift when CUDA_VISIBLE_DEVICES is set); none for virtual ones.
         "CUDA_VISIBLE_DEVICES": "" if virtual else ",".join(devices),
-        "SAE_DIST_JOB_ID": str(job.id),
-        "SAE_DIST_JOB_NAME": job.name,
-        "SAE_DIST_NUM_GPUS": str(len(devices)),
-        "SAE_DIST_DEVICES": ",".join(devices),
-        "SAE_DIST_VIRTUAL_DEVICES": "1" if virtual and devices else "0",
+        JOB_ID_ENV: str(job.id),
+        JOB_NAME_ENV: job.name,
+        NUM_GPUS_ENV: str(len(devices)),
+        DEVICES_ENV: ",".join(devices),
+        VIRTUAL_DEVICES_ENV: "1" if virtual and devices else "0",
     })
     if job.port:
-        env["SAE_DIST_MASTER_PORT"] = str(job.port)
+        env[MASTER_PORT_ENV] = str(job.port)
     env.update(json.loads(job.env_json or "{}"))
     return env
 
 
 def job_argv(job, devices: list[str]) -> list[str]:
-    if job.kind == "train":
-        from scheduler.spec import train_argv
-
+    if job.kind == "train":  # its config was validated at submit: the stored dict is trusted
         kind = "cpu" if all(d.startswith(VIRTUAL_PREFIX) for d in devices) else "cuda"
         return [sys.executable, "-m", "sae_dist", "train",
-                *train_argv(json.loads(job.train_config_json), f"{kind}:{max(1, len(devices))}")]
+                *stored_train_argv(json.loads(job.train_config_json), f"{kind}:{max(1, len(devices))}")]
     return json.loads(job.argv_json)
 
 

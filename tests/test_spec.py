@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from sae_dist.config import build_config
+from sae_dist.contract import train_argv
 from sae_dist.errors import UserError
 from scheduler.spec import (
     JobSpec,
@@ -24,7 +25,6 @@ from scheduler.spec import (
     priority_from_nice,
     resolve_devices,
     safe_name_for_path,
-    train_argv,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -352,7 +352,8 @@ def test_output_pattern_bad(pattern):
 # --- train_argv ---------------------------------------------------------------------------------
 
 def _round_trip(config: dict, devices: str):
-    from sae_dist.cli import _parser, config_from_args
+    from sae_dist.cli import _parser
+    from sae_dist.contract import config_from_args
 
     argv = train_argv(config, devices)
     return argv, config_from_args(_parser().parse_args(["train", *argv]))

@@ -1,0 +1,142 @@
+"""The scheduler-trainer contract (sae_dist.contract) on plain data: a config written as trainer
+flags by the scheduler and read back by the trainer's own parser is the same config; the stored
+config is trusted (validated once, at submit); the job's environment names; the import cost."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from sae_dist.cli import _parser
+from sae_dist.config import TrainConfig, config_fields
+from sae_dist.contract import (
+    JOB_ID_ENV,
+    MASTER_PORT_ENV,
+    RESERVED_JOB_ENV,
+    config_from_args,
+    stored_train_argv,
+    train_argv,
+)
+from sae_dist.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Every field away from its default, spread over the three sources (each source's paths are only
+# valid with it); floats that print long, booleans flipped, strings that start with '-'.
+SYNTHETIC_EVERYTHING = TrainConfig(
+    architecture="jumprelu", d_in=48, d_sae=96, expansion_factor=3, k=5, l1_coefficient=0.1,
+    l0_coefficient=1e-5, jumprelu_init_threshold=0.002, jumprelu_bandwidth=0.1 + 0.2, auxk_coefficient=0.0,
+    auxk_k=7, dead_after_samples=1000, model_layer=2, model_site="mlp_out", context_length=64,
+    synthetic_features=100, synthetic_active=2.5, synthetic_power_law=0.0, synthetic_noise=1e-5, seed=7,
+    batch_size=512, lr=1e-5, lr_warmup_steps=0, lr_decay_fraction=1.0, steps=10, precision="bf16",
+    grad_accum=2, ddp_bucket_mb=12.5, ddp_compress="bf16", balance="speed", rebalance=False,
+    on_rank_loss="fail", devices="cpu:3", name="-starts-with-dash", out_dir="-/a dir", log_every=1,
+    checkpoint_every=0, keep_checkpoints=5, eval_rows=0, resume=True, db=False)
+SHARDS = TrainConfig(source="shards", shards_path="-shards dir/x", lr=0.1, architecture="batchtopk",
+                     ddp_compress="fp16", balance="memory", name="--looks-like-a-flag")
+MODEL = TrainConfig(source="model", model_path="--model", text_path="-text.txt", model_site="attn_out",
+                    precision="fp32", lr=1 / 3, architecture="standard")
+CONFIGS = [TrainConfig(), SYNTHETIC_EVERYTHING, SHARDS, MODEL,
+           TrainConfig(resume=True, out_dir="/r", db=True, rebalance=True)]  # booleans at their defaults
+
+
+def _read_back(argv: list[str]) -> TrainConfig:
+    """What `python -m sae_dist train ARGV` builds: the trainer's real parser, then config_from_args."""
+    return config_from_args(_parser().parse_args(["train", *argv]))
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("devices", ["cpu:2", "cuda:4"])
+def test_config_survives_the_flags(config, devices):
+    argv = train_argv(config, devices)
+    assert _read_back(argv) == dataclasses.replace(config, devices=devices)
+    assert argv[-1] == f"--devices={devices}"
+    # The same flags from the dict submit stores, and from that dict trusted as stored.
+    assert train_argv(config.to_dict(), devices) == argv
+    assert stored_train_argv(config.to_dict(), devices) == argv
+
+
+def test_every_field_is_round_tripped():
+    """A new config field must join a config above: the round trip then covers it."""
+    changed = {f.name for f in config_fields() for c in CONFIGS if getattr(c, f.name) != f.default}
+    assert changed == {f.name for f in config_fields()}
+
+
+def test_stored_config_is_trusted():
+    # A job queued before a field existed lacks it: the field keeps its default (no flag).
+    assert stored_train_argv({"steps": 10}, "cpu:1") == ["--steps=10", "--devices=cpu:1"]
+    # Nothing re-validates it (submit did): the value reaches the trainer, whose parser reports it.
+    assert stored_train_argv({"steps": -1}, "cpu:1") == ["--steps=-1", "--devices=cpu:1"]
+    for bad, needle in (({"nope": 1}, "nope"), ({"steps": None}, "steps")):
+        with pytest.raises(UserError) as e:
+            stored_train_argv(bad, "cpu:1")
+        assert str(e.value).startswith("--train: ") and needle in str(e.value)
+    with pytest.raises(UserError, match="^--train: devices"):
+        stored_train_argv({}, "tpu:1")
+
+
+def test_submit_validates_once_and_the_supervisor_never(monkeypatch, tmp_path):
+    """`submit --train` builds the TrainConfig once; the supervisor turns the stored dict into
+    flags without building it again."""
+    from scheduler.cli import main
+    from scheduler.store import get_job
+    from scheduler.supervisor import job_argv
+    from sae_dist.db import get_engine
+
+    monkeypatch.setenv("SAE_DIST_AUTOSTART", "0")
+    monkeypatch.setenv("SAE_DIST_VIRTUAL_GPUS", "2")
+    validations = []
+    original = TrainConfig.validate
+    monkeypatch.setattr(TrainConfig, "validate", lambda self: (validations.append(1), original(self))[1])
+    toml = tmp_path / "run.toml"
+    toml.write_text('steps = 5\nlr = 1e-5\nname = "-dash"\n')
+    assert main(["submit", "--gpus", "2", "-D", str(tmp_path), "--train", str(toml)]) == 0
+    assert len(validations) == 1
+    job = get_job(get_engine(), 1)
+    argv = job_argv(job, ["virtual-0", "virtual-1"])
+    assert len(validations) == 1
+    assert argv[:4] == [sys.executable, "-m", "sae_dist", "train"]
+    assert _read_back(argv[4:]) == TrainConfig(steps=5, lr=1e-5, name="-dash", devices="cpu:2")
+
+
+def test_submit_json(monkeypatch, tmp_path, capsys):
+    """`submit --json` prints one JSON object: the job's id and its state (what bench reads)."""
+    from scheduler.cli import main
+    from scheduler.store import get_job
+    from sae_dist.db import get_engine
+
+    monkeypatch.setenv("SAE_DIST_AUTOSTART", "0")
+    monkeypatch.setenv("SAE_DIST_VIRTUAL_GPUS", "2")
+    for extra in ([], ["--hold"]):
+        assert main(["submit", "--json", *extra, "-D", str(tmp_path), "--", "true"]) == 0
+        out = capsys.readouterr().out
+        assert out.count("\n") == 1
+        said = json.loads(out)
+        assert set(said) == {"job_id", "state"} and isinstance(said["job_id"], int)
+        assert said["state"] == get_job(get_engine(), said["job_id"]).state == "PENDING"
+    assert main(["submit", "-D", str(tmp_path), "--", "true"]) == 0
+    assert capsys.readouterr().out == "Submitted job 3\n"  # without --json: SLURM's line
+
+
+def test_supervisor_sets_every_reserved_name():
+    """The names a user's --env may not set are exactly those the supervisor sets for a job."""
+    from scheduler.supervisor import job_environment
+
+    job = SimpleNamespace(id=7, name="j", port=29601, env_json="{}")
+    env = job_environment(job, ["GPU-a", "GPU-b"], {"SLURM_JOB_ID": "1", "PATH": "/bin"})
+    assert RESERVED_JOB_ENV <= set(env) and set(env) - RESERVED_JOB_ENV == {"PATH"}
+    assert (env[JOB_ID_ENV], env[MASTER_PORT_ENV]) == ("7", "29601")
+
+
+def test_import_is_light():
+    """The scheduler's submit path imports the contract: it and its flag writer stay torch-free."""
+    code = ("import sys, sae_dist.contract as c; c.train_argv({'steps': 3}, 'cpu:1'); "
+            "print([m for m in sys.modules if m.split('.')[0] in ('torch', 'streamlit', 'altair', 'scheduler')])")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stderr
