@@ -47,109 +47,141 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
+T_FMT = "%Y-%m-%d %H:%M:%S.%f"  # the text SQLAlchemy writes for a UTC datetime (microseconds)
+SAMPLE_INSERT = ("INSERT INTO gpu_samples (device_uuid, time, utilization_pct, memory_used, memory_total, "
+                 "temperature_c, power_w, job_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+
+
 def fill(engine, args) -> dict:
     """Write the benchmark's data; returns what was written (counts, ids)."""
-    from sqlalchemy import insert
-
-    from sae_dist.db import Device, Job, create_run
-
     rng = random.Random(0)
     now = datetime.now(timezone.utc).replace(microsecond=0)
     start = now - timedelta(hours=args.hours)
-    n_samples = int(args.hours * 3600)
     uuids = [f"GPU-{i:08x}-bench-0000-0000-{i:012x}" for i in range(args.devices)]
     job_start = start + timedelta(hours=args.hours / 6)
+    n_jobs, running_id = write_devices_and_jobs(engine, uuids, start, job_start, now)
+    # Samples and metrics through the raw DB-API connection: SQLAlchemy's per-row processing
+    # would make filling take minutes.
+    raw = engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        n_samples = write_samples(cur, rng, uuids, start, job_start, int(args.hours * 3600), running_id)
+        run_id = create_bench_run(engine, args, uuids, running_id, job_start)
+        logged = write_training(cur, rng, args, uuids, run_id, job_start, now)
+        cur.execute("ANALYZE")
+    finally:
+        raw.close()
+    return {"samples": n_samples, "step_metrics": len(logged), "rank_stats": len(logged) * args.devices,
+            "jobs": n_jobs, "run_id": run_id, "job_id": running_id}
+
+
+def write_devices_and_jobs(engine, uuids: list[str], start: datetime, job_start: datetime,
+                           now: datetime) -> tuple[int, int]:
+    """The devices and a day's queue: 200 finished jobs, one running on every device, 30
+    pending. Returns (jobs written, the running job's id)."""
+    from sqlalchemy import insert
+
+    from sae_dist.db import Device, Job
+
     with engine.begin() as conn:
         conn.execute(insert(Device.__table__), [
             {"uuid": u, "index": i, "name": "NVIDIA H100 80GB HBM3", "virtual": False,
              "available": True, "memory_total": 80 * GIB, "pci_bus_id": f"00000000:{i:02X}:00.0",
              "updated_at": now} for i, u in enumerate(uuids)])
-        jobs = []
-        for i in range(200):  # finished, over the day
-            t0 = start + timedelta(minutes=5 * i)
-            jobs.append(dict(name=f"sweep-{i}", state=("COMPLETED", "FAILED", "CANCELLED")[i % 3],
-                             gpus=1, devices_json=json.dumps([uuids[i % args.devices]]),
-                             submitted_at=t0, started_at=t0, ended_at=t0 + timedelta(minutes=4),
-                             exit_code=0 if i % 3 == 0 else 1))
-        jobs.append(dict(name="big-sae", state="RUNNING", gpus=args.devices,
-                         devices_json=json.dumps(uuids), submitted_at=job_start,
-                         started_at=job_start, port=29600))
-        for i in range(30):
-            jobs.append(dict(name=f"queued-{i}", state="PENDING", gpus=2, submitted_at=now,
-                             reason="Resources" if i else "Priority", priority=i % 3))
-        rows = [{"user": "bench", "kind": "train", "argv_json": "[]", "workdir": "/tmp",
-                 "held": False, "requeue_on_failure": False, "cancel_requested": False,
-                 "dependencies_json": "[]", "env_json": "{}", "priority": 0, "reason": None,
-                 "devices_json": None, "started_at": None, "ended_at": None, "exit_code": None,
-                 "port": None, **j} for j in jobs]
+        rows = [{**JOB_DEFAULTS, **j} for j in queue_jobs(uuids, start, job_start, now)]
         conn.execute(insert(Job.__table__), rows)
         running_id = conn.exec_driver_sql("SELECT id FROM jobs WHERE state = 'RUNNING'").scalar()
+    return len(rows), running_id
 
-    # Samples through the raw DB-API connection: SQLAlchemy's per-row processing would make
-    # filling take minutes. Same text format as SQLAlchemy writes (UTC, microseconds).
-    t_fmt = "%Y-%m-%d %H:%M:%S.%f"
-    raw = engine.raw_connection()
-    try:
-        cur = raw.cursor()
-        cur.execute("BEGIN")
-        batch = []
-        for s in range(n_samples):
-            t = start + timedelta(seconds=s, microseconds=rng.randrange(1000, 900_000))
-            busy = t >= job_start
-            text = t.strftime(t_fmt)
-            for d, uuid in enumerate(uuids):
-                util = min(100.0, max(0.0, rng.gauss(92 if busy else 3, 4)))
-                mem = int((61 + d + rng.random()) * GIB) if busy else int(0.5 * GIB)
-                temp = 35 + 0.4 * util + rng.random() * 3
-                power = 70 + 6 * util + rng.random() * 20
-                batch.append((uuid, text, util, mem, 80 * GIB, temp, power,
-                              running_id if busy else None))
-            if len(batch) >= 50_000:
-                cur.executemany("INSERT INTO gpu_samples (device_uuid, time, utilization_pct, "
-                                "memory_used, memory_total, temperature_c, power_w, job_id) "
-                                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", batch)
-                batch = []
-        if batch:
-            cur.executemany("INSERT INTO gpu_samples (device_uuid, time, utilization_pct, "
-                            "memory_used, memory_total, temperature_c, power_w, job_id) "
-                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", batch)
-        cur.execute("COMMIT")
 
-        run_id = create_run(engine, name="big-sae", status="RUNNING", architecture="topk",
-                            config_json=json.dumps({"architecture": "topk", "source": "synthetic",
-                                                    "steps": args.steps}),
-                            world_size=args.devices, backend="nccl", device_ids=json.dumps(uuids),
-                            host="bench", run_dir="/tmp/bench-run", total_steps=args.steps,
-                            last_step=args.steps, job_id=running_id, started_at=job_start,
-                            created_at=job_start)
-        logged = list(range(args.log_every, args.steps + 1, args.log_every))
-        span = (now - job_start).total_seconds()
-        cur.execute("BEGIN")
-        metrics, ranks = [], []
-        for step in logged:
-            t = (job_start + timedelta(seconds=span * step / args.steps)).strftime(t_fmt)
-            loss = 0.05 + 2.0 / math.sqrt(step) + rng.random() * 0.01
-            recovery = min(1.0, step / (0.6 * args.steps)) if step % 1000 == 0 else None
-            metrics.append((run_id, step, step * 4096, t, loss, loss * 0.8, loss * 0.5, 32.0,
-                            max(0.0, 0.2 - step / args.steps), 4096 * 8 / 0.05,
-                            recovery, None if recovery is None else 0.5 + recovery / 2))
-            for r in range(args.devices):
-                slow = r == 3 and step % 500 == 0
-                step_s = 0.05 + rng.random() * 0.005 + (0.05 if slow else 0)
-                ranks.append((run_id, step, r, uuids[r], step_s, step_s * 0.8, 40 * GIB, slow))
-        cur.executemany("INSERT INTO step_metrics (run_id, step, samples_seen, time, loss, mse, "
-                        "fvu, l0, dead_fraction, samples_per_s, recovery_frac, "
-                        "recovery_mean_cos) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", metrics)
-        cur.executemany("INSERT INTO rank_stats (run_id, step, rank, device, step_time_s, "
-                        "compute_time_s, peak_memory_bytes, is_straggler) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", ranks)
-        cur.execute("COMMIT")
-        cur.execute("ANALYZE")
-    finally:
-        raw.close()
-    return {"samples": n_samples * len(uuids), "step_metrics": len(logged),
-            "rank_stats": len(logged) * args.devices, "jobs": len(rows), "run_id": run_id,
-            "job_id": running_id}
+JOB_DEFAULTS = {"user": "bench", "kind": "train", "argv_json": "[]", "workdir": "/tmp",
+                "held": False, "requeue_on_failure": False, "cancel_requested": False,
+                "dependencies_json": "[]", "env_json": "{}", "priority": 0, "reason": None,
+                "devices_json": None, "started_at": None, "ended_at": None, "exit_code": None,
+                "port": None}
+
+
+def queue_jobs(uuids: list[str], start: datetime, job_start: datetime, now: datetime) -> list[dict]:
+    jobs = []
+    for i in range(200):  # finished, over the day
+        t0 = start + timedelta(minutes=5 * i)
+        jobs.append(dict(name=f"sweep-{i}", state=("COMPLETED", "FAILED", "CANCELLED")[i % 3],
+                         gpus=1, devices_json=json.dumps([uuids[i % len(uuids)]]),
+                         submitted_at=t0, started_at=t0, ended_at=t0 + timedelta(minutes=4),
+                         exit_code=0 if i % 3 == 0 else 1))
+    jobs.append(dict(name="big-sae", state="RUNNING", gpus=len(uuids),
+                     devices_json=json.dumps(uuids), submitted_at=job_start,
+                     started_at=job_start, port=29600))
+    for i in range(30):
+        jobs.append(dict(name=f"queued-{i}", state="PENDING", gpus=2, submitted_at=now,
+                         reason="Resources" if i else "Priority", priority=i % 3))
+    return jobs
+
+
+def write_samples(cur, rng: random.Random, uuids: list[str], start: datetime, job_start: datetime,
+                  seconds: int, running_id: int) -> int:
+    """1 Hz readings of every device: idle before the running job started, busy after.
+    Returns the rows written."""
+    cur.execute("BEGIN")
+    batch = []
+    for s in range(seconds):
+        t = start + timedelta(seconds=s, microseconds=rng.randrange(1000, 900_000))
+        busy = t >= job_start
+        text = t.strftime(T_FMT)
+        for d, uuid in enumerate(uuids):
+            util = min(100.0, max(0.0, rng.gauss(92 if busy else 3, 4)))
+            mem = int((61 + d + rng.random()) * GIB) if busy else int(0.5 * GIB)
+            temp = 35 + 0.4 * util + rng.random() * 3
+            power = 70 + 6 * util + rng.random() * 20
+            batch.append((uuid, text, util, mem, 80 * GIB, temp, power, running_id if busy else None))
+        if len(batch) >= 50_000:
+            cur.executemany(SAMPLE_INSERT, batch)
+            batch = []
+    if batch:
+        cur.executemany(SAMPLE_INSERT, batch)
+    cur.execute("COMMIT")
+    return seconds * len(uuids)
+
+
+def create_bench_run(engine, args, uuids: list[str], running_id: int, job_start: datetime) -> int:
+    from sae_dist.db import create_run
+
+    return create_run(engine, name="big-sae", status="RUNNING", architecture="topk",
+                      config_json=json.dumps({"architecture": "topk", "source": "synthetic",
+                                              "steps": args.steps}),
+                      world_size=args.devices, backend="nccl", device_ids=json.dumps(uuids),
+                      host="bench", run_dir="/tmp/bench-run", total_steps=args.steps,
+                      last_step=args.steps, job_id=running_id, started_at=job_start,
+                      created_at=job_start)
+
+
+def write_training(cur, rng: random.Random, args, uuids: list[str], run_id: int, job_start: datetime,
+                   now: datetime) -> list[int]:
+    """The run's step metrics and per-rank stats every `--log-every` steps, rank 3 a straggler
+    every 500 steps; returns the logged steps."""
+    logged = list(range(args.log_every, args.steps + 1, args.log_every))
+    span = (now - job_start).total_seconds()
+    cur.execute("BEGIN")
+    metrics, ranks = [], []
+    for step in logged:
+        t = (job_start + timedelta(seconds=span * step / args.steps)).strftime(T_FMT)
+        loss = 0.05 + 2.0 / math.sqrt(step) + rng.random() * 0.01
+        recovery = min(1.0, step / (0.6 * args.steps)) if step % 1000 == 0 else None
+        metrics.append((run_id, step, step * 4096, t, loss, loss * 0.8, loss * 0.5, 32.0,
+                        max(0.0, 0.2 - step / args.steps), 4096 * 8 / 0.05,
+                        recovery, None if recovery is None else 0.5 + recovery / 2))
+        for r in range(args.devices):
+            slow = r == 3 and step % 500 == 0
+            step_s = 0.05 + rng.random() * 0.005 + (0.05 if slow else 0)
+            ranks.append((run_id, step, r, uuids[r], step_s, step_s * 0.8, 40 * GIB, slow))
+    cur.executemany("INSERT INTO step_metrics (run_id, step, samples_seen, time, loss, mse, "
+                    "fvu, l0, dead_fraction, samples_per_s, recovery_frac, "
+                    "recovery_mean_cos) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", metrics)
+    cur.executemany("INSERT INTO rank_stats (run_id, step, rank, device, step_time_s, "
+                    "compute_time_s, peak_memory_bytes, is_straggler) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", ranks)
+    cur.execute("COMMIT")
+    return logged
 
 
 def counts(engine) -> dict:
@@ -207,8 +239,15 @@ def main() -> int:
     print(f"filled {home} in {time.perf_counter() - t0:.1f} s: {written}")
     size = (home / "state.db").stat().st_size / 2**20
     print(f"database: {counts(engine)}, {size:.0f} MiB")
+    time_queries(engine)
+    worst = time_pages(args.repeat)
+    print(f"\nslowest page (median): {worst:.3f} s (aim: under 0.5 s)")
+    print(f"state directory: {home}")
+    return 0
 
-    # The queries behind the Monitor, alone (no Streamlit), for each window.
+
+def time_queries(engine) -> None:
+    """The queries behind the Monitor, alone (no Streamlit), for each window."""
     from sae_dist.analytics import jobs, samples
 
     now = datetime.now(timezone.utc)
@@ -225,6 +264,9 @@ def main() -> int:
         print(f"  {name:<6} {series[uuids[0]].source:>8} {t1 - t0:8.3f} {t2 - t1:12.3f}"
               f"   ({points} points a device, {len(total)} in all, {total.width_s} s each)")
 
+
+def time_pages(repeat: int) -> float:
+    """Each page, then the Monitor in each view and window; returns the slowest page's median."""
     # Warm up what is not the pages' own work: AppTest's first run in a process scans the
     # installed packages for components (~0.5 s), and pandas/Altair import once.
     import altair  # noqa: F401
@@ -232,28 +274,20 @@ def main() -> int:
 
     AppTest.from_string("import streamlit as st\nst.write('warm-up')").run()
 
-    print(f"\npage timings through AppTest (s): first run (nothing cached), then median of "
-          f"{args.repeat}")
+    print(f"\npage timings through AppTest (s): first run (nothing cached), then median of {repeat}")
     worst = 0.0
     for page in PAGES:
-        if not (REPO / page).is_file():
-            print(f"  {page:<40} (not there yet)")
-            continue
-        first, warm = time_page(page, args.repeat)
+        first, warm = time_page(page, repeat)
         worst = max(worst, warm)
         print(f"  {page:<40} {first:6.3f} {warm:8.3f}")
-    monitor = "pages/2_Monitor.py"
-    if (REPO / monitor).is_file():
-        for view in ("Aggregated", "Per-GPU"):
-            for window in ("5 min", "1 h", "24 h", "All"):
-                def action(at, view=view, window=window):
-                    at.segmented_control(key="monitor_view").set_value(view)
-                    return at.segmented_control(key="monitor_window").set_value(window)
-                first, warm = time_page(monitor, args.repeat, action)
-                print(f"  {'Monitor ' + view + ', ' + window:<40} {first:6.3f} {warm:8.3f}")
-    print(f"\nslowest page (median): {worst:.3f} s (aim: under 0.5 s)")
-    print(f"state directory: {home}")
-    return 0
+    for view in ("Aggregated", "Per-GPU"):
+        for window in ("5 min", "1 h", "24 h", "All"):
+            def action(at, view=view, window=window):
+                at.segmented_control(key="monitor_view").set_value(view)
+                return at.segmented_control(key="monitor_window").set_value(window)
+            first, warm = time_page("pages/2_Monitor.py", repeat, action)
+            print(f"  {'Monitor ' + view + ', ' + window:<40} {first:6.3f} {warm:8.3f}")
+    return worst
 
 
 if __name__ == "__main__":
