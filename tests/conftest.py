@@ -13,6 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+pytest_plugins = ["time_limit"]  # the guard on one test's time (tests/time_limit.py)
+
 
 def add_virtual_devices(conn, uuids: list[str], now, memory_total: int = 16 * 2**30) -> None:
     """Rows of the devices table for CPU-backed devices, as the daemon's inventory writes them."""
