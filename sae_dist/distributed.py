@@ -14,8 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-# Set by our launcher for its workers; a bare `torchrun -m sae_dist train` picks CUDA when present.
-DEVICE_TYPE_ENV = "SAE_DIST_DEVICE_TYPE"
+from sae_dist.contract import DEVICE_TYPE_ENV
 
 
 @dataclass(frozen=True)
@@ -35,6 +34,7 @@ def init_distributed() -> DistContext:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    # Unset under a bare `torchrun -m sae_dist train`: CUDA when present.
     kind = os.environ.get(DEVICE_TYPE_ENV) or ("cuda" if torch.cuda.is_available() else "cpu")
     if kind == "cuda":
         torch.cuda.set_device(local_rank)

@@ -17,16 +17,10 @@ from pathlib import Path
 
 from sae_dist import survive
 from sae_dist.config import TrainConfig, parse_devices
-from sae_dist.distributed import DEVICE_TYPE_ENV
+from sae_dist.contract import DEVICE_TYPE_ENV, JOB_ID_ENV, MASTER_PORT_ENV, OUR_LAUNCHER_ENV
 from sae_dist.errors import USER_ERROR_EXIT, UserError
 
 log = logging.getLogger(__name__)
-
-# The scheduler reserves a rendezvous port per job so two jobs never meet on torchrun's 29500.
-PORT_ENV = "SAE_DIST_MASTER_PORT"
-
-
-OUR_LAUNCHER_ENV = "SAE_DIST_OUR_LAUNCHER"
 
 
 def in_worker() -> bool:
@@ -113,7 +107,8 @@ def _torchrun(argv: list[str], n: int, command: str) -> tuple[int, list[survive.
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    port = os.environ.get(PORT_ENV)
+    # The scheduler reserves a rendezvous port per job so two jobs never meet on torchrun's 29500.
+    port = os.environ.get(MASTER_PORT_ENV)
     rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"] if port else ["--standalone"]
     args = get_args_parser().parse_args(
         [*rdzv, "--nnodes", "1", "--nproc-per-node", str(n), "--max-restarts", "0",
@@ -179,7 +174,7 @@ def _continue_without(cfg, kind, argv, run_dir, ids, known, lost, failures):
 def _record_faults(ids: list[str], lost: list[int], by_rank: dict) -> None:
     from sae_dist.db import get_engine, record_fault
 
-    job = os.environ.get("SAE_DIST_JOB_ID")
+    job = os.environ.get(JOB_ID_ENV)
     engine = get_engine()
     for r in lost:
         record_fault(engine, ids[r], f"training rank {r} {by_rank[r].describe()}",

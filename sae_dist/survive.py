@@ -15,13 +15,14 @@ import os
 import signal
 from dataclasses import dataclass
 
+from sae_dist.contract import DEVICES_ENV, NUM_GPUS_ENV
+
 # A rank that hit a CUDA error (not out-of-memory) exits with this, so its launcher can tell a
 # device failure from a bug (sysexits' EX_IOERR).
 DEVICE_ERROR_EXIT = 74
 
 DEVICE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL,
                             signal.SIGFPE})
-DEVICES_ENV = "SAE_DIST_DEVICES"  # the scheduler's device ids of the job, one per local rank
 
 
 @dataclass(frozen=True)
@@ -100,5 +101,5 @@ def survivors_env(kind: str, ids: list[str], lost: list[int], known: bool) -> di
         env["CUDA_VISIBLE_DEVICES"] = ",".join(keep)
     if known:
         env[DEVICES_ENV] = ",".join(keep)
-        env["SAE_DIST_NUM_GPUS"] = str(len(keep))
+        env[NUM_GPUS_ENV] = str(len(keep))
     return env

@@ -31,9 +31,9 @@ sys.path.insert(0, str(REPO))
 from sae_dist.analytics import queries  # noqa: E402
 from sae_dist.analytics.format import MISSING, fmt_ratio  # noqa: E402
 from sae_dist.bench import balance  # noqa: E402
+from sae_dist.contract import SLOW_RANKS_ENV  # noqa: E402
 from sae_dist.db import get_engine  # noqa: E402
 
-SLOW_ENV = "SAE_DIST_TEST_SLOW_RANKS"
 RUNS = (("no rebalance", ["--no-rebalance"]), ("rebalance", []))
 HOG = "while True: pass"
 
@@ -45,7 +45,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hogs", type=int, default=1, help="CPU hogs during case hog (default 1)")
     p.add_argument("--hog-steps", type=int, default=600)
     p.add_argument("--slow-ranks", default="1:3",
-                   help=f"{SLOW_ENV} for case slow: rank:factor[,rank:factor] (default 1:3)")
+                   help=f"{SLOW_RANKS_ENV} for case slow: rank:factor[,rank:factor] (default 1:3)")
     p.add_argument("--steps", type=int, default=200, help="steps of case slow (default 200)")
     p.add_argument("--compare", action="store_true", help="case slow: also run --no-rebalance, compare samples/s")
     p.add_argument("--log-every", type=int, default=10, help="steps per report window (default 10)")
@@ -70,8 +70,8 @@ def train(label: str, extra: list[str], args: argparse.Namespace, home: Path, st
            "--name", f"balance-{label.replace(' ', '-')}", *extra]
     env = {**os.environ, "SAE_DIST_HOME": str(home), **env_extra}
     env.pop("SAE_DIST_DB_URL", None)  # its own SQLite database, never the user's
-    if SLOW_ENV not in env_extra:
-        env.pop(SLOW_ENV, None)
+    if SLOW_RANKS_ENV not in env_extra:
+        env.pop(SLOW_RANKS_ENV, None)
     print(f"training, {label}: {' '.join(f'{k}={v}' for k, v in env_extra.items())} {' '.join(cmd[1:])}", flush=True)
     started = time.perf_counter()
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
@@ -185,11 +185,11 @@ def case_hog(args: argparse.Namespace, root: Path) -> None:
 
 
 def case_slow(args: argparse.Namespace, root: Path) -> None:
-    print(f"\n## (b) {SLOW_ENV}={args.slow_ranks}, {args.steps} steps", flush=True)
+    print(f"\n## (b) {SLOW_RANKS_ENV}={args.slow_ranks}, {args.steps} steps", flush=True)
     results = {}
     for label, extra in (RUNS if args.compare else RUNS[1:]):
         home = root / label.replace(" ", "-")
-        train(label, extra, args, home, args.steps, {SLOW_ENV: args.slow_ranks})
+        train(label, extra, args, home, args.steps, {SLOW_RANKS_ENV: args.slow_ranks})
         results[label] = read_run(home)
     run = results["rebalance"]
     if not run["windows"]:

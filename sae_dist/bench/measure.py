@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from sae_dist import distributed as D
-from sae_dist.distributed import DEVICE_TYPE_ENV
+from sae_dist.contract import DEVICE_TYPE_ENV, THREADS_PER_RANK_ENV
 from sae_dist.config import TrainConfig, build_config
 from sae_dist.memory import PeakMemory
 
@@ -161,7 +161,7 @@ def _ceiling(spec: dict, spec_path: str, result_path: str) -> int:
             env["CUDA_VISIBLE_DEVICES"] = visible[i]
         else:  # the share of the cores a DDP rank gets on n devices
             threads = str(max(1, (os.cpu_count() or 1) // n))
-            env.update(OMP_NUM_THREADS=threads, SAE_DIST_THREADS_PER_RANK=threads)
+            env.update({"OMP_NUM_THREADS": threads, THREADS_PER_RANK_ENV: threads})
         procs.append(subprocess.Popen([sys.executable, "-m", "sae_dist", "bench-point", member_spec, member_result],
                                       env=env, stderr=subprocess.PIPE, text=True))
         results.append(member_result)
