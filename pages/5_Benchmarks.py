@@ -120,7 +120,7 @@ def show(bench_id: int, compact: bool, link: str) -> None:
                    "same steps timed with and without it (DDP's no_sync): "
                    + ", ".join(f"{r['devices']} devices {r['comm_share']:.0%}" for r in comm) + ".")
     st.markdown(f"**Projected for {link_label}** · a model, not a measurement")
-    st.caption(S.MODEL_TEXT)
+    st.caption(T.MODEL_TEXT)
     if projection:
         st.dataframe(T.projection_table(projection), hide_index=True)
         one = next(r for r in rows if r["devices"] == 1)
@@ -129,7 +129,7 @@ def show(bench_id: int, compact: bool, link: str) -> None:
                    f"{worst['devices']} devices, the all-reduce of {fmt.fmt_bytes(one['grad_bytes'])} "
                    f"takes longer than the compute (measured batch {one['per_device_batch']:,}).")
     else:
-        st.caption(S.projection_note(rows) or "No projection.")
+        st.caption(T.projection_note(rows) or "No projection.")
 
 
 def run_label(run: dict) -> str:

@@ -131,11 +131,11 @@ def test_projection_and_headline_use_reliable_points_only():
     assert "1.76x on 2 devices" in bench_tables.headline_text(quiet)
     bandwidth = S.link_bandwidth("pcie4")[1]
     assert [p["devices"] for p in S.projection_rows(quiet, "strong", bandwidth)] == [2, 4, 8]
-    assert S.projection_note(quiet) is None
+    assert bench_tables.projection_note(quiet) is None
 
     busy = S.summarize([point(1, "ddp", 1024.0, cpu=80.0), point(2, "ddp", 1800.0, batch=512, cpu=0.5)])
     assert S.projection_rows(busy, "strong", bandwidth) == []
-    assert S.projection_note(busy).startswith("No projection: the 1-device point is unreliable (other processes used 80%")
+    assert bench_tables.projection_note(busy).startswith("No projection: the 1-device point is unreliable (other processes used 80%")
     assert bench_tables.headline_text(busy) == "Best speedup: none — no multi-device point is reliable"
 
 

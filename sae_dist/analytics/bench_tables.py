@@ -88,10 +88,12 @@ def headline_text(rows: list[dict]) -> str:
 
 
 def fmt_batch(value: float) -> str:
+    """A break-even batch: whole samples from 10 up, two significant digits under."""
     return f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
 
 
 def projection_table(projection: list[dict]) -> list[dict[str, str]]:
+    """The projected device counts (`summary.projection_rows`) as display strings."""
     return [{
         "Devices": str(p["devices"]), "All-reduce": f"{p['allreduce_s'] * 1e3:.2f} ms",
         "Speedup, no overlap": f"{p['speedup_no_overlap']:.2f}",
@@ -101,6 +103,7 @@ def projection_table(projection: list[dict]) -> list[dict[str, str]]:
 
 
 def environment_lines(run: dict) -> list[str]:
+    """Where and how the benchmark ran (a benchmark_runs row), a line each."""
     names = json.loads(run["device_names"])
     lines = [f"Benchmark {run['id']} ({run['name']}): {run['mode']} scaling, devices {run['device_counts']}, "
              f"{run['steps']} timed steps after {run['warmup_steps']} warm-up, {run['repeats']} repeat(s), "
@@ -112,3 +115,23 @@ def environment_lines(run: dict) -> list[str]:
     if run.get("error"):
         lines.append(f"Error: {run['error']}")
     return lines
+
+
+def projection_note(rows: list[dict]) -> str | None:
+    """Why there is no projection (None when there is one to draw)."""
+    one = next((r for r in rows if r["devices"] == 1), None)
+    if one is None:
+        return "No projection: no 1-device point to project from."
+    if not one.get("reliable", True):
+        return f"No projection: the 1-device point is unreliable ({one['reason']}); measure it again on a quiet machine."
+    if not one.get("grad_bytes"):
+        return "No projection: the 1-device point recorded no gradient size."
+    return None
+
+
+MODEL_TEXT = ("Projection (a model, not a measurement): ring all-reduce time = 2(N-1)/N x gradient "
+              "bytes / bandwidth; step time = compute + all-reduce without overlap, max(compute, "
+              "all-reduce) with full overlap of the backward pass; compute per device = the measured "
+              "1-device step / N for strong scaling, unchanged for weak scaling. Break-even batch: "
+              "the per-device batch at which compute equals the all-reduce (compute taken as "
+              "proportional to the batch); below it, communication dominates the step.")

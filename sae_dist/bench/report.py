@@ -87,7 +87,7 @@ def _speedup_chart(run: dict, rows: list[dict], projection: list[dict], link_lab
 
 def _markdown(run: dict, points: list[dict], rows: list[dict], projection: list[dict], link_label: str) -> str:
     warning = R.warning_text(rows)
-    no_projection = S.projection_note(rows)
+    no_projection = T.projection_note(rows)
     speed = _speedup_chart(run, rows, projection, link_label)
     parts = [f"# {_title(run)}", "", *[f"- {line}" for line in T.environment_lines(run)], "",
              "## Measured", "", *([f"> **Warning:** {warning}", ""] if warning else []),
@@ -100,7 +100,7 @@ def _markdown(run: dict, points: list[dict], rows: list[dict], projection: list[
              "CPU of other processes in percent of one core (100% = one core kept busy), from "
              "/proc: the machine's busy time minus the point's own processes.", "",
              _md_table(T.other_load_table(points)),
-             f"## Projected for {link_label}", "", S.MODEL_TEXT, "",
+             f"## Projected for {link_label}", "", T.MODEL_TEXT, "",
              *([f"_{no_projection}_", ""] if no_projection else [_md_table(T.projection_table(projection))]),
              "## Speedup chart (Vega-Lite)", "", "```vega-lite", speed.to_json(indent=None), "```", ""]
     return "\n".join(parts)
@@ -110,7 +110,7 @@ def _html(run: dict, points: list[dict], rows: list[dict], projection: list[dict
     from sae_dist.analytics.bench_charts import efficiency_chart
 
     warning = R.warning_text(rows)
-    no_projection = S.projection_note(rows)
+    no_projection = T.projection_note(rows)
     speed = _speedup_chart(run, rows, projection, link_label)
     eff = efficiency_chart(rows)
     title = _title(run)
@@ -129,7 +129,7 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}</style></head><b
 {_html_table(T.measured_table(rows))}<p>{html.escape(R.RULES_TEXT)}</p>
 <h2>Charts</h2><div id="speedup"></div><div id="efficiency"></div>
 <h2>Other load, point by point (in the order measured)</h2>{_html_table(T.other_load_table(points))}
-<h2>Projected for {html.escape(link_label)}</h2><p>{html.escape(S.MODEL_TEXT)}</p>
+<h2>Projected for {html.escape(link_label)}</h2><p>{html.escape(T.MODEL_TEXT)}</p>
 {f"<p><em>{html.escape(no_projection)}</em></p>" if no_projection else _html_table(T.projection_table(projection))}
 <script>
 vegaEmbed("#speedup", {speed.to_json(indent=None)});

@@ -105,8 +105,8 @@ def link_bandwidth(link: str, rows: list[dict] | None = None) -> tuple[str, floa
 def projection_rows(rows: list[dict], mode: str, bandwidth: float,
                     counts: tuple[int, ...] = PROJECTED_COUNTS) -> list[dict]:
     """Expected speedup on `counts` devices from the 1-device row (step time, gradient size,
-    batch): a model, not a measurement. Empty without a reliable 1-device row (projection_note
-    says why)."""
+    batch): a model, not a measurement. Empty without a reliable 1-device row
+    (`analytics.bench_tables.projection_note` says why)."""
     one = next((r for r in rows if r["devices"] == 1), None)
     if one is None or not one.get("reliable", True) or not one.get("grad_bytes"):
         return []
@@ -120,23 +120,3 @@ def projection_rows(rows: list[dict], mode: str, bandwidth: float,
                     "break_even_batch": scaling.break_even_batch(one["step_s"], one["per_device_batch"],
                                                                  one["grad_bytes"], bandwidth, n)})
     return out
-
-
-def projection_note(rows: list[dict]) -> str | None:
-    """Why there is no projection (None when there is one to draw)."""
-    one = next((r for r in rows if r["devices"] == 1), None)
-    if one is None:
-        return "No projection: no 1-device point to project from."
-    if not one.get("reliable", True):
-        return f"No projection: the 1-device point is unreliable ({one['reason']}); measure it again on a quiet machine."
-    if not one.get("grad_bytes"):
-        return "No projection: the 1-device point recorded no gradient size."
-    return None
-
-
-MODEL_TEXT = ("Projection (a model, not a measurement): ring all-reduce time = 2(N-1)/N x gradient "
-              "bytes / bandwidth; step time = compute + all-reduce without overlap, max(compute, "
-              "all-reduce) with full overlap of the backward pass; compute per device = the measured "
-              "1-device step / N for strong scaling, unchanged for weak scaling. Break-even batch: "
-              "the per-device batch at which compute equals the all-reduce (compute taken as "
-              "proportional to the batch); below it, communication dominates the step.")
