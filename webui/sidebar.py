@@ -51,8 +51,7 @@ def sidebar(db_url: str) -> None:
     with st.sidebar:
         st.markdown("### sae-dist")
         for path, label, icon in PAGES:
-            if (APP_ROOT / path).is_file():  # pages arrive one by one; link only those that exist
-                st.page_link(path, label=label, icon=icon, width="stretch")
+            st.page_link(path, label=label, icon=icon, width="stretch")
         st.divider()
         shown = make_url(db_url).render_as_string(hide_password=True)
         st.caption(f"State database: `{shown}`")
