@@ -78,7 +78,7 @@ def shards_d_in(path: str) -> int:
 def run_dir_taken(name: str) -> Path | None:
     """The run directory a named run would write to, when it already holds files (the trainer
     would refuse to start); None when the name is free."""
-    from sae_dist.train import safe_name
+    from sae_dist.paths import safe_name
 
     run_dir = state_home() / "runs" / safe_name(name)
     return run_dir if run_dir.is_dir() and any(run_dir.iterdir()) else None

@@ -4,6 +4,9 @@ A checkpoint is a directory `checkpoints/step_00001000/` holding the weights (sa
 the rest of the training state (optimizer, step, every rank's data position, dead-latent
 counters, RNG) in one torch file. It is written under a temporary name and renamed into place, so
 `latest_checkpoint` only ever sees complete ones.
+
+Finding checkpoints is torch-free (the launcher and sae_dist.paths look before any rank starts);
+only saving and loading import torch.
 """
 
 from __future__ import annotations
@@ -13,12 +16,12 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
-
-import torch
-from safetensors.torch import load_file, save_file
+from typing import TYPE_CHECKING, Any
 
 from sae_dist.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 _NAME = re.compile(r"^step_(\d{8,})$")
 WEIGHTS = "sae.safetensors"
@@ -32,6 +35,9 @@ def checkpoint_dir(run_dir: Path) -> Path:
 
 def save_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor], state: dict[str, Any],
                     meta: dict[str, Any], keep: int = 2) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:08d}"
@@ -77,6 +83,9 @@ def checkpoint_world_size(path: Path) -> int | None:
 
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
     """(weights, trainer state, meta) of one checkpoint directory."""
+    import torch
+    from safetensors.torch import load_file
+
     try:
         weights = load_file(str(path / WEIGHTS))
         state = torch.load(path / STATE, map_location="cpu", weights_only=False)

@@ -256,7 +256,7 @@ def _with_source_d_in(cfg: TrainConfig) -> TrainConfig:
 
 def _preflight(cfg: TrainConfig) -> TrainConfig:
     """Checks that need the data or the disk, done once before any rank starts (one error, not N)."""
-    from sae_dist.train import check_run_dir
+    from sae_dist.paths import check_run_dir
 
     cfg = _with_source_d_in(cfg)  # the default run name needs d_sae
     check_run_dir(cfg)

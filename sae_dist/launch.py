@@ -143,7 +143,7 @@ def _report_failure(failures: list[survive.Failure]) -> int:
 
 def _pin_run_dir(cfg: TrainConfig, argv: list[str]) -> tuple[list[str], Path]:
     """Name the run directory on the command line, so that a restart finds the same one."""
-    from sae_dist.train import check_run_dir
+    from sae_dist.paths import check_run_dir
 
     name, run_dir = check_run_dir(cfg)
     return [*argv, "--name", name, "--out-dir", str(run_dir)], run_dir
@@ -152,7 +152,7 @@ def _pin_run_dir(cfg: TrainConfig, argv: list[str]) -> tuple[list[str], Path]:
 def _continue_without(cfg, kind, argv, run_dir, ids, known, lost, failures):
     """Record the lost devices, then the arguments and environment of the job on the others."""
     from sae_dist.checkpoint import latest_checkpoint
-    from sae_dist.train import RESTART_NOTE_ENV
+    from sae_dist.contract import RESTART_NOTE_ENV
 
     by_rank = {f.rank: f for f in failures}
     reason = "; ".join(f"rank {r} ({ids[r]}): {by_rank[r].describe()}" for r in lost)
