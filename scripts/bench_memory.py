@@ -75,7 +75,7 @@ def write_shard_dir(directory: Path, d_in: int, total_bytes: int = SHARD_BYTES,
     """Gaussian activations [rows, d_in] as shards (written chunk by chunk, never whole in memory)."""
     import torch
 
-    from sae_dist.sources.shards import write_shards
+    from sae_dist.shard_format import write_shards
 
     rows_per_file = file_bytes // (4 * d_in)
     files = max(1, total_bytes // file_bytes)

@@ -16,7 +16,7 @@ import torch
 from conftest import LENGTH_FREE_SCHEDULE, REPO, run_cli, wait_for
 from sae_dist.balance import BalanceState
 from sae_dist.checkpoint import STATE, latest_checkpoint, list_checkpoints
-from sae_dist.sources.shards import write_shards
+from sae_dist.shard_format import write_shards
 from sae_dist.survive import DEVICE_ERROR_EXIT, Failure, device_ids, lost_ranks, survivors_env
 from test_train import SMALL, final_weights, ok, rel_diff
 

@@ -30,7 +30,7 @@ from sae_dist.evaluate import (
 )
 from sae_dist.export import export_saelens
 from sae_dist.sae import SparseAutoencoder
-from sae_dist.sources.shards import write_shards
+from sae_dist.shard_format import write_shards
 from sae_dist.sources.synthetic import SyntheticSource
 
 ARCHS = ["topk", "standard", "jumprelu", "batchtopk"]

@@ -17,7 +17,7 @@ from conftest import REPO
 from sae_dist.config import TrainConfig
 from sae_dist.memory import (CPU_RUNTIME_BYTES, CUDA_CONTEXT_BYTES, MemoryEstimate, PeakMemory,
                              anonymous_bytes, estimate_for_config, estimate_memory)
-from sae_dist.sources.shards import write_shards
+from sae_dist.shard_format import write_shards
 
 MIB = 2**20
 FINAL = re.compile(r"peak memory: measured ([\d.]+) MiB, estimated ([\d.]+) MiB")

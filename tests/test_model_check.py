@@ -13,7 +13,7 @@ from conftest import REPO
 from sae_dist.evaluate.model_check import model_check
 from sae_dist.harvest.run import HarvestSpec, harvest
 from sae_dist.sae import SparseAutoencoder
-from sae_dist.sources.shards import write_shards
+from sae_dist.shard_format import write_shards
 
 TEXT = str(REPO / "README.md")
 

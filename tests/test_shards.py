@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from sae_dist.errors import DataError
-from sae_dist.sources.shards import ShardStream, open_shards, write_shards
+from sae_dist.shard_format import write_shards
+from sae_dist.sources.shards import ShardStream, open_shards
 
 
 def indexed_rows(start: int, count: int, d_in: int = 4) -> torch.Tensor:

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from conftest import LENGTH_FREE_SCHEDULE, REPO, run_cli
 from sae_dist.checkpoint import STATE, WEIGHTS, latest_checkpoint, list_checkpoints
 from sae_dist.export import load_sae
-from sae_dist.sources.shards import write_shards
+from sae_dist.shard_format import write_shards
 from sae_dist.sources.synthetic import SyntheticSource
 
 SMALL = ["--d-in", "32", "--d-sae", "128", "--k", "8", "--synthetic-features", "96",

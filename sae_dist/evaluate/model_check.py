@@ -150,7 +150,7 @@ def _ce_loss(model, contexts, splice: _Splice, device) -> dict:
 
 
 def _manifest(directory: Path) -> dict | None:
-    from sae_dist.sources.shards import MANIFEST
+    from sae_dist.shard_format import MANIFEST
 
     try:
         return json.loads((directory / MANIFEST).read_text())

@@ -22,7 +22,8 @@ from torch import Tensor
 
 from sae_dist.errors import DataError, UserError
 from sae_dist.evaluate.metrics import Planted
-from sae_dist.sources.shards import MANIFEST, SUFFIX, open_shards, write_shards
+from sae_dist.shard_format import MANIFEST, SUFFIX, write_shards
+from sae_dist.sources.shards import open_shards
 from sae_dist.sources.synthetic import SyntheticSource
 
 PLANTED_KEY = "planted"  # the manifest's key for the settings

@@ -26,7 +26,7 @@ import torch
 from sae_dist.errors import UserError
 from sae_dist.harvest.contexts import Context, framing_from_examples, join_documents, make_contexts, text_files
 from sae_dist.harvest.sites import site_module_path
-from sae_dist.sources.shards import MANIFEST, SUFFIX, write_manifest, write_shard_file
+from sae_dist.shard_format import MANIFEST, SUFFIX, write_manifest, write_shard_file
 
 log = logging.getLogger(__name__)
 

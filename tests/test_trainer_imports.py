@@ -1,0 +1,41 @@
+"""Import rules of the trainer's side: the run-directory helpers stay torch-free (the app and the
+launcher check a run directory before any rank starts), and the harvest never imports the
+sources (the `model` source reads a model with the harvest's reader; a harvest writes shards
+with sae_dist.shard_format), so the arrow between the two packages goes one way."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO
+
+HARVEST = REPO / "sae_dist" / "harvest"
+
+
+def test_paths_is_torch_free():
+    code = ("import sys, sae_dist.paths as p; assert p.safe_name('../a b') == '_a_b', p.safe_name('../a b'); "
+            "assert p.latest_checkpoint is not None; assert 'torch' not in sys.modules, 'torch imported'")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module a file imports, at any depth (module level and inside functions)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+    return out
+
+
+def test_harvest_does_not_import_the_sources():
+    files = sorted(HARVEST.glob("*.py"))
+    assert files
+    found = {f.name: sorted(m for m in _imports(f) if m == "sae_dist.sources" or m.startswith("sae_dist.sources."))
+             for f in files}
+    assert not any(found.values()), found
