@@ -32,13 +32,14 @@ def measure(cfg: TrainConfig, warmup: int, steps: int, start_at: float | None = 
     independent processes of a ceiling measurement.
     """
     from sae_dist.step import autocast_for, make_optimizer, train_step, wrap_ddp
-    from sae_dist.train import build_sae, make_source, set_threads, source_d_in
+    from sae_dist.sources.make import make_source
+    from sae_dist.train import build_sae, set_threads
 
     ctx = D.init_distributed()
     set_threads(ctx)
     torch.manual_seed(cfg.seed)
     source = make_source(cfg, ctx)
-    cfg = cfg.with_d_in(source_d_in(source))
+    cfg = cfg.with_d_in(source.d_in)
     sae = build_sae(cfg, ctx.device)
     opt = make_optimizer(sae, cfg.resolved_lr)
     model = wrap_ddp(sae, ctx, cfg)

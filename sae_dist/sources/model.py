@@ -63,6 +63,10 @@ class ModelSource:
         self.epoch = self.fill = self.offset = 0
         self._rows: Tensor | None = None
 
+    @property
+    def planted_features(self) -> None:
+        return None
+
     def use_global_batch(self, global_batch: int) -> None:
         """Fills sized for this global batch (a resumed run keeps its checkpoint's, so its fills are
         the same contexts whatever the number of ranks)."""

@@ -33,6 +33,13 @@ class SyntheticSource:
         self.max_active = max(1, int(round(active * 3)))
         self.position = 0  # samples of the stream taken by all ranks together
 
+    @property
+    def planted_features(self) -> Tensor:
+        return self.dictionary
+
+    def use_global_batch(self, global_batch: int) -> None:
+        """Nothing to size: each step takes the plan's global batch of the stream."""
+
     def state_dict(self) -> dict:
         return {"position": self.position}
 
