@@ -275,29 +275,21 @@ def _job_row(job, now: float) -> dict[str, Any]:
     end = job.ended_at.timestamp() if job.ended_at else None
     return {
         "job_id": job.id, "name": job.name, "user": job.user, "state": job.state, "reason": job.reason,
-        "gpus": job.gpus, "devices": json.loads(job.devices_json) if job.devices_json else [],
+        "gpus": job.gpus, "devices": job.devices,
         "priority": job.priority, "submitted": _iso(job.submitted_at), "start": _iso(job.started_at),
         "end": _iso(job.ended_at), "elapsed_s": (end or now) - start if start else None,
         "time_limit_s": job.time_limit_s, "exit_code": job.exit_code, "signal": job.signal,
-        "kind": job.kind, "held": bool(job.held),  # the fast SQLite read gives 0/1
-        "exclusive": bool(getattr(job, "exclusive", False)),  # absent from a database not yet migrated
+        "kind": job.kind, "held": job.held, "exclusive": job.exclusive,
     }
 
 
 def cmd_queue(args) -> int:
-    from scheduler.fastread import read_jobs
+    from sae_dist.job_listing import has_cluster_jobs, read_jobs
 
     now = time.time()
-    states = None if args.all else ("PENDING", "RUNNING")
-    jobs = read_jobs(states)
-    if jobs is None:  # not plain SQLite, or not created yet: the regular (migrating) path
-        from scheduler.store import list_jobs
-
-        jobs = list_jobs(_engine(), states)
+    jobs = read_jobs(states=None if args.all else ("PENDING", "RUNNING"))
     jobs.sort(key=lambda j: (STATE_ORDER.get(j.state, 2), -j.priority if j.state == "PENDING" else 0, j.id))
     rows = [_job_row(j, now) for j in jobs]
-    from scheduler.fastread import has_cluster_jobs
-
     if has_cluster_jobs() is not False:
         rows += _cluster_rows(args.all, now)
     held = _exclusive_allocations(rows)
@@ -322,16 +314,9 @@ def _exclusive_allocations(rows: list[dict]) -> dict[int, list[str]]:
     wanted = {r["job_id"] for r in rows if r["exclusive"] and r["state"] == "RUNNING"}
     if not wanted:
         return {}
-    from scheduler.fastread import read_allocations
+    from sae_dist.job_listing import read_allocations
 
     held = read_allocations()
-    if held is None:  # not plain SQLite: the regular path
-        from scheduler.store import active_allocations
-
-        with _engine().connect() as conn:
-            held = {}
-            for uuid, job_id in active_allocations(conn).items():
-                held.setdefault(job_id, []).append(uuid)
     return {job_id: uuids for job_id, uuids in held.items() if job_id in wanted}
 
 
@@ -453,12 +438,12 @@ def _latest_samples() -> dict[str, dict]:
 
 
 def cmd_acct(args) -> int:
+    from sae_dist.job_listing import read_jobs
     from scheduler.recommend import format_memory
-    from scheduler.store import list_jobs
     from scheduler.usage import job_usage, summarize
 
     engine = _engine()
-    jobs = list_jobs(engine)
+    jobs = read_jobs(engine)
     if args.jobs:
         parts = [x.strip() for x in args.jobs.split(",")]
         if not all(x.isascii() and x.isdigit() for x in parts):

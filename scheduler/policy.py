@@ -35,26 +35,13 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Literal
 
+from sae_dist.db.schema import (
+    BEGIN_TIME, DEPENDENCY, DEPENDENCY_NEVER, EXCLUSIVE_JOB, HELD, PRIORITY, REQ_NODE_NOT_AVAIL, RESOURCES,
+    RUNNING_JOBS,
+)
+
 DependencyKind = Literal["afterok", "afterany", "afternotok"]
 DEPENDENCY_KINDS: frozenset[str] = frozenset({"afterok", "afterany", "afternotok"})
-FINAL_STATES: frozenset[str] = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"})
-
-# SLURM's pending-reason names, so `squeue` habits carry over.
-HELD = "JobHeldUser"
-BEGIN_TIME = "BeginTime"
-DEPENDENCY = "Dependency"
-DEPENDENCY_NEVER = "DependencyNeverSatisfied"
-RESOURCES = "Resources"
-PRIORITY = "Priority"
-REQ_NODE_NOT_AVAIL = "ReqNodeNotAvail"  # given as "ReqNodeNotAvail, UnavailableNodes:<uuids>"
-# Exclusive jobs: "Resources, ExclusiveJob:<id>" (the machine is held by that job) and
-# "Resources, RunningJobs:<ids>" (an exclusive job waiting for those to end): the code stays
-# SLURM's Resources, the detail says who is in the way.
-EXCLUSIVE_JOB = "ExclusiveJob"
-RUNNING_JOBS = "RunningJobs"
-REASONS: frozenset[str] = frozenset({HELD, BEGIN_TIME, DEPENDENCY, DEPENDENCY_NEVER, RESOURCES, PRIORITY,
-                                     REQ_NODE_NOT_AVAIL})
 
 DependencyStatus = Literal["ok", "wait", "never"]
 

@@ -11,7 +11,6 @@ page shows it as "—". Nothing here imports Streamlit or torch.
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -19,15 +18,16 @@ from typing import Any
 from sqlalchemy import and_, func, select
 from sqlalchemy.engine import Engine
 
-from sae_dist.db import FINAL_JOB_STATES, GpuSample, Job, StepMetric, TrainingRun
+from sae_dist.db import FINAL_JOB_STATES, GpuSample, StepMetric, TrainingRun
+from sae_dist.job_listing import JobRow, read_jobs
 from scheduler.busy import DeviceState, classify
 from scheduler.devices import DeviceInfo, inventory
 from scheduler.faults import apply_faults, device_faults
+from scheduler.store import count_jobs
 
 SAMPLE_FRESH_S = 10.0
 """A daemon sample older than this is not "now" (the daemon samples every second)."""
 
-JOBS = Job.__table__
 RUNS = TrainingRun.__table__
 STEPS = StepMetric.__table__
 SAMPLES = GpuSample.__table__
@@ -108,36 +108,23 @@ def queue_overview(engine: Engine, now: datetime | None = None, pending_limit: i
     - total_jobs: every job ever recorded.
     """
     now = now or datetime.now(timezone.utc)
+    active = read_jobs(engine, states=("PENDING", "RUNNING"))
+    pending = sorted((j for j in active if j.state == "PENDING"), key=lambda j: (-j.priority, j.id))
+    running = sorted((j for j in active if j.state == "RUNNING"),
+                     key=lambda j: (j.started_at is not None, j.started_at or j.submitted_at, j.id))
+    finished = read_jobs(engine, states=sorted(FINAL_JOB_STATES), order="last_ended", limit=finished_limit)
     with engine.connect() as conn:
-        counts = dict(conn.execute(select(JOBS.c.state, func.count()).where(
-            JOBS.c.state.in_(["PENDING", "RUNNING"])).group_by(JOBS.c.state)).all())
-        held = conn.execute(select(func.count()).where(
-            and_(JOBS.c.state == "PENDING", JOBS.c.held.is_(True)))).scalar_one()
-        total = conn.execute(select(func.count()).select_from(JOBS)).scalar_one()
-        pending = conn.execute(
-            select(JOBS.c.id, JOBS.c.name, JOBS.c.gpus, JOBS.c.priority, JOBS.c.reason, JOBS.c.held,
-                   JOBS.c.submitted_at)
-            .where(JOBS.c.state == "PENDING").order_by(JOBS.c.priority.desc(), JOBS.c.id)
-            .limit(pending_limit)).mappings().all()
-        running = conn.execute(
-            select(JOBS.c.id, JOBS.c.name, JOBS.c.kind, JOBS.c.gpus, JOBS.c.devices_json,
-                   JOBS.c.train_config_json, JOBS.c.time_limit_s, JOBS.c.started_at,
-                   JOBS.c.cancel_requested)
-            .where(JOBS.c.state == "RUNNING").order_by(JOBS.c.started_at, JOBS.c.id)).mappings().all()
-        finished = conn.execute(
-            select(JOBS.c.id, JOBS.c.name, JOBS.c.kind, JOBS.c.state, JOBS.c.exit_code, JOBS.c.signal,
-                   JOBS.c.reason, JOBS.c.started_at, JOBS.c.ended_at)
-            .where(JOBS.c.state.in_(sorted(FINAL_JOB_STATES)))
-            .order_by(JOBS.c.ended_at.desc(), JOBS.c.id.desc()).limit(finished_limit)).mappings().all()
-        runs = _runs_of_jobs(conn, [j["id"] for j in running if j["kind"] == "train"])
+        runs = _runs_of_jobs(conn, [j.id for j in running if j.kind == "train"])
     return {
-        "counts": {"PENDING": counts.get("PENDING", 0), "RUNNING": counts.get("RUNNING", 0),
-                   "held": held},
-        "pending": [{**dict(j), "held": bool(j["held"])} for j in pending],
-        "running": [_running_row(j, runs.get(j["id"]), now) for j in running],
-        "finished": [{**dict(j), "elapsed_s": _elapsed(j["started_at"], j["ended_at"])}
-                     for j in finished],
-        "total_jobs": total,
+        "counts": {"PENDING": len(pending), "RUNNING": len(running),
+                   "held": sum(1 for j in pending if j.held)},
+        "pending": [{"id": j.id, "name": j.name, "gpus": j.gpus, "priority": j.priority, "reason": j.reason,
+                     "held": j.held, "submitted_at": j.submitted_at} for j in pending[:pending_limit]],
+        "running": [_running_row(j, runs.get(j.id), now) for j in running],
+        "finished": [{"id": j.id, "name": j.name, "kind": j.kind, "state": j.state, "exit_code": j.exit_code,
+                      "signal": j.signal, "reason": j.reason, "started_at": j.started_at, "ended_at": j.ended_at,
+                      "elapsed_s": _elapsed(j.started_at, j.ended_at)} for j in finished],
+        "total_jobs": count_jobs(engine),
     }
 
 
@@ -167,14 +154,13 @@ def _runs_of_jobs(conn, job_ids: list[int]) -> dict[int, dict[str, Any]]:
     return out
 
 
-def _running_row(job, run: dict[str, Any] | None, now: datetime) -> dict[str, Any]:
-    config = _json_dict(job["train_config_json"])
-    row = {"id": job["id"], "name": job["name"], "kind": job["kind"], "gpus": job["gpus"],
-           "devices": _json_list(job["devices_json"]), "started_at": job["started_at"],
-           "time_limit_s": job["time_limit_s"], "cancel_requested": bool(job["cancel_requested"]),
+def _running_row(job: JobRow, run: dict[str, Any] | None, now: datetime) -> dict[str, Any]:
+    row = {"id": job.id, "name": job.name, "kind": job.kind, "gpus": job.gpus, "devices": job.devices,
+           "started_at": job.started_at, "time_limit_s": job.time_limit_s,
+           "cancel_requested": job.cancel_requested,
            "run_id": run["id"] if run else None, "run_name": run["name"] if run else None}
-    total = run["total_steps"] if run else config.get("steps")
-    row.update(progress(job["kind"], job["started_at"], now, job["time_limit_s"], run, total))
+    total = run["total_steps"] if run else job.train_config().get("steps")
+    row.update(progress(job.kind, job.started_at, now, job.time_limit_s, run, total))
     return row
 
 
@@ -224,19 +210,3 @@ def _elapsed(start: datetime | None, end: datetime | None) -> float | None:
     if start is None or end is None:
         return None
     return max(0.0, _ts(end) - _ts(start))
-
-
-def _json_list(text: str | None) -> list[str]:
-    try:
-        value = json.loads(text) if text else []
-    except ValueError:
-        return []
-    return [str(v) for v in value] if isinstance(value, list) else []
-
-
-def _json_dict(text: str | None) -> dict[str, Any]:
-    try:
-        value = json.loads(text) if text else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}

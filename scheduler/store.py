@@ -98,6 +98,8 @@ def get_job(engine_or_conn: Engine | Connection, job_id: int) -> Job:
 
 def list_jobs(engine: Engine, states: Iterable[str] | None = None, limit: int | None = None,
               newest_first: bool = False) -> list[Job]:
+    """Whole `Job` rows, process ids included, for code that acts on jobs (tests, scripts); what
+    people read (queue, acct, the app's tables) goes through `sae_dist.job_listing`."""
     query = select(JOBS)
     if states is not None:
         query = query.where(JOBS.c.state.in_(list(states)))

@@ -10,8 +10,10 @@ import pytest
 
 from dataclasses import replace
 
+from sae_dist.db.schema import (
+    BEGIN_TIME, DEPENDENCY, DEPENDENCY_NEVER, HELD, PENDING_REASONS, PRIORITY, RESOURCES,
+)
 from scheduler.policy import (
-    BEGIN_TIME, DEPENDENCY, DEPENDENCY_NEVER, HELD, PRIORITY, REASONS, RESOURCES,
     DeviceView, JobView, Plan, Reservation, blocking_reason, dependency_status, ends_before,
     exclusive_job_runs, exclusive_pick, exclusive_shadow_time, order_key, pick_devices, plan,
     req_node_not_avail, shadow_time, waits_for_jobs,
@@ -521,7 +523,7 @@ def _check_invariants(p: Plan, pending, live, devices, finished, now) -> None:
     known = set(by_id) | {j.id for j in live}
 
     assert set(started) | set(p.reasons) == set(by_id) and not set(started) & set(p.reasons)
-    assert {r.split(",")[0] for r in p.reasons.values()} <= REASONS
+    assert {r.split(",")[0] for r in p.reasons.values()} <= PENDING_REASONS
     held = [u for jid, us in started.items() for u in p.holds.get(jid, us)]
     assert len(held) == len(set(held)), "a device allocated twice"
     assert set(held) <= set(free) and len(held) <= len(free), "started on a device that was not free"

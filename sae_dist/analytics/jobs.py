@@ -7,44 +7,22 @@ Functions return plain dicts; times stay aware datetimes, missing values None.
 
 from __future__ import annotations
 
-import json
 import os
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, case, func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
-from sae_dist.db.schema import FINAL_JOB_STATES, Device, Job, TrainingRun
-
-JOBS = Job.__table__
-
-REASONS = {
-    "Resources": "waiting for enough free devices",
-    "Priority": "jobs of higher priority go first",
-    "Dependency": "waiting for the jobs it depends on",
-    "DependencyNeverSatisfied": "a job it depends on ended in a way that never satisfies it",
-    "JobHeldUser": "held: release it to let it start",
-    "BeginTime": "its start time has not come yet",
-}
-"""SLURM's reason codes (the scheduler's too), in words."""
+from sae_dist.db.schema import (
+    FINAL_JOB_STATES, REASON_DETAIL_WORDS, REASON_WORDS, Device, TrainingRun,
+)
+from sae_dist.job_listing import read_job, read_jobs
 
 STATE_COLORS = {"PENDING": "gray", "RUNNING": "blue", "COMPLETED": "green", "FAILED": "red",
                 "CANCELLED": "orange", "TIMEOUT": "orange", "NODE_FAIL": "red",
                 "OUT_OF_MEMORY": "red"}
-
-_COLUMNS = ("id", "name", "user", "kind", "state", "reason", "priority", "gpus", "held",
-            "cancel_requested", "requeue_count", "time_limit_s", "devices_json", "gpu_ids_json",
-            "submitted_at", "started_at", "ended_at", "exit_code", "signal", "stdout_path",
-            "stderr_path", "workdir")
-
-
-# Details the scheduler appends to a code for exclusive jobs ("Resources, RunningJobs:3,5").
-DETAILS = {
-    "RunningJobs": "it runs alone (exclusive) and waits for job{s} {ids} to end",
-    "ExclusiveJob": "exclusive job {ids} holds the whole machine",
-}
 
 
 def explain_reason(reason: str | None) -> str:
@@ -53,52 +31,24 @@ def explain_reason(reason: str | None) -> str:
         return "waiting for the next scheduling pass"
     code, _, detail = reason.partition(", ")
     name, _, ids = detail.partition(":")
-    if code in REASONS and name in DETAILS and ids:
-        words = DETAILS[name].format(s="s" if "," in ids else "", ids=ids.replace(",", ", "))
+    if code in REASON_WORDS and name in REASON_DETAIL_WORDS and ids:
+        words = REASON_DETAIL_WORDS[name].format(s="s" if "," in ids else "", ids=ids.replace(",", ", "))
         return f"{reason}: {words}"
-    return f"{reason}: {REASONS[reason]}" if reason in REASONS else reason
-
-
-def _job(row: Any) -> dict[str, Any]:
-    job = {name: row[name] for name in _COLUMNS}
-    job["devices"] = _json_list(job.pop("devices_json"))
-    job["gpu_ids"] = _json_list(job.pop("gpu_ids_json"))
-    job["held"] = bool(job["held"])
-    job["cancel_requested"] = bool(job["cancel_requested"])
-    return job
-
-
-def _json_list(text: str | None) -> list[str]:
-    if not text:
-        return []
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return []
-    return [str(v) for v in value] if isinstance(value, list) else []
-
-
-def _select():
-    return select(*[JOBS.c[name] for name in _COLUMNS])
+    return f"{reason}: {REASON_WORDS[reason]}" if reason in REASON_WORDS else reason
 
 
 def get_job(engine: Engine, job_id: int) -> dict[str, Any] | None:
-    """One job as a dict (columns of `jobs`, with "devices" and "gpu_ids" lists), or None."""
-    with engine.connect() as conn:
-        row = conn.execute(_select().where(JOBS.c.id == job_id)).mappings().first()
-    return _job(row) if row is not None else None
+    """One job as a dict (see `JobRow`: its columns, with "devices" and "gpu_ids" lists), or None."""
+    job = read_job(engine, job_id)
+    return job.as_dict() if job is not None else None
 
 
 def queue(engine: Engine, finished_limit: int = 100) -> dict[str, list[dict[str, Any]]]:
     """The queue as the Queue page shows it: "pending" (highest priority first, then oldest),
     "running" (oldest start first) and the last `finished_limit` "finished" (newest first)."""
-    pending_or_running = JOBS.c.state.in_(("PENDING", "RUNNING"))
-    with engine.connect() as conn:
-        active = [_job(r) for r in conn.execute(
-            _select().where(pending_or_running).order_by(JOBS.c.id)).mappings()]
-        finished = [_job(r) for r in conn.execute(
-            _select().where(JOBS.c.state.in_(sorted(FINAL_JOB_STATES)))
-            .order_by(JOBS.c.id.desc()).limit(finished_limit)).mappings()]
+    active = [j.as_dict() for j in read_jobs(engine, states=("PENDING", "RUNNING"))]
+    finished = [j.as_dict() for j in read_jobs(engine, states=sorted(FINAL_JOB_STATES), order="newest",
+                                               limit=finished_limit)]
     pending = sorted((j for j in active if j["state"] == "PENDING"),
                      key=lambda j: (-j["priority"], j["submitted_at"], j["id"]))
     running = sorted((j for j in active if j["state"] == "RUNNING"),
@@ -109,16 +59,10 @@ def queue(engine: Engine, finished_limit: int = 100) -> dict[str, list[dict[str,
 def monitor_jobs(engine: Engine, limit: int = 50) -> list[dict[str, Any]]:
     """The jobs worth watching, for the Monitor's choice: running ones (newest start first),
     then pending ones, then the last `limit` that ran and ended (newest first)."""
-    order = case((JOBS.c.state == "RUNNING", 0), (JOBS.c.state == "PENDING", 1), else_=2)
-    query = (_select()
-             .where(or_(JOBS.c.state.in_(("PENDING", "RUNNING")),
-                        and_(JOBS.c.state.in_(sorted(FINAL_JOB_STATES)),
-                             JOBS.c.started_at.is_not(None))))
-             .order_by(order, JOBS.c.id.desc()))
-    with engine.connect() as conn:
-        jobs = [_job(r) for r in conn.execute(query).mappings()]
-    active = [j for j in jobs if j["state"] in ("PENDING", "RUNNING")]
-    return active + [j for j in jobs if j["state"] not in ("PENDING", "RUNNING")][:limit]
+    active = read_jobs(engine, states=("PENDING", "RUNNING"), order="newest")
+    ended = read_jobs(engine, states=sorted(FINAL_JOB_STATES), started_only=True, order="newest", limit=limit)
+    running_first = sorted(active, key=lambda j: j.state != "RUNNING")  # stable: newest first within
+    return [j.as_dict() for j in running_first + ended]
 
 
 def latest_running(jobs: list[dict[str, Any]]) -> int | None:

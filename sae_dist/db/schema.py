@@ -220,6 +220,38 @@ class DeviceFault(Base, table=True):
 JOB_STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 FINAL_JOB_STATES = frozenset(JOB_STATES) - {"PENDING", "RUNNING"}
 
+# A pending job's `reason`: SLURM's pending-reason codes, so `squeue` habits carry over. The
+# scheduler's policy sets them; the CLI and the app show them (with REASON_WORDS).
+HELD = "JobHeldUser"
+BEGIN_TIME = "BeginTime"
+DEPENDENCY = "Dependency"
+DEPENDENCY_NEVER = "DependencyNeverSatisfied"
+RESOURCES = "Resources"
+PRIORITY = "Priority"
+REQ_NODE_NOT_AVAIL = "ReqNodeNotAvail"  # given as "ReqNodeNotAvail, UnavailableNodes:<uuids>"
+PENDING_REASONS: frozenset[str] = frozenset({HELD, BEGIN_TIME, DEPENDENCY, DEPENDENCY_NEVER, RESOURCES, PRIORITY,
+                                             REQ_NODE_NOT_AVAIL})
+# Exclusive jobs: "Resources, ExclusiveJob:<id>" (the machine is held by that job) and
+# "Resources, RunningJobs:<ids>" (an exclusive job waiting for those to end): the code stays
+# SLURM's Resources, the detail says who is in the way.
+EXCLUSIVE_JOB = "ExclusiveJob"
+RUNNING_JOBS = "RunningJobs"
+
+REASON_WORDS = {
+    RESOURCES: "waiting for enough free devices",
+    PRIORITY: "jobs of higher priority go first",
+    DEPENDENCY: "waiting for the jobs it depends on",
+    DEPENDENCY_NEVER: "a job it depends on ended in a way that never satisfies it",
+    HELD: "held: release it to let it start",
+    BEGIN_TIME: "its start time has not come yet",
+}
+"""The codes people read alone, in words (ReqNodeNotAvail always comes with the devices it names)."""
+REASON_DETAIL_WORDS = {
+    RUNNING_JOBS: "it runs alone (exclusive) and waits for job{s} {ids} to end",
+    EXCLUSIVE_JOB: "exclusive job {ids} holds the whole machine",
+}
+"""The details after a code, in words ({s}: a plural's s, {ids}: the job ids)."""
+
 
 class Job(Base, table=True):
     """A queued command or SAE training, with SLURM's states and reasons."""
