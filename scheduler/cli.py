@@ -394,7 +394,7 @@ def _print_recheck(results: list[dict]) -> None:
 
 
 def cmd_info(args) -> int:
-    from scheduler.recommend import format_memory
+    from sae_dist.analytics.format import fmt_bytes
 
     rechecked = _recheck() if args.recheck else None
     devices, states, _ = _devices_now()
@@ -419,8 +419,8 @@ def cmd_info(args) -> int:
         r["kind"] = "virtual" if r["virtual"] else "gpu"
         if r["fault"]:  # a rank died on it: unavailable until a health check passes
             r["state"] = "failed"
-        r["mem"] = f"{format_memory(r['memory_used']) if r['memory_used'] is not None else '—'} / " \
-                   f"{format_memory(r['memory_total']) if r['memory_total'] else '—'}"
+        r["mem"] = f"{fmt_bytes(r['memory_used']) if r['memory_used'] is not None else '—'} / " \
+                   f"{fmt_bytes(r['memory_total']) if r['memory_total'] else '—'}"
         r["util"] = f"{r['utilization_pct']:.0f}%" if r["utilization_pct"] is not None else None
         r["temp"] = f"{r['temperature_c']:.0f}C" if r["temperature_c"] is not None else None
         r["power"] = f"{r['power_w']:.0f}W" if r["power_w"] is not None else None
@@ -439,7 +439,7 @@ def _latest_samples() -> dict[str, dict]:
 
 def cmd_acct(args) -> int:
     from sae_dist.job_listing import read_jobs
-    from scheduler.recommend import format_memory
+    from sae_dist.analytics.format import fmt_bytes
     from scheduler.usage import job_usage, summarize
 
     engine = _engine()
@@ -469,7 +469,7 @@ def cmd_acct(args) -> int:
         r["elapsed"] = _duration(r["elapsed_s"])
         r["util"] = (f"{r['mean_util_pct']:.0f}% / {r['peak_util_pct']:.0f}%"
                      if r.get("mean_util_pct") is not None else None)
-        r["mem"] = format_memory(r["peak_memory_bytes"]) if r.get("peak_memory_bytes") is not None else None
+        r["mem"] = fmt_bytes(r["peak_memory_bytes"]) if r.get("peak_memory_bytes") is not None else None
         r["wh"] = f"{r['energy_wh']:.2f}" if r.get("energy_wh") is not None else None
     _print_table(rows, [("job_id", "JOBID"), ("name", "NAME"), ("state", "STATE"), ("exit", "EXITCODE"),
                         ("start", "START"), ("end", "END"), ("elapsed", "ELAPSED"), ("gpus", "GPUS"),
@@ -478,7 +478,8 @@ def cmd_acct(args) -> int:
 
 
 def cmd_recommend(args) -> int:
-    from scheduler.recommend import format_memory, recommend
+    from sae_dist.analytics.format import fmt_bytes
+    from scheduler.recommend import recommend
 
     if args.count < 1:
         raise UserError(f"--count must be at least 1, got {args.count}")
@@ -493,7 +494,7 @@ def cmd_recommend(args) -> int:
         print(f"error: {rec.error}", file=sys.stderr)
     for uuid in rec.chosen:
         d = by_uuid[uuid]
-        free = format_memory(d.memory_free) if d.memory_free is not None else "unknown"
+        free = fmt_bytes(d.memory_free) if d.memory_free is not None else "unknown"
         print(f"use    {d.index}  {d.name}  ({free} free)")
     for uuid, why in rec.passed_over.items():
         print(f"skip   {by_uuid[uuid].index}  {by_uuid[uuid].name}: {why}")

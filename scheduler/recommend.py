@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from sae_dist.analytics.format import fmt_bytes
 from sae_dist.errors import UserError
 from scheduler.busy import DeviceState
 from scheduler.devices import DeviceInfo
@@ -41,17 +42,6 @@ def parse_memory(text: str) -> int:
     return size
 
 
-def format_memory(n: int) -> str:
-    """A byte count for people: "20 GiB", "3.1 GiB", "512 MiB", "0 B" (powers of 1024)."""
-    value, unit = float(n), "B"
-    for next_unit in ("KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024:
-            break
-        value, unit = value / 1024, next_unit
-    text = f"{value:.1f}".removesuffix(".0") if unit != "B" else str(int(value))
-    return f"{text} {unit}"
-
-
 @dataclass
 class Recommendation:
     chosen: list[str] = field(default_factory=list)  # uuids, most free memory first
@@ -69,9 +59,9 @@ def _why_not(device: DeviceInfo, state: DeviceState | None, mem_per_device: int 
         return f"busy: {state.reason}"
     if mem_per_device is not None:
         if device.memory_free is None:
-            return f"free memory unknown, {format_memory(mem_per_device)} needed"
+            return f"free memory unknown, {fmt_bytes(mem_per_device)} needed"
         if device.memory_free < mem_per_device:
-            return f"low memory: {format_memory(device.memory_free)} free, {format_memory(mem_per_device)} needed"
+            return f"low memory: {fmt_bytes(device.memory_free)} free, {fmt_bytes(mem_per_device)} needed"
     return None
 
 
@@ -90,7 +80,7 @@ def recommend(devices: list[DeviceInfo], states: dict[str, DeviceState], count: 
             passed_over[device.uuid] = why
     fits.sort(key=lambda d: (-(d.memory_free or 0), d.index))
     if len(fits) < count:
-        need = f" with {format_memory(mem_per_device)} free each" if mem_per_device is not None else ""
+        need = f" with {fmt_bytes(mem_per_device)} free each" if mem_per_device is not None else ""
         if count > len(devices):
             head = f"{count} devices requested but this machine has {len(devices)}"
         else:

