@@ -1,6 +1,5 @@
-"""A throwaway PostgreSQL server on loopback for the tests (the recipe in
-../shared/notes/slurm-and-postgres-on-loopback.md): initdb into a temporary directory, a free
-port on 127.0.0.1, trust authentication, no fsync; stopped by its process id."""
+"""A throwaway PostgreSQL server on loopback for the tests: initdb into a temporary directory, a
+free port on 127.0.0.1, trust authentication, no fsync; stopped by its process id."""
 
 from __future__ import annotations
 

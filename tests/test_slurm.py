@@ -2,7 +2,7 @@
 
 Needs Debian's slurm-wlm (scripts/test.sh installs it where it can: root and apt). The cluster
 has no GPUs, so the job is exported with --cpu: torchrun starts the same `-m sae_dist train`
-ranks with gloo. Recipe: shared/notes/slurm-and-postgres-on-loopback.md (munge where Debian's munge
+ranks with gloo. The cluster is slurmctld and slurmd on 127.0.0.1 (munge where Debian's munge
 is installed, as the test command does; auth/none otherwise, sandbox only). Also `submit --cluster
 slurm` against that cluster, with the metrics in a throwaway PostgreSQL.
 """
