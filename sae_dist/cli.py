@@ -8,7 +8,7 @@ import sys
 import time
 
 from sae_dist.config import SYNTHETIC_D_IN, TrainConfig
-from sae_dist.contract import add_config_flags, config_from_args
+from sae_dist.contract import OUR_LAUNCHER_ENV, add_config_flags, config_from_args
 from sae_dist.errors import USER_ERROR_EXIT, TrainingStopped, UserError
 
 
@@ -178,7 +178,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
-    from sae_dist.contract import OUR_LAUNCHER_ENV
     from sae_dist.launch import die_with_parent, in_worker, launch
 
     if not in_worker():

@@ -63,6 +63,7 @@ def add_config_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()
             continue
         flag = _flag(f.name)
         help_text = f.metadata.get("help", "") + (f" (default: {f.default})" if f.default is not None else "")
+        help_text = help_text.replace("%", "%%")  # argparse %-formats help ("5% of the steps")
         annotation = types[f.name]
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         base = args[0] if args and typing.get_origin(annotation) is not typing.Literal else annotation
