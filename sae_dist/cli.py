@@ -15,11 +15,22 @@ from sae_dist.errors import USER_ERROR_EXIT, TrainingStopped, UserError
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m sae_dist", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_train_parsers(sub)
+    _add_bench_parsers(sub)
+    _add_harvest_parser(sub)
+    _add_evaluate_parsers(sub)
+    return parser
+
+
+def _add_train_parsers(sub) -> None:
     train = sub.add_parser("train", help="train an SAE on N devices (DDP)",
                            description="Train a sparse autoencoder; N devices run as N DDP ranks.")
     add_config_flags(train)
     est = sub.add_parser("estimate-memory", help="memory per device for a training config")
     add_config_flags(est)
+
+
+def _add_bench_parsers(sub) -> None:
     bench = sub.add_parser(
         "bench", help="measure how training scales with the device count",
         description="Measure throughput, speedup and efficiency on 1 and N devices (DDP), against "
@@ -53,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--link", default="pcie4",
                         help="link for the projection: pcie4, pcie5, nvlink3, nvlink4, here (the "
                              "all-reduce bandwidth the benchmark measured), or GB/s (e.g. 18.5)")
+
+
+def _add_harvest_parser(sub) -> None:
     hv = sub.add_parser(
         "harvest", help="harvest a local transformer's activations into shards",
         description="Run a Hugging Face transformers model that is on disk (never downloaded) over text, "
@@ -74,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     hv.add_argument("--worker", help=argparse.SUPPRESS)  # "r/N": one of the processes above
     hv.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
                     help="how the activations are stored")
+
+
+def _add_evaluate_parsers(sub) -> None:
     ev = sub.add_parser(
         "evaluate", help="evaluate an SAE on the last rows of a shard set",
         description="Evaluate an SAE folder in SAELens format (ours or SAELens' own standard, topk or "
@@ -107,7 +124,6 @@ def _parser() -> argparse.ArgumentParser:
     mp.add_argument("--noise", type=float, metavar="S", help="Gaussian noise std per dimension (default 0.01)")
     mp.add_argument("--seed", type=int, metavar="X", help="the dictionary's and the data's seed (default 0)")
     mp.add_argument("--rows-per-shard", type=int, default=65536, metavar="R", help="rows per shard file (default 65536)")
-    return parser
 
 
 def _harvest(ns: argparse.Namespace) -> int:
