@@ -15,7 +15,7 @@ from pathlib import Path
 import streamlit as st
 
 from sae_dist.analytics import devices as dev
-from sae_dist.analytics import format as fmt
+from sae_dist import format as fmt
 from sae_dist.config import (ARCHITECTURES, BALANCES, ON_RANK_LOSS, PRECISIONS, SOURCES, SYNTHETIC_D_IN, build_config,
                              config_fields)
 from sae_dist.defaults import describe_resolved

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 import streamlit as st
 
 from sae_dist.analytics import cards, charts, jobs, queries, samples, tables, units
-from sae_dist.analytics import format as fmt
+from sae_dist import format as fmt
 from sae_dist.db import get_engine
 from webui.widgets import card_row, events_toggle
 from webui.sidebar import page_frame

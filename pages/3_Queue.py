@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 import streamlit as st
 
-from sae_dist.analytics import format as fmt
+from sae_dist import format as fmt
 from sae_dist.analytics import jobs, tables
 from sae_dist.errors import UserError
 from scheduler import actions, cluster

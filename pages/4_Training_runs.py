@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 import streamlit as st
 
 from sae_dist.analytics import cards, charts, evaluation_view, queries, tables
-from sae_dist.analytics import format as fmt
+from sae_dist import format as fmt
 from sae_dist.db import get_engine
 from webui.widgets import card_row, events_toggle
 from webui.sidebar import REFRESH_SECONDS, page_frame

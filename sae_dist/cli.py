@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return point(ns.spec, ns.result)
         if ns.command == "report":
-            from sae_dist.bench.report import write_report
+            from sae_dist.analytics.bench_report import write_report
 
             path = write_report(ns.bench_id, ns.format, ns.out, ns.link)
             print(f"wrote {path}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sae_dist.analytics.format import fmt_bytes
+from sae_dist.format import fmt_bytes
 
 MIB = 2**20
 

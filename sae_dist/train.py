@@ -32,6 +32,7 @@ from sae_dist.config import TrainConfig
 from sae_dist.contract import THREADS_PER_RANK_ENV
 from sae_dist.errors import TrainingStopped
 from sae_dist.evaluate.end_of_run import end_of_run_evaluation, summary_lines
+from sae_dist.evaluate.metrics import dictionary_recovery
 from sae_dist.export import export_saelens
 from sae_dist.lr import lr_at
 from sae_dist.memory import MemoryEstimate, PeakMemory, estimate_for_config
@@ -41,7 +42,6 @@ from sae_dist.sae import SparseAutoencoder
 from sae_dist.shares import slowdown_for_tests
 from sae_dist.sources.base import ActivationSource
 from sae_dist.sources.make import make_source
-from sae_dist.sources.synthetic import dictionary_recovery
 from sae_dist.step import autocast_for, make_optimizer, train_step, use_bf16, wrap_ddp
 from sae_dist.train_state import TrainState, on_main, start_or_resume, write_checkpoint
 from sae_dist.window import MetricsWindow, WindowReport, progress_line

@@ -394,7 +394,7 @@ def _print_recheck(results: list[dict]) -> None:
 
 
 def cmd_info(args) -> int:
-    from sae_dist.analytics.format import fmt_bytes
+    from sae_dist.format import fmt_bytes
 
     rechecked = _recheck() if args.recheck else None
     devices, states, _ = _devices_now()
@@ -439,7 +439,7 @@ def _latest_samples() -> dict[str, dict]:
 
 def cmd_acct(args) -> int:
     from sae_dist.job_listing import read_jobs
-    from sae_dist.analytics.format import fmt_bytes
+    from sae_dist.format import fmt_bytes
     from scheduler.usage import job_usage, summarize
 
     engine = _engine()
@@ -478,7 +478,7 @@ def cmd_acct(args) -> int:
 
 
 def cmd_recommend(args) -> int:
-    from sae_dist.analytics.format import fmt_bytes
+    from sae_dist.format import fmt_bytes
     from scheduler.recommend import recommend
 
     if args.count < 1:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from sae_dist.analytics.format import fmt_bytes
+from sae_dist.format import fmt_bytes
 from sae_dist.errors import UserError
 from scheduler.busy import DeviceState
 from scheduler.devices import DeviceInfo

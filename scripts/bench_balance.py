@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sae_dist.analytics import queries  # noqa: E402
-from sae_dist.analytics.format import MISSING, fmt_ratio  # noqa: E402
-from sae_dist.bench import balance  # noqa: E402
+from sae_dist.format import MISSING, fmt_ratio  # noqa: E402
+from sae_dist.analytics import balance_view as balance  # noqa: E402
 from sae_dist.contract import SLOW_RANKS_ENV  # noqa: E402
 from sae_dist.db import get_engine  # noqa: E402
 
@@ -142,7 +142,7 @@ def print_ranks(results: dict[str, dict]) -> None:
 
 
 def print_before_after(run: dict) -> None:
-    """The rebalancing run as the Benchmarks page shows it (sae_dist.bench.balance's periods)."""
+    """The rebalancing run as the Benchmarks page shows it (sae_dist.analytics.balance_view's periods)."""
     summary = balance.balance_summary(run["windows"], run["events"], run["metrics"])
     if not summary["rebalance_steps"]:
         return

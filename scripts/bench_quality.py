@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sae_dist.analytics.format import fmt_percent  # noqa: E402
+from sae_dist.format import fmt_percent  # noqa: E402
 
 TRAIN_ROWS = 2**20
 HELDOUT = 16384

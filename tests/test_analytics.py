@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from sae_dist.analytics import charts, queries, tables
-from sae_dist.analytics import format as fmt
+from sae_dist import format as fmt
 from sae_dist.analytics.downsample import (
     MAX_ROWS_PER_CHART,
     downsample,
@@ -216,7 +216,7 @@ def test_charts_draw_nothing_that_was_not_measured(engine):
 
 def test_analytics_imports_neither_streamlit_nor_scheduler():
     code = ("import sys; import sae_dist.analytics.queries, sae_dist.analytics.charts, "
-            "sae_dist.analytics.downsample, sae_dist.analytics.format, "
+            "sae_dist.analytics.downsample, sae_dist.format, "
             "sae_dist.analytics.cards, sae_dist.analytics.events, sae_dist.analytics.units; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('streamlit', 'scheduler')]; "
             "assert not bad, bad")

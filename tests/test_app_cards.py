@@ -21,7 +21,7 @@ from streamlit.testing.v1 import AppTest
 
 from sae_dist.analytics import charts, units
 from sae_dist.analytics.cards import TRAINING_CARDS
-from sae_dist.analytics.format import MISSING, fmt_d3
+from sae_dist.format import MISSING, fmt_d3
 from sae_dist.db import (DatabaseMetricsLogger, GpuSample, add_run_event, create_run,
                          get_engine, update_run, utcnow)
 from scheduler.store import NewJob, start_jobs, submit

@@ -9,7 +9,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from sae_dist.analytics import evaluation_view
-from sae_dist.analytics.format import MISSING
+from sae_dist.format import MISSING
 from sae_dist.db import get_engine
 from sae_dist.db.evaluations import record_evaluation
 

@@ -15,7 +15,7 @@ import pytest
 
 from sae_dist.analytics import cards, charts, units
 from sae_dist.analytics.events import events_summary, group_events, kinds_text
-from sae_dist.analytics.format import MISSING, fmt_d3
+from sae_dist.format import MISSING, fmt_d3
 
 
 # ---- numbers as d3-format writes them ----------------------------------------------------------

@@ -38,3 +38,53 @@ def test_nothing_cites_notes_outside_the_repository():
     citing = [str(p.relative_to(REPO)) for p in texts
               if p.name != "test_code_shape.py" and any(w in p.read_text() for w in ("DESIGN.md", "shared/notes"))]
     assert not citing, f"these cite notes a reader of the repository cannot open: {citing}"
+
+
+def _package_imports() -> dict[str, set[str]]:
+    """sae_dist's parts (a subpackage, or a top-level module) -> the parts each imports, at any
+    depth (module level and inside functions), TYPE_CHECKING blocks included."""
+    root = REPO / "sae_dist"
+    graph: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        if "migrations" in path.parts:
+            continue
+        rel = path.relative_to(root).with_suffix("").parts
+        part = rel[0] if rel[0] != "__init__" else "sae_dist"
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                     if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+            for name in names:
+                bits = name.split(".")
+                if bits[0] == "sae_dist" and len(bits) > 1 and (root / bits[1]).exists() | (root / f"{bits[1]}.py").exists():
+                    if bits[1] != part:
+                        graph.setdefault(part, set()).add(bits[1])
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt]
+            if nxt not in state and (found := visit(nxt, path + [nxt])):
+                return found
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start, [start])):
+            return found
+    return None
+
+
+def test_the_parts_of_sae_dist_import_each_other_one_way():
+    """Between two parts of sae_dist (a subpackage or a module) the arrow goes one way: no cycle."""
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]  # the check itself
+    assert _cycle({"a": {"b"}, "b": {"c"}}) is None
+    graph = _package_imports()
+    assert graph["train"] and "scheduler" not in graph
+    assert _cycle(graph) is None, f"an import cycle between parts of sae_dist: {' -> '.join(_cycle(graph))}"

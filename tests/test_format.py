@@ -1,4 +1,4 @@
-"""The project's one duration, byte and percent formatter (sae_dist.analytics.format), on plain
+"""The project's one duration, byte and percent formatter (sae_dist.format), on plain
 numbers: what every page, CLI, report and script writes for these quantities."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from sae_dist.analytics import format as fmt
+from sae_dist import format as fmt
 
 GIB, MIB = 2**30, 2**20
 

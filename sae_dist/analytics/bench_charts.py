@@ -20,7 +20,7 @@ import pandas as pd
 from sae_dist.analytics import units
 from sae_dist.analytics.charts import CHART_HEIGHT, event_marks, events_subtitle, step_x, value_y
 from sae_dist.analytics.downsample import MAX_ROWS_PER_CHART, downsample_indices, points_per_series
-from sae_dist.analytics.format import MISSING
+from sae_dist.format import MISSING
 from sae_dist.bench import scaling
 
 MARKED_EVENTS = ("rebalance", "degraded")  # the events that change who computes what

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from sae_dist.analytics.format import MISSING, fmt_bytes, fmt_util
+from sae_dist.format import MISSING, fmt_bytes, fmt_util
 from sae_dist.bench import reliability as R
 from sae_dist.bench import summary as S
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sae_dist.analytics.format import (
+from sae_dist.format import (
     MISSING,
     fmt_bytes,
     fmt_celsius,

@@ -15,7 +15,7 @@ import pandas as pd
 from sqlalchemy.engine import Engine
 
 from sae_dist.analytics.cards import Card
-from sae_dist.analytics.format import MISSING, fmt_number, fmt_percent, fmt_time
+from sae_dist.format import MISSING, fmt_number, fmt_percent, fmt_time
 
 NEVER_LABEL = "never fired"
 NEVER_COLOR = "#d62728"  # dead latents stand out from the live ones (Streamlit's blue)

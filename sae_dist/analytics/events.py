@@ -12,7 +12,7 @@ import math
 from collections import Counter
 from typing import Any
 
-from sae_dist.analytics.format import event_label
+from sae_dist.format import event_label
 
 MAX_EVENT_MARKS = 20
 """Marks a chart's event layer draws at most."""

@@ -1,7 +1,7 @@
 """The pages' tables as rows: one dict per row, column name to cell, built from plain data.
 
 Pure functions (no Streamlit, no database), so what a table shows is testable with plain
-dicts. Numbers are pre-formatted strings (through `format`) so that a missing one reads "—";
+dicts. Numbers are pre-formatted strings (through `sae_dist.format`) so that a missing one reads "—";
 a progress stays a fraction (or None) and a time a datetime, for the page's progress-bar
 and datetime columns.
 """
@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from sae_dist.analytics import jobs
-from sae_dist.analytics.format import (MISSING, fmt_ago, fmt_bytes, fmt_duration, fmt_number, fmt_seconds,
+from sae_dist.format import (MISSING, fmt_ago, fmt_bytes, fmt_duration, fmt_number, fmt_seconds,
                                        fmt_share, fmt_steps, short_devices)
 
 Row = dict[str, Any]

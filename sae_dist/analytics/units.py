@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sae_dist.analytics.format import MISSING, fmt_d3
+from sae_dist.format import MISSING, fmt_d3
 
 
 @dataclass(frozen=True)

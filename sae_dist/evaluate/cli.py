@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from sae_dist.analytics.format import fmt_percent
+from sae_dist.format import fmt_percent
 from sae_dist.errors import DataError
 from sae_dist.evaluate.data import DEFAULT_ROWS, evaluate_shards
 from sae_dist.evaluate.load import load_sae

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from sae_dist import distributed as D
-from sae_dist.analytics.format import fmt_percent
+from sae_dist.format import fmt_percent
 from sae_dist.evaluate.data import batch_rows_for, heldout_batches
 from sae_dist.evaluate.metrics import Evaluation, Planted, evaluate_sae
 from sae_dist.evaluate.planted import load_planted, planted_from_settings

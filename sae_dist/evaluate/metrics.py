@@ -195,6 +195,13 @@ def best_cosines(dictionary: Tensor, W_dec: Tensor, chunk: int = 8192) -> Tensor
     return best
 
 
+def dictionary_recovery(true_features: Tensor, W_dec: Tensor, threshold: float = 0.9) -> tuple[float, float]:
+    """(mean over true features of the best cosine with a decoder row, fraction above threshold):
+    the trainer's recovery figure during a synthetic run."""
+    best = best_cosines(true_features, W_dec)
+    return float(best.mean()), float((best > threshold).double().mean())
+
+
 def recovery(dictionary: Tensor, frequencies: Tensor, W_dec: Tensor) -> Recovery:
     if dictionary.shape[1] != W_dec.shape[1]:
         raise UserError(f"the planted dictionary has width {dictionary.shape[1]} but the SAE's d_in is "

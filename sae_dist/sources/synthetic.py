@@ -81,12 +81,3 @@ class SyntheticSource:
         mags = (torch.rand(CHUNK, m, generator=gen) * 1.5 + 0.5) * keep
         x = F.embedding_bag(feats, self.dictionary, per_sample_weights=mags, mode="sum")
         return x + self.noise * torch.randn(CHUNK, self.d_in, generator=gen)
-
-
-def dictionary_recovery(true_features: Tensor, W_dec: Tensor, threshold: float = 0.9) -> tuple[float, float]:
-    """(mean over true features of the best cosine with a decoder row, fraction above threshold)."""
-    # The evaluator's own measure (imported here: the evaluator imports this module).
-    from sae_dist.evaluate.metrics import best_cosines
-
-    best = best_cosines(true_features, W_dec)
-    return float(best.mean()), float((best > threshold).double().mean())

@@ -1,4 +1,4 @@
-"""Heterogeneous runs: each rank's share and times before and after rebalancing, and a chart.
+"""A heterogeneous run as the Benchmarks page shows it: each rank's share and times before and after rebalancing.
 
 The Benchmarks page and `scripts/bench_balance.py` read a run through these definitions:
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from sae_dist.analytics.format import MISSING, fmt_ratio, fmt_seconds, fmt_share
+from sae_dist.format import MISSING, fmt_ratio, fmt_seconds, fmt_share
 
 def rebalance_steps(events: list[dict]) -> list[int]:
     """The steps at which the shares were rebalanced, in order."""

@@ -4,8 +4,8 @@ never 0; units are spelled out.
 The one duration (`fmt_duration`), byte (`fmt_bytes`) and percent (`fmt_percent`, and
 `fmt_util` for a reading already in percent) formatter of the project: every page, CLI,
 report and script writes these quantities through them, so the same thing reads the same
-everywhere. Pure functions of the standard library only (no torch, no Streamlit): the
-scheduler's CLI imports this module too.
+everywhere. Pure functions of the standard library only (no torch, no Streamlit): a leaf that
+every layer may import (the trainer's log lines, the scheduler's CLI, the app, the reports).
 """
 
 from __future__ import annotations
