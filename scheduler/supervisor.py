@@ -99,6 +99,11 @@ def supervise(job_id: int) -> int:
     job = get_job(engine, job_id)
     if job.state != "RUNNING":
         return 0
+    # We record ourselves, first: the daemon records us only after the fork, and a daemon killed
+    # in between would leave a running job without a supervisor on record, which the next
+    # daemon ends as NODE_FAIL once the start grace has passed.
+    me = os.getpid()
+    record_process(engine, job_id, supervisor_pid=me, supervisor_start_ticks=procs.start_ticks(me))
     _become_subreaper()
     devices = json.loads(job.devices_json or "[]")
     stop = threading.Event()

@@ -21,6 +21,8 @@ from scheduler.store import NewJob, get_job, list_jobs, submit, submit_many
 
 DEVICES = 4
 
+pytestmark = pytest.mark.slow  # a real daemon, supervisors and jobs in every test
+
 
 @pytest.fixture
 def sched(state_home, monkeypatch):
@@ -63,8 +65,18 @@ def state(job_id: int) -> str:
 
 def wait_state(job_id: int, states, timeout: float = 60):
     states = {states} if isinstance(states, str) else set(states)
-    wait_for(lambda: state(job_id) in states, timeout, f"job {job_id} to be {states} (is {state(job_id)})")
+    try:
+        wait_for(lambda: state(job_id) in states, timeout, f"job {job_id} to be {states}")
+    except AssertionError as e:  # the state it was left in, at the end of the wait
+        ended = get_job(get_engine(), job_id)
+        raise AssertionError(f"{e}: it is {ended.state} ({ended.reason})") from None
     return get_job(get_engine(), job_id)
+
+
+def started(job_id: int):
+    """The job once its supervisor has started its process (both recorded), as a row."""
+    return wait_for(lambda: (j := get_job(get_engine(), job_id)).pid and j.supervisor_pid and j, 60,
+                    f"job {job_id}'s supervisor and process")
 
 
 def active_devices() -> dict[str, int]:
@@ -72,6 +84,9 @@ def active_devices() -> dict[str, int]:
 
     with get_engine().connect() as conn:
         return active_allocations(conn)
+
+
+PER_WORKER = 40  # 8 x 40 submits: the writers overlap for most of their run (each one imports for ~1 s)
 
 
 def test_eight_concurrent_submitters_lose_nothing(sched):
@@ -82,9 +97,9 @@ def test_eight_concurrent_submitters_lose_nothing(sched):
         from scheduler.store import NewJob, submit
         engine = get_engine()
         ids = [submit(engine, NewJob(name=f"w{sys.argv[1]}-{i}", kind="command", argv=["true"], gpus=1,
-                                     workdir="/", held=True)) for i in range(100)]
+                                     workdir="/", held=True)) for i in range(PER_WORKER)]
         print(",".join(map(str, ids)))
-    """)
+    """).replace("PER_WORKER", str(PER_WORKER))
     workers = [subprocess.Popen([sys.executable, "-c", code, str(w)], cwd=REPO, stdout=subprocess.PIPE, text=True)
                for w in range(8)]
     ids = []
@@ -92,17 +107,17 @@ def test_eight_concurrent_submitters_lose_nothing(sched):
         out, _ = w.communicate(timeout=120)
         assert w.returncode == 0
         ids += [int(x) for x in out.strip().split(",")]
-    assert len(ids) == 800 and len(set(ids)) == 800
+    assert len(ids) == 8 * PER_WORKER and len(set(ids)) == 8 * PER_WORKER
     names = {j.name for j in list_jobs(get_engine())}
-    assert names == {f"w{w}-{i}" for w in range(8) for i in range(100)}
+    assert names == {f"w{w}-{i}" for w in range(8) for i in range(PER_WORKER)}
 
 
-def test_200_short_jobs_never_share_a_device(sched):
+def test_80_short_jobs_never_share_a_device(sched):
     rng = random.Random(7)
     engine = get_engine()
-    ids = submit_many(engine, [job("true", gpus=rng.randint(1, 3), name=f"short{i}") for i in range(200)])
+    ids = submit_many(engine, [job("true", gpus=rng.randint(1, 3), name=f"short{i}") for i in range(80)])
     sched.start_daemon()
-    wait_for(lambda: all(j.state == "COMPLETED" for j in list_jobs(engine)), 400, "200 jobs to complete")
+    wait_for(lambda: all(j.state == "COMPLETED" for j in list_jobs(engine)), 200, "80 jobs to complete")
     from sqlmodel import Session, select
 
     with Session(engine) as s:
@@ -125,8 +140,10 @@ def test_jobs_survive_a_sigkilled_daemon(sched):
     fail = submit(engine, gated(gate, exit_code=3))
     ok = submit(engine, gated(gate))
     daemon = sched.start_daemon()
-    wait_state(fail, "RUNNING")
-    wait_state(ok, "RUNNING")
+    # Running means started by a supervisor: the jobs read RUNNING a moment before the daemon
+    # forks their supervisors, and a job whose daemon dies in that moment never runs (NODE_FAIL).
+    started(fail)
+    started(ok)
     daemon.send_signal(signal.SIGKILL)
     daemon.wait()
     assert state(fail) == "RUNNING"  # the job does not depend on the daemon
@@ -139,6 +156,37 @@ def test_jobs_survive_a_sigkilled_daemon(sched):
     completed = wait_state(ok, "COMPLETED", 30)
     assert failed.exit_code == 3 and completed.exit_code == 0
     assert active_devices() == {}
+
+
+def test_a_supervisor_its_dead_daemon_did_not_record_is_adopted(sched):
+    """A daemon SIGKILLed between forking a supervisor and recording its pid: the supervisor
+    records itself, so the next daemon's pass, past the start grace, sees it alive and leaves
+    its job running (it used to end it as NODE_FAIL, killing a healthy job)."""
+    from datetime import timedelta
+
+    from sae_dist.db import utcnow
+    from scheduler.daemon import SUPERVISOR_START_GRACE_S, Daemon
+    from scheduler.store import start_jobs
+
+    engine = get_engine()
+    gate = sched.home / "gate"
+    job_id = submit(engine, gated(gate))
+    long_ago = utcnow() - timedelta(seconds=SUPERVISOR_START_GRACE_S + 60)
+    assert [s[0] for s in start_jobs(engine, [(job_id, ("virtual-0",))], {}, now=long_ago)] == [job_id]
+    # The supervisor as the dead daemon left it: running, with nobody to record its pid.
+    supervisor = subprocess.Popen([sys.executable, "-m", "scheduler.supervisor", str(job_id)], cwd=REPO,
+                                  start_new_session=True)
+    try:
+        running = wait_for(lambda: (j := get_job(engine, job_id)).pid and j, 30, "the job's process")
+        assert running.supervisor_pid == supervisor.pid
+        assert procs.is_alive(running.supervisor_pid, running.supervisor_start_ticks)
+        Daemon(engine).scheduling_pass()
+        assert state(job_id) == "RUNNING"
+        gate.touch()
+        assert wait_state(job_id, "COMPLETED", 30).exit_code == 0
+        assert supervisor.wait(30) == 0
+    finally:
+        gate.touch()
 
 
 def test_no_sqlite_connection_crosses_the_fork_of_a_supervisor(sched, monkeypatch):
