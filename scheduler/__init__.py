@@ -1,1 +1,1 @@
-"""The SLURM-style local scheduler (built in issue 3)."""
+"""The SLURM-style local scheduler: jobs and devices (docs/architecture.md)."""
