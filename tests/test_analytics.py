@@ -175,6 +175,7 @@ def test_step_metrics_and_rank_stats(engine):
 
 # ---- charts: specs from real data, under the row limit ----
 
+@pytest.mark.slow
 def test_charts_of_a_long_run_stay_under_the_row_limit(engine):
     run = make_run(engine, total_steps=6_000, world_size=4)
     log_steps(engine, run, range(1, 6_001), world_size=4, straggler_every=7,
@@ -214,6 +215,7 @@ def test_charts_draw_nothing_that_was_not_measured(engine):
     assert charts.rank_time_chart(empty) is None
 
 
+@pytest.mark.slow
 def test_analytics_imports_neither_streamlit_nor_scheduler():
     code = ("import sys; import sae_dist.analytics.queries, sae_dist.analytics.charts, "
             "sae_dist.analytics.downsample, sae_dist.format, "

@@ -286,6 +286,7 @@ def specs(at: AppTest) -> str:
     return " ".join(str(c.proto.spec) for c in at.get("vega_lite_chart"))
 
 
+@pytest.mark.slow
 def test_monitor_shows_shares_imbalance_events_and_the_limit(engine):
     job = running_job(engine, "hetero", ("virtual-0", "virtual-1"))
     seed_rebalanced(engine, job_id=job)
@@ -309,6 +310,7 @@ def test_monitor_shows_shares_imbalance_events_and_the_limit(engine):
     assert "dashed: rebalanced, balance limited" in specs(at)  # marks on the curves
 
 
+@pytest.mark.slow
 def test_monitor_renders_an_old_run_as_before(engine):
     job = running_job(engine, "old", ("virtual-0", "virtual-1"))
     seed_old_style(engine, job_id=job)
@@ -321,6 +323,7 @@ def test_monitor_renders_an_old_run_as_before(engine):
     assert "Step time per rank" in specs(at)  # the per-rank chart as before
 
 
+@pytest.mark.slow
 def test_benchmarks_page_compares_before_and_after_rebalancing(engine):
     rebalanced = seed_rebalanced(engine)
     seed_old_style(engine)
@@ -343,6 +346,7 @@ def test_benchmarks_page_compares_before_and_after_rebalancing(engine):
     assert not at.exception and "Step time per rank" in specs(at)
 
 
+@pytest.mark.slow
 def test_benchmarks_page_without_heterogeneous_runs(engine):
     seed_old_style(engine)  # NULL shares, no events: not a heterogeneous run
     at = open_page(BENCHMARKS)

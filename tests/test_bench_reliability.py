@@ -19,7 +19,8 @@ from sqlmodel import Session
 
 from conftest import REPO
 from sae_dist.analytics import bench_charts, bench_tables
-from sae_dist.bench import load, reliability as R, report
+from sae_dist.analytics import bench_report as report
+from sae_dist.bench import load, reliability as R
 from sae_dist.bench import summary as S
 from sae_dist.db import BenchmarkPoint, BenchmarkRun, get_engine
 
@@ -215,6 +216,7 @@ def outside_spinner(seconds: float) -> int:
     return int(done.stdout.strip())
 
 
+@pytest.mark.slow
 def test_load_monitor_tells_the_points_processes_from_others():
     """Real processes: the point's own busy process is never 'other'; a busy process outside it is."""
     monitor = load.LoadMonitor("cpu")

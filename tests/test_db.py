@@ -105,6 +105,7 @@ def test_immediate_transaction_takes_the_write_lock_at_once(engine, home: Path):
     other.close()
 
 
+@pytest.mark.slow
 def test_importing_the_package_does_not_import_alembic():
     code = "import sys, sae_dist.db; assert not {'alembic', 'torch'} & set(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -162,6 +163,7 @@ def test_downgrade_and_upgrade_again(engine):
     assert "step_metrics" in inspect(engine).get_table_names()
 
 
+@pytest.mark.slow
 def test_two_processes_migrate_a_new_database_at_once(home: Path):
     code = (
         "from sae_dist.db import get_engine, create_run, get_run\n"
@@ -283,6 +285,7 @@ def test_writer_logs_again_a_step_replaces_it(engine, run_id: int):
     assert [(m.step, m.loss) for m in step_metrics(engine, run_id)] == [(1, 2.0)]
 
 
+@pytest.mark.slow
 def test_log_does_not_block_while_the_database_is_locked(engine, run_id: int):
     logger = DatabaseMetricsLogger(engine, run_id, flush_interval=0.05)
     with immediate_transaction(engine):  # another writer holds the lock for 2 s

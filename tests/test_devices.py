@@ -210,6 +210,7 @@ def child():
     proc.wait()
 
 
+@pytest.mark.slow
 def test_virtual_devices_measure_their_processes(child):
     sampler = CpuSampler()
     pids = {"virtual-0": [child.pid]}

@@ -61,6 +61,7 @@ def test_bucket_width_is_one_second_for_short_windows():
     assert samples.bucket_width(86400, 8) == 60
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("budget", [10**9, 1], ids=["from samples", "from minutes"])
 def test_series_never_exceed_max_points(engine, budget):
     add_samples(engine, steady("gpu-a", 3 * 3600, utilization_pct=50.0, memory_used=GIB))
