@@ -323,7 +323,7 @@ with devices_box:
 spec = None
 if config is not None and not errors and selected:
     try:
-        spec = JobSpec(kind="train", train_config=config.to_dict(), name=config.name or "train",
+        spec = JobSpec(kind="train", train_config=config, name=config.name or "train",
                        gpu_ids=selected, priority=int(priority), time_limit_s=time_limit_s,
                        workdir=str(APP_ROOT))
     except UserError as error:
