@@ -64,18 +64,40 @@ def test_projection_from_the_one_device_row():
     assert S.projection_rows([], "strong", bandwidth) == []
 
 
-def bench_rows(bench_id: int):
-    with Session(get_engine()) as s:
+def bench_rows(bench_id: int, engine=None):
+    with Session(engine or get_engine()) as s:
         run = s.get(BenchmarkRun, bench_id)
         points = s.exec(select(BenchmarkPoint).where(BenchmarkPoint.bench_id == bench_id)).all()
         return run.model_dump(), [p.model_dump() for p in points]
 
 
-@pytest.mark.slow
-def test_direct_benchmark_writes_rows_reports_and_page(tmp_path):
-    result = run_cli("bench", "--devices", "1,2", "--no-queue", "--repeats", "2", *SMALL, timeout=400)
+@pytest.fixture(scope="module")
+def direct_bench(tmp_path_factory):
+    """One direct 1,2-device benchmark (2 repeats), run once for the tests that check its rows,
+    its reports and its page, in a state home of its own."""
+    home = tmp_path_factory.mktemp("direct-bench") / "home"
+    result = run_cli("bench", "--devices", "1,2", "--no-queue", "--repeats", "2", *SMALL, timeout=400,
+                     env={"SAE_DIST_HOME": str(home)})
     assert result.returncode == 0, result.stderr
-    run, points = bench_rows(1)
+    run, points = bench_rows(1, get_engine(f"sqlite:///{home / 'state.db'}"))
+    rows = S.summarize(points)
+    median = {key: S.scaling.median([p[key[2]] for p in points if (p["devices"], p["kind"]) == key[:2]])
+              for key in ((1, "ddp", "samples_per_s"), (2, "ddp", "samples_per_s"), (2, "ceiling", "samples_per_s"),
+                          (2, "ddp", "allreduce_bytes_per_s"))}
+    return {"home": home, "run": run, "points": points, "rows": rows, "median": median,
+            "verdict": {r["devices"]: r for r in rows}}
+
+
+@pytest.fixture
+def in_bench_home(direct_bench, monkeypatch):
+    """This test reads and reports the shared benchmark's state home."""
+    monkeypatch.setenv("SAE_DIST_HOME", str(direct_bench["home"]))
+    return direct_bench
+
+
+@pytest.mark.slow
+def test_direct_benchmark_writes_its_rows(direct_bench):
+    run, points, rows, verdict = (direct_bench[k] for k in ("run", "points", "rows", "verdict"))
     assert run["status"] == "COMPLETED" and run["virtual"] and run["backend"] == "gloo" and run["repeats"] == 2
     # repeats interleave across device counts: 1, 2, 1, 2 (each 2 as DDP, then its ceiling)
     order = [(p["devices"], p["kind"], p["repeat"]) for p in sorted(points, key=lambda p: p["id"])]
@@ -88,20 +110,20 @@ def test_direct_benchmark_writes_rows_reports_and_page(tmp_path):
     assert all(p["samples_per_s"] > 0 and p["mean_utilization_pct"] is None for p in points)
     assert by[(2, "ddp", 0)]["allreduce_bytes_per_s"] > 0 and by[(1, "ddp", 0)]["allreduce_bytes_per_s"] is None
     # every point recorded the machine's other load before and while it ran, and its verdict
-    rows = S.summarize(points)
-    verdict = {r["devices"]: r for r in rows}
     for p in points:
         load = json.loads(p["other_load_json"])
         assert load["cores"] >= 1 and "gpu" not in load and load["jobs"] == []
         assert load["cpu"]["before"]["other_cpu_pct"] >= 0 and load["cpu"]["during"]["other_cpu_pct"] >= 0
         assert p["reliable"] == verdict[p["devices"]]["reliable"] and p["reason"] == verdict[p["devices"]]["reason"]
         assert p["reliable"] or p["reason"]
-    median = {key: S.scaling.median([p[key[2]] for p in points if (p["devices"], p["kind"]) == key[:2]])
-              for key in ((1, "ddp", "samples_per_s"), (2, "ddp", "samples_per_s"), (2, "ceiling", "samples_per_s"),
-                          (2, "ddp", "allreduce_bytes_per_s"))}
 
-    # csv: the figures of the database, per device count, with the verdict
-    out = run_cli("report", "1", "--format", "csv", "-o", str(tmp_path / "r.csv"))
+
+@pytest.mark.slow
+def test_direct_benchmark_csv_report(direct_bench, tmp_path):
+    """csv: the figures of the database, per device count, with the verdict (a real `report` process)."""
+    rows, median = direct_bench["rows"], direct_bench["median"]
+    out = run_cli("report", "1", "--format", "csv", "-o", str(tmp_path / "r.csv"),
+                  env={"SAE_DIST_HOME": str(direct_bench["home"])})
     assert out.returncode == 0, out.stderr
     table = list(csv.DictReader(io.StringIO((tmp_path / "r.csv").read_text())))
     assert [r["devices"] for r in table] == ["1", "2"] and [r["repeats"] for r in table] == ["2", "2"]
@@ -110,24 +132,36 @@ def test_direct_benchmark_writes_rows_reports_and_page(tmp_path):
     assert float(table[1]["ceiling_samples_per_s"]) == pytest.approx(median[(2, "ceiling", "samples_per_s")])
     assert [r["reliable"] for r in table] == [str(r["reliable"]).lower() for r in rows]
     assert [r["reason"] for r in table] == [r["reason"] or "" for r in rows]
-    # md and html: the same figures, the model, the chart, and a warning when something is unreliable
-    assert run_cli("report", "1", "--format", "md", "-o", str(tmp_path / "r.md")).returncode == 0
+
+
+@pytest.mark.slow
+def test_direct_benchmark_md_and_html_reports(in_bench_home, tmp_path):
+    """md and html: the same figures, the model, the chart, and a warning when something is
+    unreliable (`report` called in-process: the csv test runs it as a process)."""
+    from sae_dist.cli import main
+
+    rows, median = in_bench_home["rows"], in_bench_home["median"]
+    assert main(["report", "1", "--format", "md", "-o", str(tmp_path / "r.md")]) == 0
     md = (tmp_path / "r.md").read_text()
     assert f"{median[(2, 'ddp', 'samples_per_s')]:,.0f} ± " in md and "2(N-1)/N" in md and "```vega-lite" in md
     assert "virtual (CPU-backed)" in md and "## Other load, point by point" in md
     assert ("> **Warning:**" in md) == (not all(r["reliable"] for r in rows))
     json.loads(md.split("```vega-lite\n")[1].split("\n```")[0])  # a valid embedded spec
-    assert run_cli("report", "1", "--format", "html", "-o", str(tmp_path / "r.html"), "--link", "25").returncode == 0
+    assert main(["report", "1", "--format", "html", "-o", str(tmp_path / "r.html"), "--link", "25"]) == 0
     page = (tmp_path / "r.html").read_text()
     assert "vegaEmbed(\"#speedup\"" in page and "measured all-reduce bandwidth 25 GB/s" in page
-    assert run_cli("report", "1", "-o", str(tmp_path / "here.md"), "--link", "here").returncode == 0
+    assert main(["report", "1", "-o", str(tmp_path / "here.md"), "--link", "here"]) == 0
     gbps = median[(2, "ddp", "allreduce_bytes_per_s")] / 1e9
     assert f"all-reduce measured here on 2 devices ({gbps:.2f} GB/s)" in (tmp_path / "here.md").read_text()
 
-    # the app's page renders it, alone and side by side, with a measured link; the shared
-    # machine may well have been busy: the page says so exactly when the rows say so
+
+@pytest.mark.slow
+def test_direct_benchmark_page(in_bench_home):
+    """The app's page renders it, alone and side by side, with a measured link; the shared
+    machine may well have been busy: the page says so exactly when the rows say so."""
     from streamlit.testing.v1 import AppTest
 
+    rows, verdict = in_bench_home["rows"], in_bench_home["verdict"]
     at = AppTest.from_file(str(REPO / "app.py"), default_timeout=60)
     at.run()
     at.switch_page("pages/5_Benchmarks.py").run()
@@ -169,6 +203,7 @@ def test_queued_benchmark_runs_each_point_as_a_job(monkeypatch):
     assert any(p["mean_utilization_pct"] is not None for p in points)
 
 
+@pytest.mark.slow
 def test_a_point_that_cannot_get_the_machine_alone_stops_the_benchmark(monkeypatch):
     """Another job holds the machine: the exclusive point waits --start-within seconds, then the
     benchmark ends with one line naming what held it, and its own job is cancelled."""
@@ -203,7 +238,7 @@ def test_a_point_that_cannot_get_the_machine_alone_stops_the_benchmark(monkeypat
         run_cli("daemon", "--stop", module="scheduler", timeout=60)
 
 
-@pytest.mark.parametrize("args, message", [
+BAD_ARGUMENTS = [
     (["--devices", "0"], "--devices '0': give device counts of 1 or more"),
     (["--devices", "a,b"], "--devices 'a,b': give device counts separated by commas"),
     (["--devices", "1,3", "--batch-size", "1024"], "choose a batch size divisible by 3"),
@@ -212,16 +247,36 @@ def test_a_point_that_cannot_get_the_machine_alone_stops_the_benchmark(monkeypat
     (["--devices", "1", "--repeats", "0"], "--repeats 0: must be 1 or more"),
     (["--devices", "1", "--start-within", "0"], "--start-within 0: must be more than 0 seconds"),
     (["--devices", "1", "--k", "0"], "k"),
-])
-def test_bad_bench_arguments_are_one_line_and_store_nothing(args, message):
-    result = run_cli("bench", "--no-queue", *args, timeout=120)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+]
+
+
+def assert_nothing_stored() -> None:
     with Session(get_engine()) as s:
         assert s.exec(select(BenchmarkRun)).first() is None
 
 
+@pytest.mark.slow
+def test_a_bad_bench_argument_is_one_line_from_a_real_process():
+    args, message = BAD_ARGUMENTS[0]
+    result = run_cli("bench", "--no-queue", *args, timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+    assert_nothing_stored()
+
+
+@pytest.mark.parametrize("args, message", BAD_ARGUMENTS)
+def test_bad_bench_arguments_are_one_line_and_store_nothing(args, message, capsys):
+    """Every bad argument, through the CLI's main in-process (the test above runs one as a process)."""
+    from sae_dist.cli import main
+
+    assert main(["bench", "--no-queue", *args]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+    assert_nothing_stored()
+
+
+@pytest.mark.slow
 def test_report_of_a_missing_benchmark_or_a_bad_link():
     missing = run_cli("report", "7")
     assert missing.returncode == 2 and "no benchmark 7" in missing.stderr
