@@ -46,6 +46,7 @@ def test_kernel_selects_what_torch_topk_selects(rows, n, k, with_aux):
             assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_without_a_compiler_training_uses_torch_topk(tmp_path):
     """No compiler: one warning, and the stock path trains (a missing kernel costs speed only)."""
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "CXX": "/bin/false"}

@@ -66,6 +66,7 @@ def test_decoder_gradient_is_a_bucket_of_its_own(one_rank_group, compress):
     assert data["rebuilt_per_bucket_param_indices"].split(",")[0].strip() == "0"  # W_dec is parameter 0
 
 
+@pytest.mark.slow
 def test_an_sae_never_loads_the_compiler():
     """torch._dynamo costs 1.5 to 3 s to import: loading the trainer's modules and running an SAE
     forward and backward (TopK with AuxK) must not pull it in. (torch.optim's own param groups
