@@ -1,7 +1,9 @@
 """`python -m scheduler ...` for real: bad input, hostile names, output patterns, the job's
 environment, every listing in text and JSON, and a daemon started by `submit` itself.
 
-Each CLI call is a fresh Python (~0.6 s), so independent calls run a few at a time.
+Each CLI call is a fresh Python (~0.6 s), so independent calls run a few at a time; where a test
+is about what a command answers rather than about its process, it calls the CLI's main in-process
+(every path keeps at least one real process: exit code 2 and one line on stderr).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from scheduler.store import count_jobs, get_job
 
 DEVICES = 4
 
+pytestmark = pytest.mark.slow  # a real daemon or CLI processes in every test
+
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return run_cli(*args, env=env, module="scheduler", timeout=60)
@@ -31,6 +35,19 @@ def cli_many(calls: list[tuple[str, ...]], workers: int = 3) -> list[subprocess.
     """Independent CLI calls, a few at a time (results in the order given)."""
     with ThreadPoolExecutor(workers) as pool:
         return list(pool.map(lambda args: cli(*args), calls))
+
+
+def cli_in_process(capsys, *args: str) -> subprocess.CompletedProcess:
+    """The CLI's main in this process, its output captured, as if it had been a process."""
+    from scheduler.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as e:  # argparse's errors
+        code = e.code
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out.out, out.err)
 
 
 def submitted_id(result: subprocess.CompletedProcess) -> int:
@@ -114,7 +131,7 @@ def sched(state_home, monkeypatch, tmp_path):
 # Bad input
 # ---------------------------------------------------------------------------------------------
 
-def test_bad_input_is_one_error_line_and_stores_nothing(sched, tmp_path):
+def test_bad_input_is_one_error_line_and_stores_nothing(sched, tmp_path, capsys):
     done = submitted_id(cli("submit", "--json", "-J", "done", "--", "true"))
     assert cli("cancel", str(done)).returncode == 0  # PENDING -> CANCELLED: a finished job
     (tmp_path / "unknown.toml").write_text("d_in = 32\nd_sae = 128\nk = 8\nbogus_field = 3\n")
@@ -147,8 +164,10 @@ def test_bad_input_is_one_error_line_and_stores_nothing(sched, tmp_path):
         (("queue", "--bogus"), "--bogus"),
         (("export-sbatch", "0"), "job id"),
     ]
-    results = cli_many([args for args, _ in ours + from_argparse])
-    for (args, needle), r in zip(ours + from_argparse, results):
+    # One of ours and one of argparse's as real processes, every one in-process.
+    results = cli_many([ours[0][0], from_argparse[0][0]]) + [cli_in_process(capsys, *args)
+                                                             for args, _ in ours + from_argparse]
+    for (args, needle), r in zip([ours[0], from_argparse[0]] + ours + from_argparse, results):
         what = f"{args}: rc={r.returncode} stdout={r.stdout!r} stderr={r.stderr!r}"
         assert r.returncode == 2 and r.stdout == "", what
         assert "Traceback" not in r.stderr, what
@@ -170,7 +189,7 @@ def _env_of(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
-def test_names_patterns_environment_and_listings(sched, tmp_path, monkeypatch):
+def test_names_patterns_environment_and_listings(sched, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SLURM_JOB_ID", "77")  # in the submitters' and the daemon's environment
     monkeypatch.setenv("SLURM_NODELIST", "node1")
     hostile_dir = tmp_path / "a" / "b"  # "../../x" from here (or from logs/) is still in tmp_path
@@ -244,11 +263,18 @@ def test_names_patterns_environment_and_listings(sched, tmp_path, monkeypatch):
     assert a.started_at < b.ended_at and b.started_at < a.ended_at  # they did run at the same time
 
     sched.stop_daemons()  # flushes the samples; listings need no daemon
-    runs = cli_many([("queue",), ("queue", "--json"), ("queue", "--all"), ("queue", "--all", "--json"),
-                     ("info",), ("info", "--json"), ("acct",), ("acct", "--json"),
-                     ("recommend", "--mem", "1GiB", "--count", "2"),
-                     ("recommend", "--mem", "1GiB", "--count", "2", "--json"),
-                     ("recommend", "--count", "5"), ("recommend", "--count", "5", "--json")])
+    listings = [("queue",), ("queue", "--json"), ("queue", "--all"), ("queue", "--all", "--json"),
+                ("info",), ("info", "--json"), ("acct",), ("acct", "--json"),
+                ("recommend", "--mem", "1GiB", "--count", "2"),
+                ("recommend", "--mem", "1GiB", "--count", "2", "--json"),
+                ("recommend", "--count", "5"), ("recommend", "--count", "5", "--json")]
+    # In-process (the answers are the subject); `queue --all --json` and a refused `recommend`
+    # also as real processes, which must answer the same.
+    runs = [cli_in_process(capsys, *args) for args in listings]
+    queue_all_process, too_many_process = cli_many([listings[3], listings[10]])
+    assert queue_all_process.returncode == 0 and queue_all_process.stdout == runs[3].stdout
+    assert too_many_process.returncode == 2 and too_many_process.stdout == ""
+    assert too_many_process.stderr.strip().splitlines() == runs[10].stderr.strip().splitlines()
     for r in runs[:-2]:
         assert r.returncode == 0 and r.stderr == "", r.stderr
     (queue, queue_json, queue_all, queue_all_json, info, info_json, acct, acct_json,
