@@ -38,6 +38,9 @@ THREADS_PER_RANK_ENV = "SAE_DIST_THREADS_PER_RANK"  # torch threads of each CPU 
 
 # ---- test and benchmark knobs ----
 SLOW_RANKS_ENV = "SAE_DIST_TEST_SLOW_RANKS"  # "1:3" makes rank 1's compute 3x slower (virtual devices)
+# Test-only, a stand-in for a device that dies mid-run: "2:15" makes rank 2 SIGKILL itself right
+# after step 15. Name the last rank: a run restarted without it has no such rank, so it fires once.
+KILL_RANK_AT_ENV = "SAE_DIST_TEST_KILL_RANK_AT"
 
 # Names a user's --env may not set: the supervisor sets them for every job, and a user's value would
 # break device isolation or the port reservation (two jobs on one rendezvous port).

@@ -29,8 +29,8 @@ import torch
 from sae_dist import distributed as D
 from sae_dist.balance import BalanceDecision, BatchPlan, rebalance
 from sae_dist.config import TrainConfig
-from sae_dist.contract import THREADS_PER_RANK_ENV
-from sae_dist.errors import TrainingStopped
+from sae_dist.contract import KILL_RANK_AT_ENV, THREADS_PER_RANK_ENV
+from sae_dist.errors import TrainingStopped, UserError
 from sae_dist.evaluate.end_of_run import end_of_run_evaluation, summary_lines
 from sae_dist.evaluate.metrics import dictionary_recovery
 from sae_dist.export import export_saelens
@@ -98,6 +98,7 @@ def _loop(cfg: TrainConfig, ctx: D.DistContext, source: ActivationSource, run_di
     sae = build_sae(cfg, ctx.device)
     opt = make_optimizer(sae, cfg.resolved_lr)
     slowdown = slowdown_for_tests(ctx.rank)
+    kill_at = kill_step_for_tests(ctx.rank)
     state, why, first_batches = start_or_resume(cfg, ctx, sae, opt, source, run_dir, record, device_ids, slowdown)
     model = wrap_ddp(sae, ctx, cfg)
     estimate = estimate_for_config(cfg, ctx.world_size, ctx.device.type)
@@ -124,6 +125,8 @@ def _loop(cfg: TrainConfig, ctx: D.DistContext, source: ActivationSource, run_di
                             grad_norm=report, loss_scale=state.plan.loss_scale(ctx.rank), slowdown=slowdown)
         window.add(batches, result.outputs)
         window.end_step(t0, result.forward_done - t0)  # compute: data + forward, no collective yet
+        if step == kill_at:  # test-only: a device that dies mid-run, for real
+            os.kill(os.getpid(), signal.SIGKILL)
         if not report:
             continue
 
@@ -260,6 +263,23 @@ def set_threads(ctx: D.DistContext) -> None:
     per_rank = os.environ.get(THREADS_PER_RANK_ENV)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
     torch.set_num_threads(int(per_rank) if per_rank else max(1, (os.cpu_count() or 1) // local_world))
+
+
+def kill_step_for_tests(rank: int) -> int | None:
+    """The step after which this rank SIGKILLs itself, from $SAE_DIST_TEST_KILL_RANK_AT
+    ("rank:step"); None when unset or naming another rank."""
+    raw = os.environ.get(KILL_RANK_AT_ENV, "").strip()
+    if not raw:
+        return None
+    rank_text, _, step_text = raw.partition(":")
+    try:
+        kill_rank, kill_step = int(rank_text), int(step_text)
+    except ValueError:
+        kill_rank = kill_step = -1
+    if kill_rank < 0 or kill_step < 1:
+        raise UserError(f"{KILL_RANK_AT_ENV}={raw!r}: give rank:step, such as 2:15 "
+                        "(rank 2 SIGKILLs itself after step 15)")
+    return kill_step if kill_rank == rank else None
 
 
 _received_stop: list[int] = []  # signals seen: a peer's error caused by its own stop is a stop too
