@@ -9,11 +9,14 @@ import threading
 import time
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import inspect, select, text
 
 from conftest import run_cli, start_daemon, stop_process, wait_for
 from sae_dist.db import HEAD_REVISION, GpuSample, get_engine, immediate_transaction, metadata, utcnow
 from sae_dist.db.engine import alembic_config
+
+pytestmark = pytest.mark.slow  # a PostgreSQL server (started once per session) in every test
 
 
 def test_the_migrations_make_the_models_on_postgres(postgres_url):

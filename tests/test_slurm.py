@@ -25,8 +25,9 @@ import pytest
 
 from conftest import run_cli
 
-pytestmark = pytest.mark.skipif(shutil.which("slurmctld") is None or os.geteuid() != 0,
-                                reason="needs Debian's slurm-wlm and root (scripts/test.sh installs it)")
+pytestmark = [pytest.mark.skipif(shutil.which("slurmctld") is None or os.geteuid() != 0,
+                                 reason="needs Debian's slurm-wlm and root (scripts/test.sh installs it)"),
+              pytest.mark.slow]
 
 
 def _free_port() -> int:
@@ -35,9 +36,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def slurm(tmp_path):
-    d = tmp_path / "slurm"
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """One cluster for the module's tests (each of its jobs writes under its own test's tmp_path)."""
+    d = tmp_path_factory.mktemp("cluster") / "slurm"
     for sub in ("state", "spool", "log"):
         (d / sub).mkdir(parents=True)
     d.chmod(0o755)
