@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, start_daemon, stop_process
+from conftest import REPO, stop_process
 from sae_dist.db import get_engine
 from scheduler import procs
 from scheduler.store import get_job, list_jobs
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(os.environ.get("SAE_DIST_E2E_ARTIFACTS", REPO / "test-artifacts" / "e2e"))
@@ -55,41 +55,47 @@ def wait_http(url: str, timeout: float) -> None:
     raise AssertionError(f"{url} did not answer within {timeout} s")
 
 
-@pytest.fixture
-def app_url(state_home, monkeypatch, tmp_path):
-    """The daemon and `streamlit run app.py` on 127.0.0.1:<free port>, in this test's state home."""
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The daemon and `streamlit run app.py` on 127.0.0.1:<free port>, in a state home of the
+    module's own (the steps of the path below share them): (url, engine of that home)."""
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package "
                     "(scripts/setup.sh --test does, as root)")
-    monkeypatch.setenv("SAE_DIST_VIRTUAL_GPUS", "2")
-    monkeypatch.setenv("SAE_DIST_AUTOSTART", "0")  # this test starts its daemon itself
-    monkeypatch.setenv("SAE_DIST_KILL_GRACE_S", "5")
-    state_home.mkdir(parents=True, exist_ok=True)
-    get_engine()  # migrate once, before the daemon and the app race to
-    logs = {"app": open(tmp_path / "app.log", "wb")}
+    tmp = tmp_path_factory.mktemp("e2e")
+    home = tmp / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "SAE_DIST_DB_URL"}
+    env.update({"SAE_DIST_HOME": str(home), "SAE_DIST_VIRTUAL_GPUS": "2",
+                "SAE_DIST_AUTOSTART": "0",  # this module starts its daemon itself
+                "SAE_DIST_KILL_GRACE_S": "5"})
+    engine = get_engine(f"sqlite:///{home / 'state.db'}")  # migrate once, before the daemon and the app race to
+    logs = {name: open(tmp / f"{name}.log", "wb") for name in ("app", "daemon")}
     port = free_port()
-    daemon = start_daemon(tmp_path / "daemon.log")
+    daemon = subprocess.Popen([sys.executable, "-m", "scheduler", "daemon"], cwd=REPO, env=env,
+                              stdout=logs["daemon"], stderr=subprocess.STDOUT, start_new_session=True)
     app = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
                             "--server.address", "127.0.0.1", "--server.headless", "true"],
-                           cwd=REPO, stdout=logs["app"], stderr=subprocess.STDOUT, start_new_session=True)
+                           cwd=REPO, env=env, stdout=logs["app"], stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_http(f"http://127.0.0.1:{port}/_stcore/health", 60)
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", engine
     finally:
         stop_process(app, 15)
         stop_process(daemon, 15)
-        for job in list_jobs(get_engine(), ("RUNNING",)):  # no job outlives the test
+        for job in list_jobs(engine, ("RUNNING",)):  # no job outlives the module
             for pid, ticks in ((job.supervisor_pid, job.supervisor_start_ticks), (job.pid, job.proc_start_ticks)):
                 if procs.is_alive(pid, ticks):
                     procs.terminate_tree(pid, None, 5)
         for log in logs.values():
             log.close()
-        print("app log tail:\n", (tmp_path / "app.log").read_text(errors="replace")[-3000:])
-        print("daemon log tail:\n", (tmp_path / "daemon.log").read_text(errors="replace")[-3000:])
+        print("app log tail:\n", (tmp / "app.log").read_text(errors="replace")[-3000:])
+        print("daemon log tail:\n", (tmp / "daemon.log").read_text(errors="replace")[-3000:])
 
 
-@pytest.fixture
-def page():
+@pytest.fixture(scope="module")
+def browser_page():
+    """One headless Chromium page for the whole path, and the JavaScript errors it saw."""
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=UI_TIMEOUT_MS)
@@ -101,9 +107,16 @@ def page():
         page = context.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
-        yield page
+        yield page, errors
         browser.close()
-        assert not errors, f"JavaScript errors in the page: {errors}"
+
+
+@pytest.fixture
+def page(browser_page):
+    """The shared page; no JavaScript error may happen during a step."""
+    page, errors = browser_page
+    yield page
+    assert not errors, f"JavaScript errors in the page: {errors}"
 
 
 def shoot(page, name: str) -> None:
@@ -130,22 +143,28 @@ def step_shown(page) -> int:
     return int(match.group(1).replace(",", "")) if match else -1
 
 
-def test_submit_watch_and_cancel_in_a_real_browser(app_url, page):
+# A person's path, one step per test, in this order, on the module's server and page: each step
+# starts from where the one before left the job (a step alone fails at its first check).
+
+def test_1_overview_shows_the_virtual_devices(served, page):
+    """Overview: both virtual devices, idle, labelled as virtual."""
     from playwright.sync_api import expect
 
-    started = time.monotonic()
-    engine = get_engine()
-
-    # ---- Overview: both virtual devices, idle, labelled as virtual ----
-    page.goto(app_url)
+    url, _ = served
+    page.goto(url)
     expect(page.get_by_role("heading", name="Overview")).to_be_visible()
     expect(page.get_by_text("virtual", exact=False).first).to_be_visible()
     expect(page.get_by_text("Start a demo training")).to_be_visible()  # an empty database
     no_exception(page)
     shoot(page, "1-overview")
 
-    # ---- Train: a small TopK SAE on both devices (recommended, hence preselected) ----
-    page.goto(f"{app_url}/Train")
+
+def test_2_train_submits_on_both_devices(served, page):
+    """Train: a small TopK SAE on both devices (recommended, hence preselected)."""
+    from playwright.sync_api import expect
+
+    url, engine = served
+    page.goto(f"{url}/Train")
     expect(page.get_by_role("heading", name="Train")).to_be_visible()
     set_number(page, "Batch size per device", 512)
     set_number(page, "Steps", 20_000)
@@ -161,7 +180,11 @@ def test_submit_watch_and_cancel_in_a_real_browser(app_url, page):
     assert job.kind == "train" and job.gpus == 2 and job.name == "e2e-topk"
     shoot(page, "2-train-submitted")
 
-    # ---- Monitor: the job's charts fill on their own, with no page load ----
+
+def test_3_monitor_charts_fill_without_a_page_load(served, page):
+    """Monitor: the job's charts fill on their own, with no page load."""
+    from playwright.sync_api import expect
+
     page.get_by_role("link", name="Monitor job 1").click()
     expect(page.get_by_role("heading", name="Job 1 · e2e-topk")).to_be_visible()
     expect(page.get_by_text(re.compile(r"Run \d+ · e2e-topk · step "))).to_be_visible(timeout=120_000)
@@ -190,9 +213,14 @@ def test_submit_watch_and_cancel_in_a_real_browser(app_url, page):
     no_exception(page)
     shoot(page, "4-monitor-per-gpu")
 
-    # ---- Queue: cancel the running job, after a confirmation; it ends CANCELLED ----
+
+def test_4_queue_cancels_the_running_job(served, page):
+    """Queue: cancel the running job, after a confirmation; it ends CANCELLED."""
+    from playwright.sync_api import expect
+
+    url, engine = served
     assert get_job(engine, 1).state == "RUNNING"
-    page.goto(f"{app_url}/Queue?job=1")
+    page.goto(f"{url}/Queue?job=1")
     expect(page.get_by_role("heading", name="Queue")).to_be_visible()
     page.get_by_role("button", name="Cancel").click()
     dialog = page.get_by_role("dialog")
@@ -205,4 +233,3 @@ def test_submit_watch_and_cancel_in_a_real_browser(app_url, page):
     assert cancelled.state == "CANCELLED", cancelled.state
     no_exception(page)
     shoot(page, "5-queue-cancelled")
-    print(f"e2e run: {time.monotonic() - started:.1f} s from the first page to the cancelled job")
