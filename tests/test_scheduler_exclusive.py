@@ -18,7 +18,7 @@ from sae_dist.db import GpuSample, get_engine
 from sae_dist.errors import UserError
 from scheduler.spec import JobSpec, resolve_devices, resolve_gpus
 from scheduler.store import count_jobs, get_job
-from test_scheduler_cli import DEVICES, cli, cli_many, sched, submitted_id  # noqa: F401 (sched: a fixture)
+from test_scheduler_cli import DEVICES, cli, cli_in_process, sched, submitted_id  # noqa: F401 (sched: a fixture)
 
 MACHINE = [(i, f"GPU-{i}") for i in range(4)]
 
@@ -63,16 +63,19 @@ def test_exclusive_asking_for_more_devices_than_the_machine_has(tmp_path):
 # Bad input through the CLI: one line, exit 2, nothing stored, nothing lost
 # ---------------------------------------------------------------------------------------------
 
-def test_exclusive_bad_input_is_one_error_line_and_stores_nothing(sched, tmp_path):
-    kept = submitted_id(cli("submit", "--json", "--hold", "--exclusive", "--gpus", "2", "-J", "kept", "--", "true"))
+@pytest.mark.slow
+def test_exclusive_bad_input_is_one_error_line_and_stores_nothing(sched, tmp_path, capsys):
+    """The CLI's main in-process (the answers are the subject), the first bad one also as a real process."""
+    kept = submitted_id(cli_in_process(capsys, "submit", "--json", "--hold", "--exclusive", "--gpus", "2", "-J", "kept",
+                                       "--", "true"))
     before = count_jobs(get_engine())
     bad = [  # (args, what the one error line must say)
         (("submit", "--exclusive", "--gpu-ids", "0,1", "--", "true"), "--gpu-ids: cannot be combined with --exclusive"),
         (("submit", "--exclusive", "--gpus", "5", "--", "true"), "--exclusive: asked to run on 5 GPUs"),
         (("submit", "--exclusive", "--cluster", "slurm", "--", "true"), "--gpus-per-node"),
     ]
-    results = cli_many([args for args, _ in bad])
-    for (args, needle), r in zip(bad, results):
+    results = [cli_in_process(capsys, *args) for args, _ in bad]
+    for (args, needle), r in zip([bad[0], *bad], [cli(*bad[0][0]), *results]):
         what = f"{args}: rc={r.returncode} stdout={r.stdout!r} stderr={r.stderr!r}"
         assert r.returncode == 2 and r.stdout == "", what
         lines = r.stderr.strip().splitlines()
@@ -83,7 +86,7 @@ def test_exclusive_bad_input_is_one_error_line_and_stores_nothing(sched, tmp_pat
     assert job.state == "PENDING" and job.exclusive and job.gpus == 2 and job.held
 
     # The same job as a SLURM script asks SLURM for the node to itself.
-    script = cli("export-sbatch", str(kept))
+    script = cli_in_process(capsys, "export-sbatch", str(kept))
     assert script.returncode == 0 and "#SBATCH --exclusive\n" in script.stdout
     assert "#SBATCH --gpus-per-node=2\n" in script.stdout
 
@@ -104,7 +107,13 @@ def _state(job_id: int) -> tuple[str, str | None]:
     return job.state, job.reason
 
 
-def test_exclusive_job_waits_then_holds_every_device(sched, tmp_path):
+@pytest.mark.slow
+def test_exclusive_job_waits_then_holds_every_device(sched, tmp_path, capsys):
+    """A real daemon and jobs; the submits and listings call the CLI's main in-process."""
+
+    def cli(*args: str):
+        return cli_in_process(capsys, *args)
+
     work = tmp_path / "work"
     work.mkdir()
     sched.start_daemon()
@@ -131,7 +140,7 @@ def test_exclusive_job_waits_then_holds_every_device(sched, tmp_path):
     runs_on = json.loads(job.devices_json)
     assert job.gpus == 2 and len(runs_on) == 2 and job.exclusive
 
-    info, queue, queue_text = cli_many([("info", "--json"), ("queue", "--json"), ("queue",)])
+    info, queue, queue_text = cli("info", "--json"), cli("queue", "--json"), cli("queue")
     devices = json.loads(info.stdout)
     assert len(devices) == DEVICES
     assert all(d["state"] == "allocated" and d["job_id"] == exclusive for d in devices), devices

@@ -111,6 +111,7 @@ def test_latest_samples_keeps_the_newest_fresh_one_per_device():
     assert 0.0 <= card["memory_fraction"] <= 1.0
 
 
+@pytest.mark.slow
 def test_cli_info_still_reads_devices_through_status(state_home):
     result = run_cli("info", "--json", module="scheduler", env={"SAE_DIST_VIRTUAL_GPUS": "3"})
     assert result.returncode == 0, result.stderr

@@ -7,7 +7,6 @@ import json
 import shlex
 import subprocess
 import textwrap
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
@@ -112,9 +111,17 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return run_cli(*args, module="scheduler", timeout=60)
 
 
-def _parallel(calls: list[tuple[str, ...]]) -> list[subprocess.CompletedProcess]:
-    with ThreadPoolExecutor(3) as pool:
-        return list(pool.map(lambda a: _cli(*a), calls))
+def _in_process(capsys, calls: list[tuple[str, ...]]) -> list[subprocess.CompletedProcess]:
+    """The CLI's main in this process, call by call, each one's output captured as a process's."""
+    from scheduler.cli import main
+
+    results = []
+    for args in calls:
+        capsys.readouterr()
+        code = main(list(args))
+        out = capsys.readouterr()
+        results.append(subprocess.CompletedProcess(list(args), code, out.out, out.err))
+    return results
 
 
 def _job_id(result: subprocess.CompletedProcess) -> int:
@@ -138,7 +145,10 @@ def _srun_command(script: str) -> list[str]:
     return argv[1:]
 
 
-def test_export_sbatch(tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_export_sbatch(tmp_path, monkeypatch, capsys):
+    """The submits and exports run the CLI's main in-process (the scripts are the subject); the
+    first export also runs as a real process, which must write the same script."""
     monkeypatch.setenv("SAE_DIST_VIRTUAL_GPUS", "4")
     monkeypatch.setenv("SAE_DIST_AUTOSTART", "0")
     out_dir = tmp_path / "my run"
@@ -152,20 +162,22 @@ def test_export_sbatch(tmp_path, monkeypatch):
     """))
     toml = str(tmp_path / "run.toml")
     hostile = ["echo", "$(rm -rf ~)", "; ls", "it's", "`id`", "a\nb", ""]
-    train, untimed, command = (_job_id(r) for r in _parallel([
+    train, untimed, command = (_job_id(r) for r in _in_process(capsys, [
         ("submit", "--json", "--train", toml, "--gpus", "2", "-t", "1:30:00", "-J", "my run; rm",
          "--env", "WANDB_MODE=off line", "-D", str(tmp_path)),
         ("submit", "--json", "--train", toml, "--gpus", "2"),
         ("submit", "--json", "-D", str(tmp_path), "--", *hostile),
     ]))
     written = tmp_path / "job.sbatch"
-    script, plain, big, cmd = _parallel([
+    script, plain, big, cmd = _in_process(capsys, [
         ("export-sbatch", str(train)), ("export-sbatch", str(untimed)),
         ("export-sbatch", str(train), "--nodes", "2", "--gpus-per-node", "4", "-o", str(written)),
         ("export-sbatch", str(command)),
     ])
-    for r in (script, plain, big, cmd):
+    process = _cli("export-sbatch", str(train))
+    for r in (script, plain, big, cmd, process):
         assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert process.stdout == script.stdout
     script = script.stdout
 
     assert script.startswith("#!/bin/bash\n")
