@@ -143,6 +143,7 @@ def assert_training_cards_match(at: AppTest) -> int:
 
 # ---- the pages -----------------------------------------------------------------------------------
 
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
 def test_monitor_cards_are_their_charts_last_points(training):
     at = open_page(MONITOR, job=str(training["job"]))
     shown = cards(at)
@@ -173,6 +174,7 @@ def test_monitor_cards_are_their_charts_last_points(training):
     assert assert_training_cards_match(at) == 7
 
 
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
 def test_monitor_run_events_are_opt_in_and_grouped(training):
     at = open_page(MONITOR, job=str(training["job"]))
     toggle = at.toggle(key="monitor_show_events")
@@ -193,6 +195,7 @@ def test_monitor_run_events_are_opt_in_and_grouped(training):
     assert not at.exception
 
 
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
 def test_training_runs_cards_are_their_charts_last_points(training):
     at = open_page(RUNS, run=str(training["run"]))
     shown = cards(at)

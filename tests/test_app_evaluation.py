@@ -94,6 +94,7 @@ def test_the_latest_evaluation_with_recovery_and_model_check(state_home):
     assert "never fired" in spec and "4 of 64 latents never fired" in spec
 
 
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
 def test_a_ce_loss_check_and_an_unavailable_one(state_home):
     engine = get_engine()
     run_id = add_run(engine, "lm-run", "COMPLETED", [10], 10)

@@ -111,6 +111,7 @@ def test_monitor_empty_database(state_home):
     assert {"Monitor", "Queue"} <= {link.value for link in at.page_link}  # the sidebar links them
 
 
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
 def test_monitor_defaults_to_the_running_job_aggregated(busy):
     at = open_page(MONITOR)
     assert at.selectbox(key="monitor_job").value == busy["running"]
@@ -130,6 +131,7 @@ def test_monitor_defaults_to_the_running_job_aggregated(busy):
     assert shown["Latest FVU"] == "0.001667"
 
 
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
 def test_monitor_toggle_switches_to_one_panel_per_device(busy):
     at = open_page(MONITOR)
     aggregated_labels = [m.label for m in at.metric]
@@ -157,6 +159,7 @@ def test_monitor_toggle_switches_to_one_panel_per_device(busy):
     assert metrics(at)["Memory used"] == "10.0 GiB of 64.0 GiB"
 
 
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
 @pytest.mark.parametrize("window", ["5 min", "1 h", "24 h", "All"])
 def test_monitor_every_window(busy, window):
     at = open_page(MONITOR)
@@ -210,6 +213,7 @@ def ask_and_confirm(at: AppTest, action: str) -> AppTest:
     return at
 
 
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
 def test_queue_cancel_needs_a_confirmation(busy):
     engine, pending = busy["engine"], busy["pending"]
     at = open_page(QUEUE, job=str(pending))
@@ -229,6 +233,7 @@ def test_queue_cancel_needs_a_confirmation(busy):
     assert busy["pending"] in list(at.dataframe[-1].value["Job"])  # now among the finished
 
 
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
 def test_queue_hold_and_release(busy):
     engine, pending = busy["engine"], busy["pending"]
     at = open_page(QUEUE, job=str(pending))
@@ -284,6 +289,7 @@ def test_queue_log_tail_shows_the_last_lines(busy, tmp_path):
     assert at.code[0].value.splitlines() == ["again 0", "again 1", "again 2"]
 
 
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
 def test_a_job_in_the_url_is_selected_on_both_pages(busy):
     at = open_page(QUEUE, job=str(busy["running"]))
     assert at.selectbox(key="queue_job").value == busy["running"]
@@ -292,6 +298,7 @@ def test_a_job_in_the_url_is_selected_on_both_pages(busy):
     assert at.selectbox(key="monitor_job").value == busy["running"]
 
 
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
 def test_monitor_a_cancelled_training_says_its_run_stopped_with_the_job(busy):
     engine, running = busy["engine"], busy["running"]
     finish_job(engine, running, "CANCELLED", reason="Cancelled by user")  # the run still says RUNNING

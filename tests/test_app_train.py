@@ -95,6 +95,7 @@ def test_the_resolved_defaults_are_shown_before_submit():
     assert "dead after 409,600 samples" in optimisation(at)
 
 
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
 def test_the_summary_follows_the_selection_and_the_batch():
     at = pick(train_page(), ["virtual-1", "virtual-3"])
     assert summary(at) == "Selected: 2 GPUs | Effective batch size: 8192"
@@ -114,6 +115,7 @@ def test_the_summary_follows_the_selection_and_the_batch():
     assert len(ticked(at)) == 1
 
 
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
 def test_submit_queues_a_pending_training_on_exactly_the_chosen_devices():
     at = pick(train_page(), ["virtual-0", "virtual-2"])
     at.number_input(key="tr_steps").set_value(200)
@@ -147,6 +149,7 @@ def test_submit_queues_a_pending_training_on_exactly_the_chosen_devices():
     assert not daemon_running()  # SAE_DIST_AUTOSTART=0 is honoured
 
 
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
 def test_a_blank_name_gets_one_shared_by_the_job_and_its_run():
     at = pick(train_page(), ["virtual-3"])
     at.button(key="tr_submit").click().run()
@@ -181,6 +184,7 @@ def test_with_every_device_taken_nothing_can_be_submitted():
     assert sum(f"allocated to job {job_id}" in m.value for m in at.markdown) == 4
 
 
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
 @pytest.mark.parametrize("change, field_message", [
     ({"tr_width_by": "d_sae", "tr_d_sae": 16, "tr_k": 32}, "k = 32 is more than d_sae = 16"),
     ({"tr_lr": "0"}, "must be positive, got 0.0"),
@@ -228,6 +232,7 @@ def test_devices_short_of_memory_are_marked_and_not_recommended():
     assert summary(at) == "Selected: 1 GPUs | Effective batch size: 10000000"
 
 
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
 def test_shards_source_reads_d_in_from_the_shards(tmp_path):
     write_shards(tmp_path / "acts", [torch.randn(64, 48), torch.randn(32, 48)])
     at = train_page()
