@@ -21,7 +21,7 @@ from sae_dist.harvest.contexts import framing_from_examples, join_documents, mak
 from sae_dist.harvest.sites import module_path
 from sae_dist.sources.shards import open_shards
 
-TEXT = [str(REPO / "README.md")]  # ~5,700 BERT tokens of English the repository ships
+TEXT = [str(REPO / "README.md")]  # English the repository ships (~15,000 BERT tokens, and growing)
 
 
 # ---------------------------------------------------------------- pure parts
@@ -72,6 +72,13 @@ def test_text_files_errors(tmp_path):
 
 # ---------------------------------------------------------------- for real
 
+# Every harvest here stops at HARVEST_TOKENS text tokens (the README grows; the tests must not), in
+# shards of SHARD_ROWS rows: 8 shards, so an interrupted harvest has shards to keep and ones to redo.
+# --batch-size 2 (2 contexts a forward pass) makes the shards finish one after another; the shards'
+# bytes do not depend on it.
+HARVEST_TOKENS, SHARD_ROWS = 1200, 150
+ARGS = ("--shard-rows", str(SHARD_ROWS), "--max-tokens", str(HARVEST_TOKENS), "--batch-size", "2")
+
 
 @pytest.fixture(scope="module")
 def minilm() -> str:
@@ -79,8 +86,18 @@ def minilm() -> str:
     return str(gt.get_model_path())
 
 
-def harvest_cli(minilm, out, *extra, env=None, **kw):
-    return run_cli("harvest", "--model", minilm, "--layer", "3", "--text", *TEXT, "--out", str(out), *extra,
+@pytest.fixture(scope="module")
+def text(tmp_path_factory) -> str:
+    """The README's first 5,000 characters (~1,550 tokens), the text every run here reads: the
+    model check at a run's end and the model source read all of a text, so a README that grows
+    every week would slow them (and change the model source's stream)."""
+    path = tmp_path_factory.mktemp("text") / "text.md"
+    path.write_text(Path(TEXT[0]).read_text(encoding="utf-8")[:5_000], encoding="utf-8")
+    return str(path)
+
+
+def harvest_cli(minilm, text, out, *extra, env=None, **kw):
+    return run_cli("harvest", "--model", minilm, "--layer", "3", "--text", text, "--out", str(out), *extra,
                    env=env, **kw)
 
 
@@ -89,16 +106,47 @@ def ok(result):
     return result
 
 
-def test_harvest_then_train_an_sae_on_it(minilm, tmp_path):
-    out = tmp_path / "acts"
-    result = ok(harvest_cli(minilm, out, "--shard-rows", "1500"))
-    found = re.search(r"harvested ([\d,]+) tokens .*\(([\d,]+) tokens/s", result.stdout)
-    assert found, result.stdout
+def digests(out: Path) -> list[str]:
+    return [s["sha256"] for s in json.loads((out / "manifest.json").read_text())["shards"]]
+
+
+@pytest.fixture(scope="module")
+def harvested(minilm, text, tmp_path_factory) -> tuple[Path, str]:
+    """One real harvest (`python -m sae_dist harvest`, one CPU process) of ARGS: its directory and its
+    stdout. The tests that read a harvest, or compare theirs with an uninterrupted one, share it."""
+    out = tmp_path_factory.mktemp("harvested") / "acts"
+    return out, ok(harvest_cli(minilm, text, out, *ARGS)).stdout
+
+
+@pytest.fixture
+def cli(capsys):
+    """sae_dist.cli.main in this process (its logging set-up undone after); returns (code, out, err)."""
+    import logging
+
+    from sae_dist.cli import main
+
+    handlers, level = logging.root.handlers[:], logging.root.level
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    yield run
+    logging.root.handlers[:] = handlers
+    logging.root.setLevel(level)
+
+
+@pytest.mark.slow
+def test_harvest_then_train_an_sae_on_it(minilm, text, harvested, tmp_path):
+    out, stdout = harvested
+    found = re.search(r"harvested ([\d,]+) tokens .*\(([\d,]+) tokens/s", stdout)
+    assert found, stdout
     tokens = int(found.group(1).replace(",", ""))
-    print(result.stdout.strip())
+    print(stdout.strip())
 
     data = open_shards(out, verify_checksums=True)
-    assert data.d_in == 384 and data.total_rows == tokens > 5000
+    assert data.d_in == 384 and data.total_rows == tokens == HARVEST_TOKENS  # --max-tokens: no more
     m = data.manifest
     assert (m["layer"], m["site"], m["model_type"], m["special_tokens"]) == (3, "resid", "bert", "excluded")
     assert len(m["shards"]) >= 3 and all(len(s["sha256"]) == 64 for s in m["shards"])
@@ -107,20 +155,20 @@ def test_harvest_then_train_an_sae_on_it(minilm, tmp_path):
     from transformers import AutoModel, AutoTokenizer
 
     tok, model = AutoTokenizer.from_pretrained(minilm), AutoModel.from_pretrained(minilm)
-    text_ids = tok(Path(TEXT[0]).read_text(), add_special_tokens=False)["input_ids"][:126]
+    text_ids = tok(Path(text).read_text(), add_special_tokens=False)["input_ids"][:126]
     with torch.inference_mode():
         hidden = model(input_ids=torch.tensor([[tok.cls_token_id, *text_ids, tok.sep_token_id]]),
                        output_hidden_states=True).hidden_states[4][0, 1:-1]
     from safetensors.torch import load_file
 
-    first = load_file(str(out / m["shards"][0]["file"]))["activations"][:126]
+    first = torch.cat([load_file(str(out / s["file"]))["activations"] for s in m["shards"][:1 + 126 // SHARD_ROWS]])[:126]
     assert torch.allclose(first, hidden, atol=1e-4)
 
     run = tmp_path / "run"
     trained = ok(run_cli("train", "--source", "shards", "--shards-path", str(out), "--devices", "cpu:2",
-                         "--expansion-factor", "4", "--k", "16", "--batch-size", "256", "--steps", "300",
+                         "--expansion-factor", "4", "--k", "16", "--batch-size", "256", "--steps", "100",
                          "--log-every", "50", "--out-dir", str(run), "--no-db", timeout=400))
-    final = re.search(r"done: step 300, FVU ([\d.]+), L0 ([\d.]+)", trained.stdout)
+    final = re.search(r"done: step 100, FVU ([\d.]+), L0 ([\d.]+)", trained.stdout)
     assert final, trained.stdout
     print(final.group(0))
     assert float(final.group(1)) < 0.4 and float(final.group(2)) == pytest.approx(16.0)
@@ -131,14 +179,18 @@ def test_harvest_then_train_an_sae_on_it(minilm, tmp_path):
     with torch.no_grad():
         fvu = (sae.decode(sae.encode(x)) - x).pow(2).sum() / (x - x.mean(0)).pow(2).sum()
     assert float(fvu) < 0.6
+    # The run's end-of-run evaluation spliced it into the harvest's own model (the text left after
+    # --max-tokens): closer to the model's sentence embeddings than zero-ablating the layer.
+    check = json.loads((run / "evaluation.json").read_text())["model_check"]
+    assert check["kind"] == "sentence_cosine" and check["spliced_cosine"] > check["ablated_cosine"] + 0.2, check
 
 
-def test_an_interrupted_harvest_continues_where_it_stopped(minilm, tmp_path):
-    whole, cut = tmp_path / "whole", tmp_path / "cut"
-    args = ("--shard-rows", "400", "--max-tokens", "4000", "--batch-size", "2")
-    ok(harvest_cli(minilm, whole, *args))
+@pytest.mark.slow
+def test_an_interrupted_harvest_continues_where_it_stopped(minilm, text, harvested, tmp_path):
+    whole, _ = harvested  # the same command, uninterrupted
+    cut = tmp_path / "cut"
     proc = subprocess.Popen([sys.executable, "-m", "sae_dist", "harvest", "--model", minilm, "--layer", "3",
-                             "--text", *TEXT, "--out", str(cut), *args], cwd=REPO,
+                             "--text", text, "--out", str(cut), *ARGS], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
@@ -149,23 +201,20 @@ def test_an_interrupted_harvest_continues_where_it_stopped(minilm, tmp_path):
     proc.wait()
     assert not (cut / "manifest.json").exists(), "the harvest finished before it could be interrupted"
     kept = len(list(cut.glob("shard_*.json")))
-    resumed = ok(harvest_cli(minilm, cut, *args))
+    resumed = ok(harvest_cli(minilm, text, cut, *ARGS))
     assert f"resuming: {kept} finished shard(s) kept" in resumed.stdout
-    digests = [[s["sha256"] for s in json.loads((d / "manifest.json").read_text())["shards"]] for d in (whole, cut)]
-    assert digests[0] == digests[1]  # the same shards as an uninterrupted harvest
+    assert digests(cut) == digests(whole)  # the same shards as an uninterrupted harvest
     assert not list(cut.glob(".*tmp*"))
 
 
-def test_two_processes_write_the_same_shards_as_one(minilm, tmp_path):
+@pytest.mark.slow
+def test_two_processes_write_the_same_shards_as_one(minilm, text, harvested, tmp_path):
     """--devices cpu:2: each process takes every other shard; the result is the one-process harvest.
     (On 2 shared cores this is not faster; on N GPUs each process has its own.)"""
-    one, two = tmp_path / "one", tmp_path / "two"
-    args = ("--shard-rows", "700", "--max-tokens", "3000")
-    ok(harvest_cli(minilm, one, *args, "--devices", "cpu:1"))
-    result = ok(harvest_cli(minilm, two, *args, "--devices", "cpu:2"))
+    one, _ = harvested  # --devices auto on this machine: one CPU process
+    result = ok(harvest_cli(minilm, text, tmp_path / "two", *ARGS, "--devices", "cpu:2"))
     assert "on 2 cpu process(es)" in result.stdout
-    digests = [[s["sha256"] for s in json.loads((d / "manifest.json").read_text())["shards"]] for d in (one, two)]
-    assert len(digests[0]) >= 4 and digests[0] == digests[1]
+    assert len(digests(one)) >= 4 and digests(one) == digests(tmp_path / "two")
 
 
 def cli_error(result, words: str) -> None:
@@ -174,69 +223,86 @@ def cli_error(result, words: str) -> None:
     assert len(lines) == 1 and words in lines[0], result.stderr
 
 
-def test_bad_input_gets_one_clear_error(minilm, tmp_path):
-    cli_error(run_cli("harvest", "--model", minilm, "--layer", "6", "--text", *TEXT, "--out", str(tmp_path / "a")),
-              "layer 6: the model has 6 layers (0 to 5)")
-    empty = tmp_path / "empty.txt"
-    empty.write_text("  \n")
-    cli_error(run_cli("harvest", "--model", minilm, "--layer", "1", "--text", str(empty), "--out", str(tmp_path / "b")),
-              "are empty")
-    not_model = tmp_path / "not-a-model"
-    not_model.mkdir()
-    cli_error(run_cli("harvest", "--model", str(not_model), "--layer", "1", "--text", *TEXT, "--out", str(tmp_path / "c")),
-              "not a model directory (it has no config.json)")
+def one_error(outcome: tuple[int, str, str], words: str) -> None:
+    """cli_error for sae_dist.cli.main run in this process (the cli fixture)."""
+    code, out, err = outcome
+    assert code == 2, f"{code}\n{out}\n{err}"
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], err
+
+
+@pytest.mark.slow
+def test_bad_input_gets_one_clear_error(minilm, tmp_path, cli, capsys):
+    # A real process: the Hugging Face cache it looks in is read from $HF_HOME when the process starts.
     cli_error(run_cli("harvest", "--model", "nobody/no-such-model", "--layer", "1", "--text", *TEXT,
                       "--out", str(tmp_path / "d"), env={"HF_HOME": str(tmp_path / "hf")}),
               "not on disk")
-    cli_error(run_cli("harvest", "--model", minilm, "--layer", "1", "--text", *TEXT, "--out", str(tmp_path / "f"),
-                      "--devices", "tpu:2"), "devices: unknown device kind")
+    # The rest through the same main(), in this process.
+    one_error(cli("harvest", "--model", minilm, "--layer", "6", "--text", *TEXT, "--out", str(tmp_path / "a")),
+              "layer 6: the model has 6 layers (0 to 5)")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    one_error(cli("harvest", "--model", minilm, "--layer", "1", "--text", str(empty), "--out", str(tmp_path / "b")),
+              "are empty")
+    not_model = tmp_path / "not-a-model"
+    not_model.mkdir()
+    one_error(cli("harvest", "--model", str(not_model), "--layer", "1", "--text", *TEXT, "--out", str(tmp_path / "c")),
+              "not a model directory (it has no config.json)")
+    one_error(cli("harvest", "--model", minilm, "--layer", "1", "--text", *TEXT, "--out", str(tmp_path / "f"),
+                  "--devices", "tpu:2"), "devices: unknown device kind")
     for flag, value, words in (("--max-tokens", "0", "--max-tokens 0: must be positive"),
                                ("--batch-size", "-3", "--batch-size -3: must be positive"),
                                ("--shard-rows", "0", "--shard-rows 0: must be positive")):
-        cli_error(run_cli("harvest", "--model", minilm, "--layer", "1", "--text", *TEXT, "--out",
-                          str(tmp_path / "g"), flag, value), words)
-    cli_error(run_cli("harvest", "--model", minilm, "--layer", "-1", "--text", *TEXT, "--out", str(tmp_path / "h")),
+        one_error(cli("harvest", "--model", minilm, "--layer", "1", "--text", *TEXT, "--out",
+                      str(tmp_path / "g"), flag, value), words)
+    one_error(cli("harvest", "--model", minilm, "--layer", "-1", "--text", *TEXT, "--out", str(tmp_path / "h")),
               "--layer -1: must be 0 or more")
-    bad_site = run_cli("harvest", "--model", minilm, "--layer", "1", "--site", "embed", "--text", *TEXT,
-                       "--out", str(tmp_path / "e"))
-    assert bad_site.returncode == 2 and "invalid choice: 'embed'" in bad_site.stderr
+    assert not any((tmp_path / d).exists() for d in "abcfgh")  # refused before anything was written
+    with pytest.raises(SystemExit) as bad_site:  # argparse's own refusal: usage, then the error
+        cli("harvest", "--model", minilm, "--layer", "1", "--site", "embed", "--text", *TEXT,
+            "--out", str(tmp_path / "e"))
+    assert bad_site.value.code == 2 and "invalid choice: 'embed'" in capsys.readouterr().err
 
 
-def test_a_full_disk_removes_the_partial_shard_and_says_so(minilm, tmp_path):
-    """The operating system refuses to grow a file past 1 MB (RLIMIT_FSIZE), as a full disk would."""
+@pytest.mark.slow
+def test_a_full_disk_removes_the_partial_shard_and_says_so(minilm, text, harvested, tmp_path):
+    """The operating system refuses to grow a file past 128 KiB (RLIMIT_FSIZE), as a full disk would:
+    a shard of SHARD_ROWS rows of 384 floats is 225 KiB."""
     out = tmp_path / "acts"
 
     def small_files():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a refused write returns EFBIG instead of killing
-        resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, 2**20))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2**17, 2**17))
 
-    result = subprocess.run([sys.executable, "-m", "sae_dist", "harvest", "--model", minilm, "--layer", "2",
-                             "--text", *TEXT, "--out", str(out), "--shard-rows", "2000"], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "sae_dist", "harvest", "--model", minilm, "--layer", "3",
+                             "--text", text, "--out", str(out), *ARGS], cwd=REPO,
                             capture_output=True, text=True, preexec_fn=small_files, timeout=300)
     cli_error(result, "the disk is full while writing shard_00000.safetensors")
     assert "the partial shard was removed" in result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["harvest.json"]  # its settings; nothing half-written
-    ok(run_cli("harvest", "--model", minilm, "--layer", "2", "--text", *TEXT, "--out", str(out),
-               "--shard-rows", "2000"))  # with room again, the same command finishes the harvest
-    assert open_shards(out, verify_checksums=True).total_rows > 5000
+    ok(harvest_cli(minilm, text, out, *ARGS))  # with room again, the same command finishes the harvest
+    assert open_shards(out, verify_checksums=True).total_rows == HARVEST_TOKENS
+    assert digests(out) == digests(harvested[0])  # the harvest it would have been
 
 
 # ---------------------------------------------------------------- source = "model": no shards
 
 
-def model_train(minilm, out, *extra, env=None):
-    return run_cli("train", "--source", "model", "--model-path", minilm, "--model-layer", "3", "--text-path", TEXT[0],
-                   "--devices", "cpu:2", "--expansion-factor", "4", "--k", "16", "--batch-size", "128",
+def model_train(minilm, text, out, *extra, env=None):
+    return run_cli("train", "--source", "model", "--model-path", minilm, "--model-layer", "3", "--text-path", text,
+                   "--devices", "cpu:2", "--expansion-factor", "4", "--k", "16", "--batch-size", "32",
                    "--log-every", "10", "--no-db", "--out-dir", str(out),
-                   "--eval-rows", "256",  # the end-of-run evaluation runs the model for its rows: keep it short
+                   "--eval-rows", "128",  # the end-of-run evaluation runs the model for its rows: keep it short
                    *extra, env=env, timeout=400)
 
 
-def test_training_straight_from_the_model_resumes_exactly(minilm, tmp_path):
+@pytest.mark.slow
+def test_training_straight_from_the_model_resumes_exactly(minilm, text, tmp_path):
     """2 ranks, each running the model over its part of each fill of the one global stream; rank 1
     slowed 3x, rebalancing on. 10 + 10 resumed steps (equal shares first; the rebalancer may move
     them from step 15) give the weights of 20 straight ones on other shares from the start (--balance
     speed): the stream's position is in the checkpoint, and a step's samples ignore the shares.
+    A global batch of 64 rows: a fill (8 global batches) is 4 contexts, so 20 steps cross fills.
     (Short on purpose: a different split rounds differently, ~1e-7 a step, and on these activations
     Adam turns the first firing of a latent that a rounding difference decides into a whole step of
     it, ~1e-3 in b_enc; over 40 steps that happened here.)"""
@@ -245,18 +311,23 @@ def test_training_straight_from_the_model_resumes_exactly(minilm, tmp_path):
 
     slow = {"SAE_DIST_TEST_SLOW_RANKS": "1:3"}
     common = ("--log-every", "5", "--checkpoint-every", "10", *LENGTH_FREE_SCHEDULE)
-    straight = ok(model_train(minilm, tmp_path / "straight", *common, "--steps", "20", "--balance", "speed", env=slow))
+    straight = ok(model_train(minilm, text, tmp_path / "straight", *common, "--steps", "20", "--balance", "speed", env=slow))
     (first, _), = shares_in(straight.stdout)
     assert first[0] > 1.5 * first[1], straight.stdout
     fvu = float(re.search(r"done: step 20, FVU ([\d.]+)", straight.stdout).group(1))
     assert fvu < 0.85, straight.stdout
-    ok(model_train(minilm, tmp_path / "split", *common, "--steps", "10", env=slow))
-    ok(model_train(minilm, tmp_path / "split", *common, "--steps", "20", "--resume", env=slow))
+    ok(model_train(minilm, text, tmp_path / "split", *common, "--steps", "10", env=slow))
+    ok(model_train(minilm, text, tmp_path / "split", *common, "--steps", "20", "--resume", env=slow))
     assert rel_diff(final_weights(tmp_path / "split"), final_weights(tmp_path / "straight")) < 1e-5
 
 
-def test_a_model_source_is_checked_before_any_rank_starts(minilm, tmp_path):
+@pytest.mark.slow
+def test_a_model_source_is_checked_before_any_rank_starts(minilm, tmp_path, cli):
+    # Real processes: two refusals made before torch or the model is loaded.
     cli_error(run_cli("train", "--source", "model", "--text-path", TEXT[0], "--no-db"),
               "model_path: source = model needs the model and the text it reads")
-    cli_error(model_train(minilm, tmp_path / "a", "--model-layer", "9"), "layer 9: the model has 6 layers")
     cli_error(run_cli("train", "--model-path", minilm, "--no-db"), "model_path: given, but source is synthetic")
+    # The model's own check (its config read), through the same main() in this process: no rank starts.
+    one_error(cli("train", "--source", "model", "--model-path", minilm, "--model-layer", "9", "--text-path", TEXT[0],
+                  "--devices", "cpu:2", "--no-db", "--out-dir", str(tmp_path / "a")), "layer 9: the model has 6 layers")
+    assert not (tmp_path / "a").exists()
