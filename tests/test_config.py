@@ -87,7 +87,33 @@ def test_stragglers():
     assert find_stragglers([0.5]) == []
 
 
-@pytest.mark.parametrize("args, words", [
+@pytest.fixture
+def cli(capsys):
+    """sae_dist.cli.main in this process (its logging set-up undone after); returns (code, out, err)."""
+    import logging
+
+    from sae_dist.cli import main
+
+    handlers, level = logging.root.handlers[:], logging.root.level
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    yield run
+    logging.root.handlers[:] = handlers
+    logging.root.setLevel(level)
+
+
+def one_line_error(code: int, err: str, words: str) -> None:
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], err
+    assert "Traceback" not in err
+
+
+BAD_TRAIN_FLAGS = [
     (["--architecture", "gated"], "architecture: unknown value 'gated'"),
     (["--k", "5000", "--d-in", "16", "--d-sae", "64"], "k: k = 5000 is more than d_sae = 64"),
     (["--lr", "-1"], "lr: must be positive"),
@@ -102,13 +128,21 @@ def test_stragglers():
     (["--model-layer", "-1"], "model_layer: must be non-negative"),
     (["--source", "model", "--model-path", "/m"], "text_path: source = model needs the model"),
     (["--text-path", "notes.txt"], "text_path: given, but source is synthetic"),
-])
-def test_cli_bad_input_is_one_line(args, words):
+]
+
+
+@pytest.mark.parametrize("args, words", BAD_TRAIN_FLAGS)
+def test_cli_bad_input_is_one_line(args, words, cli):
+    """`train`'s refusals through sae_dist.cli.main in this process: nothing starts."""
+    code, out, err = cli("train", "--no-db", "--steps", "1", *args)
+    one_line_error(code, err, words)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, words", [BAD_TRAIN_FLAGS[0], BAD_TRAIN_FLAGS[-1]])
+def test_cli_bad_input_is_one_line_from_a_real_process(args, words):
     result = run_cli("train", "--no-db", "--steps", "1", *args, timeout=60)
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], result.stderr
-    assert "Traceback" not in result.stderr
+    one_line_error(result.returncode, result.stderr, words)
 
 
 def test_estimate_memory_cli():
