@@ -296,29 +296,44 @@ def model_train(minilm, text, out, *extra, env=None):
                    *extra, env=env, timeout=400)
 
 
+SLOW = {"SAE_DIST_TEST_SLOW_RANKS": "1:3"}
+COMMON = ("--log-every", "5", "--checkpoint-every", "10", *LENGTH_FREE_SCHEDULE)
+
+
+@pytest.fixture(scope="module")
+def straight(minilm, text, tmp_path_factory) -> tuple[Path, str]:
+    """20 steps straight from the model on 2 ranks, rank 1 slowed 3x, shares in proportion to the
+    measured speed from the start (--balance speed): its directory and stdout."""
+    out = tmp_path_factory.mktemp("model_source") / "straight"
+    return out, ok(model_train(minilm, text, out, *COMMON, "--steps", "20", "--balance", "speed", env=SLOW)).stdout
+
+
 @pytest.mark.slow
-def test_training_straight_from_the_model_resumes_exactly(minilm, text, tmp_path):
+def test_training_straight_from_the_model_balances_and_learns(straight):
+    from test_balance_train import shares_in
+
+    _, stdout = straight
+    (first, _), = shares_in(stdout)
+    assert first[0] > 1.5 * first[1], stdout
+    fvu = float(re.search(r"done: step 20, FVU ([\d.]+)", stdout).group(1))
+    assert fvu < 0.85, stdout
+
+
+@pytest.mark.slow
+def test_training_straight_from_the_model_resumes_exactly(minilm, text, straight, tmp_path):
     """2 ranks, each running the model over its part of each fill of the one global stream; rank 1
     slowed 3x, rebalancing on. 10 + 10 resumed steps (equal shares first; the rebalancer may move
-    them from step 15) give the weights of 20 straight ones on other shares from the start (--balance
-    speed): the stream's position is in the checkpoint, and a step's samples ignore the shares.
-    A global batch of 64 rows: a fill (8 global batches) is 4 contexts, so 20 steps cross fills.
+    them from step 15) give the weights of the 20 straight ones on other shares from the start
+    (--balance speed): the stream's position is in the checkpoint, and a step's samples ignore the
+    shares. A global batch of 64 rows: a fill (8 global batches) is 4 contexts, so 20 steps cross fills.
     (Short on purpose: a different split rounds differently, ~1e-7 a step, and on these activations
     Adam turns the first firing of a latent that a rounding difference decides into a whole step of
     it, ~1e-3 in b_enc; over 40 steps that happened here.)"""
-    from test_balance_train import shares_in
     from test_train import final_weights, rel_diff
 
-    slow = {"SAE_DIST_TEST_SLOW_RANKS": "1:3"}
-    common = ("--log-every", "5", "--checkpoint-every", "10", *LENGTH_FREE_SCHEDULE)
-    straight = ok(model_train(minilm, text, tmp_path / "straight", *common, "--steps", "20", "--balance", "speed", env=slow))
-    (first, _), = shares_in(straight.stdout)
-    assert first[0] > 1.5 * first[1], straight.stdout
-    fvu = float(re.search(r"done: step 20, FVU ([\d.]+)", straight.stdout).group(1))
-    assert fvu < 0.85, straight.stdout
-    ok(model_train(minilm, text, tmp_path / "split", *common, "--steps", "10", env=slow))
-    ok(model_train(minilm, text, tmp_path / "split", *common, "--steps", "20", "--resume", env=slow))
-    assert rel_diff(final_weights(tmp_path / "split"), final_weights(tmp_path / "straight")) < 1e-5
+    ok(model_train(minilm, text, tmp_path / "split", *COMMON, "--steps", "10", env=SLOW))
+    ok(model_train(minilm, text, tmp_path / "split", *COMMON, "--steps", "20", "--resume", env=SLOW))
+    assert rel_diff(final_weights(tmp_path / "split"), final_weights(straight[0])) < 1e-5
 
 
 @pytest.mark.slow
