@@ -22,6 +22,7 @@ def ok(proc):
     return proc
 
 
+@pytest.mark.slow
 def test_a_synthetic_run_is_evaluated_on_the_stream_after_its_last_sample(tmp_path):
     settings = dict(d_in=16, features=32, active=4.0, power_law=0.5, noise=0.01, seed=1)
     out = ok(run_cli("train", *TINY, "--d-in", "16", "--synthetic-features", "32", "--eval-rows", "300",
@@ -47,6 +48,7 @@ def test_a_synthetic_run_is_evaluated_on_the_stream_after_its_last_sample(tmp_pa
     assert row.origin == "heldout" and row.rows == 300 and row.fvu == pytest.approx(stored["fvu"])
 
 
+@pytest.mark.slow
 def test_a_shard_run_holds_out_the_tail_and_is_evaluated_on_it(tmp_path):
     write_planted_shards(tmp_path / "p", rows=2000, d_in=16, features=32, seed=2, rows_per_shard=700)
     ok(run_cli("train", *TINY, "--source", "shards", "--shards-path", str(tmp_path / "p"), "--no-db",
@@ -60,11 +62,24 @@ def test_a_shard_run_holds_out_the_tail_and_is_evaluated_on_it(tmp_path):
     assert stored["model_check"] is None  # planted shards: no model to splice into
 
 
-def test_eval_rows_0_means_no_evaluation_and_bad_values_are_one_error(tmp_path):
+@pytest.mark.slow
+def test_eval_rows_0_means_no_evaluation_and_bad_values_are_one_error(tmp_path, capsys):
     ok(run_cli("train", *TINY, "--d-in", "16", "--eval-rows", "0", "--no-db", "--out-dir", str(tmp_path / "run")))
     assert not (tmp_path / "run" / "evaluation.json").exists()
-    bad = run_cli("train", *TINY, "--eval-rows", "-5", "--no-db")
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == ["error: eval_rows: must be non-negative, got -5"]
+    # The refusal through sae_dist.cli.main in this process (a real process's refusal: tests/test_config.py).
+    import logging
+
+    from sae_dist.cli import main
+
+    handlers, level = logging.root.handlers[:], logging.root.level
+    try:
+        capsys.readouterr()
+        code = main(["train", *TINY, "--eval-rows", "-5", "--no-db"])
+        err = capsys.readouterr().err
+    finally:
+        logging.root.handlers[:] = handlers
+        logging.root.setLevel(level)
+    assert code == 2 and err.strip().splitlines() == ["error: eval_rows: must be non-negative, got -5"]
 
 
 def test_a_config_stored_before_these_fields_still_loads():
