@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -35,7 +34,6 @@ from sae_dist.sources.synthetic import SyntheticSource
 
 ARCHS = ["topk", "standard", "jumprelu", "batchtopk"]
 D_IN, D_SAE, K = 16, 64, 4
-SAELENS_PYTHON = Path(__file__).resolve().parents[1] / ".venv-saelens" / "bin" / "python"
 
 
 def write_sae(path: Path, cfg: dict, weights: dict[str, torch.Tensor]) -> Path:
@@ -349,6 +347,7 @@ RUN = dict(name="topk-test", architecture="topk", config_json="{}", world_size=1
            device_ids='["cpu:0"]', host="testhost", run_dir="/runs/a", total_steps=5)
 
 
+@pytest.mark.slow
 def test_migration_from_0007_keeps_old_runs_and_records_evaluations(state_home):
     from alembic import command
     from sqlalchemy import delete, insert, inspect, select
@@ -430,6 +429,7 @@ def cli(monkeypatch, capsys):
     logging.root.setLevel(level)
 
 
+@pytest.mark.slow
 def test_cli_make_planted_train_evaluate(tmp_path, cli, state_home):
     from conftest import run_cli
 
@@ -515,6 +515,7 @@ def test_cli_bad_inputs_are_one_line_and_exit_2(tmp_path, cli, sae_and_shards):
     assert code == 2 and "rows 0: must be a positive integer" in err
 
 
+@pytest.mark.slow
 def test_cli_bad_input_from_a_real_process(tmp_path):
     from conftest import run_cli
 
@@ -576,25 +577,30 @@ save_file(outs, str(root / "x_hat.safetensors"))
 """
 
 
-@pytest.mark.saelens
-def test_saelens_reconstructs_what_our_loader_does(tmp_path):
-    """Our export and SAELens' own saved SAEs, loaded by SAELens and by our loader: the same x_hat."""
-    if not SAELENS_PYTHON.exists():
-        pytest.skip(f"no sae-lens environment at {SAELENS_PYTHON} (create .venv-saelens to run this)")
-    from safetensors.torch import load_file
-
+def prepare_saelens(root: Path) -> tuple[str, list]:
+    """Our export of every architecture and the input rows, in root: the script that has SAELens
+    save SAEs of its own there and reconstruct the rows with all of them, and its arguments
+    (tests/saelens_once.py runs it, in the one sae-lens process of the session)."""
     names = []
     for i, arch in enumerate(ARCHS):
-        export_saelens(some_sae(arch, seed=30 + i), tmp_path / arch)
+        export_saelens(some_sae(arch, seed=30 + i), root / arch)
         names.append(arch)
-    x = rows(64, seed=9)
-    save_file({"x": x}, str(tmp_path / "input.safetensors"))
-    (tmp_path / "names.json").write_text(json.dumps(names))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env.pop("PYTHONPATH", None)
-    proc = subprocess.run([str(SAELENS_PYTHON), "-c", SAELENS_SCRIPT, str(tmp_path), str(D_SAE)], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    save_file({"x": rows(64, seed=9)}, str(root / "input.safetensors"))
+    (root / "names.json").write_text(json.dumps(names))
+    return SAELENS_SCRIPT, [root, D_SAE]
+
+
+@pytest.mark.slow
+@pytest.mark.saelens
+def test_saelens_reconstructs_what_our_loader_does(tmp_path_factory):
+    """Our export and SAELens' own saved SAEs, loaded by SAELens and by our loader: the same x_hat."""
+    from safetensors.torch import load_file
+
+    from saelens_once import saelens_folder
+
+    tmp_path = saelens_folder("evaluate", tmp_path_factory)
+    names = json.loads((tmp_path / "names.json").read_text())
+    x = load_file(str(tmp_path / "input.safetensors"))["x"]
     theirs = load_file(str(tmp_path / "x_hat.safetensors"))
     lens = ["lens_topk", "lens_batchtopk", "lens_standard", "lens_jumprelu", "lens_topk_rescaled", "lens_topk_plain"]
     for name in names + lens:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,6 @@ from sae_dist.sae import SparseAutoencoder
 
 ARCHS = ["topk", "standard", "jumprelu", "batchtopk"]
 D_IN, D_SAE, K = 16, 64, 4
-SAELENS_PYTHON = Path(__file__).resolve().parents[1] / ".venv-saelens" / "bin" / "python"
 SAELENS_CLASS = {"topk": "TopKSAE", "standard": "StandardSAE", "jumprelu": "JumpReLUSAE",
                  "batchtopk": "JumpReLUSAE"}
 
@@ -267,13 +264,10 @@ save_file(outs, str(root / "saelens_out.safetensors"))
 """
 
 
-@pytest.fixture(scope="module")
-def saelens_run(tmp_path_factory):
-    """Export every architecture (plus two folded SAELens-only options), load and run them all with
-    the real sae-lens in one subprocess (importing sae_lens takes seconds)."""
-    if not SAELENS_PYTHON.exists():
-        pytest.skip(f"no sae-lens environment at {SAELENS_PYTHON} (create .venv-saelens to run this)")
-    root = tmp_path_factory.mktemp("saelens")
+def prepare_saelens(root: Path) -> tuple[str, list]:
+    """Export every architecture (plus two folded SAELens-only options) into root, with the input
+    rows: the script that loads and runs them all with the real sae-lens, and its arguments
+    (tests/saelens_once.py runs it, in the one sae-lens process of the session)."""
     names = []
     for i, arch in enumerate(ARCHS):
         export_saelens(trained_sae(arch, seed=10 + i), root / arch,
@@ -293,17 +287,23 @@ def saelens_run(tmp_path_factory):
     (out / "cfg.json").write_text(json.dumps(cfg))
     names += ["topk_rescaled", "jumprelu_no_bdec_in"]
 
-    x = inputs(seed=7, shape=(40, D_IN))
-    save_file({"x": x}, str(root / "input.safetensors"))
+    save_file({"x": inputs(seed=7, shape=(40, D_IN))}, str(root / "input.safetensors"))
     (root / "names.json").write_text(json.dumps(names))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env.pop("PYTHONPATH", None)
-    proc = subprocess.run([str(SAELENS_PYTHON), "-c", SAELENS_SCRIPT, str(root)], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, f"sae-lens could not load our export:\n{proc.stderr[-4000:]}"
+    return SAELENS_SCRIPT, [root]
+
+
+@pytest.fixture(scope="module")
+def saelens_run(tmp_path_factory):
+    """Our exports loaded and run by the real sae-lens: the folder, the input rows, sae-lens' outputs
+    and the classes it loaded them as."""
+    from saelens_once import saelens_folder
+
+    root = saelens_folder("export", tmp_path_factory)
+    x = load_file(str(root / "input.safetensors"))["x"]
     return root, x, load_file(str(root / "saelens_out.safetensors")), json.loads((root / "classes.json").read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.saelens
 @pytest.mark.parametrize("name", ARCHS + ["topk_rescaled", "jumprelu_no_bdec_in"])
 def test_saelens_loads_our_export(saelens_run, name):

@@ -62,6 +62,7 @@ def gpt2_shards(tmp_path_factory):
     return root / "acts"
 
 
+@pytest.mark.slow
 def test_sentence_cosine_identity_keeps_the_embedding(minilm_shards):
     result = model_check(Identity(), minilm_shards, max_texts=4)
     assert result["kind"] == "sentence_cosine" and result["texts"] == 4
@@ -72,6 +73,7 @@ def test_sentence_cosine_identity_keeps_the_embedding(minilm_shards):
     assert result["ablated_cosine"] < 0.99
 
 
+@pytest.mark.slow
 def test_sentence_cosine_zero_sae_is_the_ablation(minilm_shards):
     result = model_check(Zero(), minilm_shards, max_texts=4, max_tokens=130)
     assert result["texts"] == 2  # the token bound: 2 contexts of 62 text tokens
@@ -81,6 +83,7 @@ def test_sentence_cosine_zero_sae_is_the_ablation(minilm_shards):
     assert -1 <= real["spliced_cosine"] <= 1 and real["tokens"] == 62
 
 
+@pytest.mark.slow
 def test_ce_loss_score_of_identity_and_zero(gpt2_shards):
     identity = model_check(Identity(), gpt2_shards, max_texts=8)
     assert identity["kind"] == "ce_loss_score" and identity["texts_from"] == "not harvested"
@@ -93,6 +96,7 @@ def test_ce_loss_score_of_identity_and_zero(gpt2_shards):
     assert zero["ce_clean"] == pytest.approx(identity["ce_clean"])
 
 
+@pytest.mark.slow
 def test_no_model_no_check_and_a_missing_model_is_said(tmp_path, minilm_shards):
     planted = write_shards(tmp_path / "planted", [torch.randn(10, 4)], {"source": "synthetic"})
     assert model_check(Identity(), planted) is None
@@ -105,6 +109,7 @@ def test_no_model_no_check_and_a_missing_model_is_said(tmp_path, minilm_shards):
     assert result["kind"] == "unavailable" and "not on disk" in result["reason"]
 
 
+@pytest.mark.slow
 def test_all_text_harvested_is_said_and_the_contexts_are_the_harvests(tmp_path, minilm_shards):
     manifest = json.loads((minilm_shards / "manifest.json").read_text())
     (tmp_path / "manifest.json").write_text(json.dumps({**manifest, "total_rows": 10**9}))
