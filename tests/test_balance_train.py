@@ -3,55 +3,42 @@
 from __future__ import annotations
 
 import json
-import os
-import re
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import LENGTH_FREE_SCHEDULE, REPO, run_cli, wait_for
+from conftest import LENGTH_FREE_SCHEDULE, run_cli
 from sae_dist.balance import BalanceState
-from sae_dist.checkpoint import STATE, latest_checkpoint, list_checkpoints
+from sae_dist.checkpoint import STATE, latest_checkpoint
+from sae_dist.contract import KILL_RANK_AT_ENV, SLOW_RANKS_ENV
 from sae_dist.shard_format import write_shards
 from sae_dist.survive import DEVICE_ERROR_EXIT, Failure, device_ids, lost_ranks, survivors_env
-from test_train import SMALL, final_weights, ok, rel_diff
+from test_train import REFERENCE, SMALL, final_weights, ok, one_rank_reference, rel_diff, shares_in, train_here
 
-SHARES = re.compile(r"shares of each micro-batch: \[([\d, ]+)\], (\d+) micro-batch")
-
-
-def shares_in(stdout: str) -> list[tuple[list[int], int]]:
-    return [([int(v) for v in m.group(1).split(",")], int(m.group(2))) for m in SHARES.finditer(stdout)]
+__all__ = ["one_rank_reference", "shares_in"]  # the session's 1-rank reference; shares_in for test_harvest
 
 
-def test_unequal_shares_give_the_whole_batch_result(tmp_path):
+@pytest.mark.slow
+def test_unequal_shares_give_the_whole_batch_result(tmp_path, one_rank_reference):
     """balance = speed on a rank slowed 4x: unequal shares from the start, and the weights of 1 rank
-    with the whole batch (the gradient average is weighted by each rank's samples)."""
-    common = [*SMALL, "--steps", "8", "--checkpoint-every", "0", "--no-db"]
-    ok(run_cli("train", *common, "--devices", "cpu:1", "--batch-size", "256", "--out-dir", str(tmp_path / "one")))
-    out = ok(run_cli("train", *common, "--devices", "cpu:2", "--batch-size", "128", "--balance", "speed",
-                     "--out-dir", str(tmp_path / "speed"), env={"SAE_DIST_TEST_SLOW_RANKS": "1:4"}))
+    with the whole batch (the gradient average is weighted by each rank's samples). (Memory balance
+    on virtual devices: tests/test_train.py::test_two_ranks_match_one_rank_and_are_recorded.)"""
+    out = ok(run_cli("train", *REFERENCE, "--devices", "cpu:2", "--batch-size", "128", "--balance", "speed",
+                     "--out-dir", str(tmp_path / "speed"), env={SLOW_RANKS_ENV: "1:4"}))
     (first, micro_steps), = shares_in(out.stdout)
     assert sum(first) == 256 and micro_steps == 1 and first[0] > 1.5 * first[1], out.stdout
     assert "in proportion to measured speed" in out.stdout
-    assert rel_diff(final_weights(tmp_path / "speed"), final_weights(tmp_path / "one")) < 1e-5
-    # Virtual (CPU) devices share one memory: memory balance says so and shares equally.
-    out = ok(run_cli("train", *common, "--devices", "cpu:2", "--batch-size", "128", "--balance", "memory",
-                     "--out-dir", str(tmp_path / "memory")))
-    assert shares_in(out.stdout) == [([128, 128], 1)]
-    assert "equal (the devices report the same free memory, or none)" in out.stdout
+    assert rel_diff(final_weights(tmp_path / "speed"), final_weights(one_rank_reference)) < 1e-5
 
 
+@pytest.mark.slow
 def test_rebalancing_evens_out_a_slow_rank(tmp_path):
     """Rank 1 computes 3x slower: the shares move to it less, its compute time comes down to the
     others', and the weights still equal 1 rank's with the whole batch."""
     args = ["--d-in", "128", "--d-sae", "1024", "--k", "16", "--steps", "60", "--log-every", "5",
             "--checkpoint-every", "0", "--seed", "1"]
-    ok(run_cli("train", *args, "--devices", "cpu:1", "--batch-size", "1024", "--no-db",
-               "--out-dir", str(tmp_path / "one")))
+    ok(train_here(*args, "--devices", "cpu:1", "--batch-size", "1024", "--no-db", "--out-dir", str(tmp_path / "one")))
     run_dir = tmp_path / "two"
     out = ok(run_cli("train", *args, "--devices", "cpu:2", "--batch-size", "512", "--out-dir", str(run_dir),
                      env={"SAE_DIST_TEST_SLOW_RANKS": "1:3"}))
@@ -80,6 +67,7 @@ def test_rebalancing_evens_out_a_slow_rank(tmp_path):
     assert metrics[0].imbalance > 1.5 and all(m.imbalance for m in metrics)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["synthetic", "shards"])
 def test_shares_and_rebalancing_never_change_what_is_learnt(tmp_path, source):
     """Rank 1 slowed 3x, rebalancing on: a run stopped at a checkpoint and resumed (equal shares
@@ -111,67 +99,53 @@ def test_shares_and_rebalancing_never_change_what_is_learnt(tmp_path, source):
     assert rel_diff(final_weights(tmp_path / "split"), final_weights(tmp_path / "straight")) < 1e-5
 
 
-def test_resume_on_fewer_devices_keeps_the_global_batch(tmp_path):
+# 3 ranks x 128, a checkpoint every 4 steps: the uninterrupted run that a run which goes on with 2
+# of them (resumed on fewer devices, or after losing a rank) must end the same as.
+THREE_RANKS = [*SMALL, "--batch-size", "128", "--checkpoint-every", "4", *LENGTH_FREE_SCHEDULE, "--steps", "8"]
+
+
+@pytest.fixture(scope="module")
+def three_ranks_straight(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("three_ranks") / "straight"
+    ok(run_cli("train", *THREE_RANKS, "--devices", "cpu:3", "--no-db", "--out-dir", str(run_dir)))
+    return run_dir
+
+
+@pytest.mark.slow
+def test_resume_on_fewer_devices_keeps_the_global_batch(tmp_path, three_ranks_straight):
     """A 3-rank checkpoint resumed on 2 ranks: 2 micro-batches of 192 keep the global batch of 384,
     and the weights equal an uninterrupted 3-rank run's."""
-    common = [*SMALL, "--batch-size", "128", "--checkpoint-every", "4", "--no-db", *LENGTH_FREE_SCHEDULE]
-    ok(run_cli("train", *common, "--devices", "cpu:3", "--steps", "8", "--out-dir", str(tmp_path / "straight")))
-    ok(run_cli("train", *common, "--devices", "cpu:3", "--steps", "4", "--out-dir", str(tmp_path / "split")))
-    out = ok(run_cli("train", *common, "--devices", "cpu:2", "--steps", "8", "--out-dir", str(tmp_path / "split"),
+    ok(run_cli("train", *THREE_RANKS, "--devices", "cpu:3", "--no-db", "--steps", "4", "--out-dir", str(tmp_path / "split")))
+    out = ok(run_cli("train", *THREE_RANKS, "--devices", "cpu:2", "--no-db", "--out-dir", str(tmp_path / "split"),
                      "--resume"))
     assert "(3 ranks then, 2 now: global batch 384 kept as 2 micro-batches of 192; shares equal)" in out.stdout
     assert shares_in(out.stdout) == [([96, 96], 2)]
-    assert rel_diff(final_weights(tmp_path / "split"), final_weights(tmp_path / "straight")) < 1e-5
+    assert rel_diff(final_weights(tmp_path / "split"), final_weights(three_ranks_straight)) < 1e-5
 
 
-def rank_pid(launcher: int, rank: int) -> int | None:
-    """The pid of a descendant of `launcher` whose environment says RANK=rank."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = (entry / "environ").read_bytes().split(b"\0")
-            if f"RANK={rank}".encode() not in env or f"SAE_DIST_TEST_MARK={launcher}".encode() not in env:
-                continue
-            return int(entry.name)
-        except OSError:
-            continue
-    return None
-
-
-def test_killing_one_of_three_ranks_finishes_on_two(tmp_path):
-    """SIGKILL rank 2 mid-run: the job continues from its last checkpoint on the other two with the
-    same global batch, and ends with the samples and weights of an uninterrupted 3-rank run; the
-    device is recorded as failed."""
-    args = ["--d-in", "64", "--d-sae", "512", "--k", "8", "--steps", "120", "--log-every", "10",
-            "--checkpoint-every", "20", "--batch-size", "128", "--seed", "2", "--devices", "cpu:3"]
-    ok(run_cli("train", *args, "--no-db", "--out-dir", str(tmp_path / "straight")))
+@pytest.mark.slow
+def test_killing_one_of_three_ranks_finishes_on_two(tmp_path, three_ranks_straight):
+    """Rank 2 SIGKILLs itself after step 6 (KILL_RANK_AT_ENV): the job continues from its last
+    checkpoint (step 4) on the other two with the same global batch, and ends with the samples and
+    weights of an uninterrupted 3-rank run; the device is recorded as failed."""
     run_dir = tmp_path / "killed"
-    env = {**os.environ, "SAE_DIST_DEVICES": "virtual-0,virtual-1,virtual-2", "SAE_DIST_TEST_MARK": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "sae_dist", "train", *args, "--out-dir", str(run_dir)],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: list_checkpoints(run_dir), timeout=120, what="a first checkpoint")
-        victim = wait_for(lambda: rank_pid(0, 2), what="rank 2's process")
-        os.kill(victim, signal.SIGKILL)
-        stdout, stderr = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, stderr[-3000:]
-    assert re.search(r"rank 2 \(virtual-2\): killed by SIGKILL; continuing from step_\d+ on the 2 other devices",
-                     stderr), stderr[-3000:]
+    result = run_cli("train", *THREE_RANKS, "--devices", "cpu:3", "--out-dir", str(run_dir),
+                     env={"SAE_DIST_DEVICES": "virtual-0,virtual-1,virtual-2", KILL_RANK_AT_ENV: "2:6"})
+    stdout, stderr = result.stdout, result.stderr
+    assert result.returncode == 0, stderr[-3000:]
+    assert "rank 2 (virtual-2): killed by SIGKILL; continuing from step_00000004 on the 2 other devices" in stderr, \
+        stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     assert shares_in(stdout)[-1] == ([96, 96], 2)  # 384 a step: 2 micro-batches of 96 + 96
-    assert rel_diff(final_weights(run_dir), final_weights(tmp_path / "straight")) < 1e-4
+    assert rel_diff(final_weights(run_dir), final_weights(three_ranks_straight)) < 1e-4
 
     from sae_dist.db import active_faults, get_engine, run_events, step_metrics
     from sae_dist.db.runs import find_run_by_dir
 
     engine = get_engine()
     run = find_run_by_dir(engine, str(run_dir.resolve()))
-    assert run.status == "COMPLETED" and run.world_size == 2 and run.last_step == 120
-    assert step_metrics(engine, run.id)[-1].samples_seen == 120 * 384
+    assert run.status == "COMPLETED" and run.world_size == 2 and run.last_step == 8
+    assert step_metrics(engine, run.id)[-1].samples_seen == 8 * 384
     degraded = [e for e in run_events(engine, run.id) if e.kind == "degraded"]
     assert len(degraded) == 1 and json.loads(degraded[0].details_json)["lost_devices"] == ["virtual-2"]
     faults = active_faults(engine)
@@ -200,10 +174,23 @@ def test_survivors_see_only_their_devices(monkeypatch):
     assert device_ids("cpu", 2) == (["cpu:0", "cpu:1"], False)
 
 
+@pytest.mark.slow
 def test_bad_slow_rank_knob_is_one_error(tmp_path):
-    result = run_cli("train", *SMALL, "--steps", "2", "--devices", "cpu:2", "--batch-size", "32", "--no-db",
-                     "--out-dir", str(tmp_path / "r"), env={"SAE_DIST_TEST_SLOW_RANKS": "1:fast"})
+    # Every rank reads the knobs at its start: one device (in this process) shows the error.
+    args = [*SMALL, "--steps", "2", "--devices", "cpu:1", "--batch-size", "32", "--no-db"]
+    result = train_here(*args, "--out-dir", str(tmp_path / "r"), env={SLOW_RANKS_ENV: "1:fast"})
     assert result.returncode == 2
     assert "SAE_DIST_TEST_SLOW_RANKS='1:fast': give rank:factor pairs" in result.stderr
-    result = run_cli("train", *SMALL, "--balance", "fastest", "--steps", "2", "--no-db")
+    result = train_here(*SMALL, "--balance", "fastest", "--steps", "2", "--no-db", "--devices", "cpu:1")
     assert result.returncode == 2 and "balance: unknown value 'fastest'" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("raw", ["2", "2:six", "two:6", "2:0", "2:-1"])
+def test_bad_kill_rank_knob_is_one_error(tmp_path, raw):
+    result = train_here(*SMALL, "--steps", "2", "--devices", "cpu:1", "--batch-size", "32", "--no-db",
+                        "--out-dir", str(tmp_path / "r"), env={KILL_RANK_AT_ENV: raw})
+    assert result.returncode == 2 and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert lines == [f"error: SAE_DIST_TEST_KILL_RANK_AT={raw!r}: give rank:step, such as 2:15 "
+                     "(rank 2 SIGKILLs itself after step 15)"], result.stderr

@@ -1,14 +1,23 @@
-"""The trainer for real: torchrun-launched gloo ranks on CPU, real files, the real state database."""
+"""The trainer for real: torchrun-launched gloo ranks on CPU, real files, the real state database.
+
+A 1-device run trains in the launcher's own process (no torchrun), so a test whose run has one
+device calls the CLI's `main` here (`train_here`) instead of paying a new interpreter's start-up;
+what it checks is the same code path. Runs with several ranks are real processes."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import io
 import json
+import logging
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,8 +30,67 @@ from sae_dist.export import load_sae
 from sae_dist.shard_format import write_shards
 from sae_dist.sources.synthetic import SyntheticSource
 
+pytestmark = pytest.mark.slow  # every test here trains, or starts the CLI
+
 SMALL = ["--d-in", "32", "--d-sae", "128", "--k", "8", "--synthetic-features", "96",
          "--log-every", "2", "--seed", "3"]
+# The 1-rank reference that 2-rank variants of its global batch are compared with.
+REFERENCE = [*SMALL, "--steps", "8", "--checkpoint-every", "0", "--no-db"]
+SHARES = re.compile(r"shares of each micro-batch: \[([\d, ]+)\], (\d+) micro-batch")
+
+
+def shares_in(stdout: str) -> list[tuple[list[int], int]]:
+    return [([int(v) for v in m.group(1).split(",")], int(m.group(2))) for m in SHARES.finditer(stdout)]
+
+
+@dataclass
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def train_here(*args: str, env: dict[str, str] | None = None) -> Ran:
+    """`python -m sae_dist train args...` on one device, in this process: the CLI's own main(),
+    its stdout (the log) and stderr captured. The logging set-up, the environment (the launcher
+    writes to it) and anything in `env` are put back afterwards."""
+    from sae_dist import cli
+
+    assert "--devices" in args and args[args.index("--devices") + 1] == "cpu:1", args
+    root, alembic = logging.getLogger(), logging.getLogger("alembic")
+    saved_logging = (root.handlers[:], root.level, alembic.level)
+    saved_env = dict(os.environ)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        os.environ.update(env or {})
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(["train", *args])
+    finally:
+        for handler in root.handlers[:]:
+            root.removeHandler(handler)
+        for handler in saved_logging[0]:
+            root.addHandler(handler)
+        root.setLevel(saved_logging[1])
+        alembic.setLevel(saved_logging[2])
+        for key in set(os.environ) - set(saved_env):
+            del os.environ[key]
+        os.environ.update(saved_env)
+    return Ran(code, out.getvalue(), err.getvalue())
+
+
+@functools.cache
+def _reference_run(base: str) -> Path:
+    out_dir = Path(base) / "one_rank_reference"
+    ok(train_here(*REFERENCE, "--devices", "cpu:1", "--batch-size", "256", "--out-dir", str(out_dir),
+                  env={"SAE_DIST_HOME": str(Path(base) / "reference_home")}))
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def one_rank_reference(tmp_path_factory) -> Path:
+    """REFERENCE on 1 rank with the whole batch of 256, trained once a session (--no-db: it writes
+    no state home). tests/test_balance_train.py compares with it too."""
+    return _reference_run(str(tmp_path_factory.getbasetemp()))
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -41,15 +109,17 @@ def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     return result
 
 
-def test_two_ranks_match_one_rank_and_are_recorded(tmp_path):
-    """DDP gradient sync: 2 gloo ranks x B/2 == 1 rank x B (same global batches, same weights)."""
-    one, two = tmp_path / "one", tmp_path / "two"
-    ok(run_cli("train", *SMALL, "--steps", "8", "--devices", "cpu:1", "--batch-size", "256",
-               "--out-dir", str(one), "--checkpoint-every", "0"))
+def test_two_ranks_match_one_rank_and_are_recorded(tmp_path, one_rank_reference):
+    """DDP gradient sync: 2 gloo ranks x B/2 == 1 rank x B (same global batches, same weights).
+    Balanced by memory: virtual (CPU) devices share one memory, so memory balance says so and
+    shares equally."""
+    two = tmp_path / "two"
     out = ok(run_cli("train", *SMALL, "--steps", "8", "--devices", "cpu:2", "--batch-size", "128",
-                     "--out-dir", str(two), "--checkpoint-every", "0", "--name", "ddp-two"))
+                     "--out-dir", str(two), "--checkpoint-every", "0", "--name", "ddp-two", "--balance", "memory"))
     assert "2 x cpu (gloo), global batch 256" in out.stdout
-    diff = rel_diff(final_weights(two), final_weights(one))
+    assert shares_in(out.stdout) == [([128, 128], 1)]
+    assert "equal (the devices report the same free memory, or none)" in out.stdout
+    diff = rel_diff(final_weights(two), final_weights(one_rank_reference))
     assert diff < 1e-5, f"relative weight difference {diff:.2e}"
 
     from sae_dist.db import get_engine, rank_stats, step_metrics
@@ -78,12 +148,11 @@ def test_two_ranks_match_one_rank_and_are_recorded(tmp_path):
     assert float(fvu) < 0.9
 
 
-def test_gradient_accumulation_and_compressed_allreduce(tmp_path):
+def test_gradient_accumulation_and_compressed_allreduce(tmp_path, one_rank_reference):
     """2 ranks x 2 micro-batches of B/4 (one all-reduce per step) == 1 rank x B; a bf16 all-reduce
     on gloo trains to nearly the same weights."""
-    one, accum, bf16 = tmp_path / "one", tmp_path / "accum", tmp_path / "bf16"
-    common = [*SMALL, "--steps", "6", "--checkpoint-every", "0", "--no-db"]
-    ok(run_cli("train", *common, "--devices", "cpu:1", "--batch-size", "256", "--out-dir", str(one)))
+    one, accum, bf16 = one_rank_reference, tmp_path / "accum", tmp_path / "bf16"
+    common = REFERENCE
     out = ok(run_cli("train", *common, "--devices", "cpu:2", "--batch-size", "64", "--grad-accum", "2",
                      "--out-dir", str(accum)))
     assert "global batch 256" in out.stdout
@@ -104,10 +173,11 @@ def test_resume_reaches_the_same_weights(tmp_path, source, devices):
         args += ["--source", "shards", "--shards-path", str(tmp_path / "acts")]
     common = [*args, "--devices", devices, "--batch-size", "64", "--checkpoint-every", "4",
               *LENGTH_FREE_SCHEDULE, "--dead-after-samples", "512"]  # latents die early: AuxK and its counters matter
-    ok(run_cli("train", *common, "--steps", "12", "--out-dir", str(tmp_path / "straight")))
-    ok(run_cli("train", *common, "--steps", "6", "--out-dir", str(tmp_path / "split")))
+    train = train_here if devices == "cpu:1" else functools.partial(run_cli, "train")
+    ok(train(*common, "--steps", "12", "--out-dir", str(tmp_path / "straight")))
+    ok(train(*common, "--steps", "6", "--out-dir", str(tmp_path / "split")))
     assert latest_checkpoint(tmp_path / "split").name == "step_00000006"
-    out = ok(run_cli("train", *common, "--steps", "12", "--out-dir", str(tmp_path / "split"), "--resume"))
+    out = ok(train(*common, "--steps", "12", "--out-dir", str(tmp_path / "split"), "--resume"))
     assert "resumed from" in out.stdout
     diff = rel_diff(final_weights(tmp_path / "split"), final_weights(tmp_path / "straight"))
     assert diff < 1e-5, f"relative weight difference {diff:.2e}"
@@ -125,7 +195,7 @@ def test_sigkill_leaves_only_whole_checkpoints(tmp_path):
     """A crash mid-run: the latest checkpoint is complete and resuming from it finishes the run."""
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "sae_dist", "train", *SMALL, "--devices", "cpu:2", "--batch-size", "64",
-           "--steps", "100000", "--checkpoint-every", "5", "--keep-checkpoints", "3", "--out-dir", str(run_dir)]
+           "--steps", "100000", "--checkpoint-every", "2", "--keep-checkpoints", "3", "--out-dir", str(run_dir)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
@@ -141,7 +211,7 @@ def test_sigkill_leaves_only_whole_checkpoints(tmp_path):
         torch.load(ckpt / STATE, weights_only=False)
     step = int(latest_checkpoint(run_dir).name.split("_")[1])
     out = ok(run_cli("train", *SMALL, "--devices", "cpu:2", "--batch-size", "64", "--steps", str(step + 4),
-                     "--checkpoint-every", "5", "--out-dir", str(run_dir), "--resume"))
+                     "--checkpoint-every", "2", "--out-dir", str(run_dir), "--resume"))
     assert f"at step {step}" in out.stdout
     assert latest_checkpoint(run_dir).name == f"step_{step + 4:08d}"
 
@@ -149,9 +219,10 @@ def test_sigkill_leaves_only_whole_checkpoints(tmp_path):
 def test_topk_recovers_planted_features(tmp_path):
     """On a small planted dictionary, TopK finds >= 90% of the features at cosine 0.9 (~10 s here)."""
     start = time.perf_counter()
-    out = ok(run_cli("train", "--d-in", "64", "--synthetic-features", "512", "--d-sae", "1024", "--k", "8",
-                     "--batch-size", "1024", "--steps", "200", "--log-every", "50", "--checkpoint-every", "0",
-                     "--devices", "cpu:1", "--out-dir", str(tmp_path / "r")))
+    out = ok(train_here("--d-in", "64", "--synthetic-features", "512", "--d-sae", "1024", "--k", "8",
+                        "--batch-size", "1024", "--steps", "200", "--log-every", "50", "--checkpoint-every", "0",
+                        "--eval-rows", "0",  # the recovery checked is the training's, at its last step
+                        "--devices", "cpu:1", "--out-dir", str(tmp_path / "r")))
     found = re.search(r"recovered \(cos > 0.9\): ([\d.]+)%, mean best cosine ([\d.]+)", out.stdout)
     assert found, out.stdout
     print(f"recovered {found.group(1)}% (mean cos {found.group(2)}) in {time.perf_counter() - start:.1f} s")
@@ -172,10 +243,13 @@ def test_every_architecture_trains_on_two_ranks(tmp_path, architecture):
 @pytest.mark.parametrize("architecture", ["topk", "batchtopk", "standard", "jumprelu"])
 def test_memory_estimate_within_25_percent(tmp_path, architecture):
     # Both figures are the rank's whole memory: the estimate with its heap (glibc's) and runtime
-    # parts, and the measured peak of its anonymous memory (see sae_dist.memory).
+    # parts, and the measured peak of its anonymous memory (see sae_dist.memory). So the run is a
+    # process of its own: in this one, pytest's and earlier tests' memory would count as the run's.
+    # The measured peak is of the training steps; the end-of-run evaluation comes after it (and
+    # costs more than the steps at this size), so the run leaves it out.
     out = ok(run_cli("train", "--no-db", "--architecture", architecture, "--d-in", "128", "--d-sae", "16384",
                      "--batch-size", "1024", "--steps", "6", "--log-every", "3", "--checkpoint-every", "0",
-                     "--devices", "cpu:1", "--out-dir", str(tmp_path / "m")))
+                     "--eval-rows", "0", "--devices", "cpu:1", "--out-dir", str(tmp_path / "m")))
     found = re.search(r"peak memory: measured ([\d.]+) MiB, estimated ([\d.]+) MiB", out.stdout)
     assert found, out.stdout
     measured, estimated = float(found.group(1)), float(found.group(2))
@@ -188,9 +262,9 @@ def test_nan_in_data_stops_and_keeps_the_last_checkpoint(tmp_path):
     rows[300] = float("nan")
     write_shards(tmp_path / "acts", [rows])
     run_dir = tmp_path / "r"
-    result = run_cli("train", *SMALL, "--source", "shards", "--shards-path", str(tmp_path / "acts"),
-                     "--devices", "cpu:1", "--batch-size", "8", "--steps", "200", "--log-every", "1",
-                     "--checkpoint-every", "1", "--out-dir", str(run_dir))
+    result = train_here(*SMALL, "--source", "shards", "--shards-path", str(tmp_path / "acts"),
+                        "--devices", "cpu:1", "--batch-size", "8", "--steps", "200", "--log-every", "1",
+                        "--checkpoint-every", "1", "--out-dir", str(run_dir))
     assert result.returncode == 2
     assert "NaN or inf in the input activations" in result.stderr and "is intact" in result.stderr
     assert "Traceback" not in result.stderr
@@ -205,8 +279,8 @@ def test_nan_in_data_stops_and_keeps_the_last_checkpoint(tmp_path):
 
 
 def test_diverging_loss_stops_with_a_clear_error(tmp_path):
-    result = run_cli("train", *SMALL, "--devices", "cpu:1", "--batch-size", "64", "--steps", "50",
-                     "--lr", "1e30", "--log-every", "1", "--checkpoint-every", "0", "--out-dir", str(tmp_path / "r"))
+    result = train_here(*SMALL, "--devices", "cpu:1", "--batch-size", "64", "--steps", "50",
+                        "--lr", "1e30", "--log-every", "1", "--checkpoint-every", "0", "--out-dir", str(tmp_path / "r"))
     assert result.returncode == 2, result.stderr
     assert "NaN or inf in the loss" in result.stderr and "lower --lr" in result.stderr
 
@@ -219,16 +293,17 @@ def _mixed_d_in(d: Path) -> None:
         (d / sub / "shard_00000.safetensors").rename(d / "mixed" / f"{sub}.safetensors")
 
 
-@pytest.mark.parametrize("make, words", [
-    (lambda d: None, "does not exist"),
-    (lambda d: (d / "acts").mkdir(), "no .safetensors"),
-    (lambda d: ((d / "acts").mkdir(), (d / "acts" / "x.safetensors").write_bytes(b"garbage!garbage")), "x.safetensors"),
-    (lambda d: _mixed_d_in(d), "d_in"),
+@pytest.mark.parametrize("make, words, real_process", [
+    (lambda d: None, "does not exist", True),  # the CLI's exit for real
+    (lambda d: (d / "acts").mkdir(), "no .safetensors", False),
+    (lambda d: ((d / "acts").mkdir(), (d / "acts" / "x.safetensors").write_bytes(b"garbage!garbage")), "x.safetensors", False),
+    (lambda d: _mixed_d_in(d), "d_in", False),
 ])
-def test_bad_shards_give_one_clear_error(tmp_path, make, words):
+def test_bad_shards_give_one_clear_error(tmp_path, make, words, real_process):
     make(tmp_path)
     path = tmp_path / ("mixed" if "mixed" in str(list(tmp_path.iterdir())) else "acts")
-    result = run_cli("train", "--source", "shards", "--shards-path", str(path), "--steps", "1", timeout=60)
+    args = ["--source", "shards", "--shards-path", str(path), "--steps", "1"]
+    result = run_cli("train", *args, timeout=60) if real_process else train_here(*args, "--devices", "cpu:1")
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], result.stderr
@@ -237,10 +312,10 @@ def test_bad_shards_give_one_clear_error(tmp_path, make, words):
 def test_run_directory_mistakes(tmp_path):
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "something").write_text("x")
-    result = run_cli("train", "--steps", "1", "--out-dir", str(tmp_path / "busy"), timeout=60)
+    result = train_here("--steps", "1", "--out-dir", str(tmp_path / "busy"), "--devices", "cpu:1")
     assert result.returncode == 2 and "already exists" in result.stderr
     assert (tmp_path / "busy" / "something").read_text() == "x"  # nothing stored is lost
-    result = run_cli("train", "--steps", "1", "--out-dir", str(tmp_path / "empty"), "--resume", timeout=60)
+    result = train_here("--steps", "1", "--out-dir", str(tmp_path / "empty"), "--resume", "--devices", "cpu:1")
     assert result.returncode == 2 and "no checkpoint" in result.stderr
 
 
