@@ -77,7 +77,7 @@ def direct_bench(tmp_path_factory):
     its reports and its page, in a state home of its own."""
     home = tmp_path_factory.mktemp("direct-bench") / "home"
     result = run_cli("bench", "--devices", "1,2", "--no-queue", "--repeats", "2", *SMALL, timeout=400,
-                     env={"SAE_DIST_HOME": str(home)})
+                     env={"SAE_DIST_HOME": str(home), "SAE_DIST_DB_URL": ""})  # its SQLite file
     assert result.returncode == 0, result.stderr
     run, points = bench_rows(1, get_engine(f"sqlite:///{home / 'state.db'}"))
     rows = S.summarize(points)
@@ -123,7 +123,7 @@ def test_direct_benchmark_csv_report(direct_bench, tmp_path):
     """csv: the figures of the database, per device count, with the verdict (a real `report` process)."""
     rows, median = direct_bench["rows"], direct_bench["median"]
     out = run_cli("report", "1", "--format", "csv", "-o", str(tmp_path / "r.csv"),
-                  env={"SAE_DIST_HOME": str(direct_bench["home"])})
+                  env={"SAE_DIST_HOME": str(direct_bench["home"]), "SAE_DIST_DB_URL": ""})
     assert out.returncode == 0, out.stderr
     table = list(csv.DictReader(io.StringIO((tmp_path / "r.csv").read_text())))
     assert [r["devices"] for r in table] == ["1", "2"] and [r["repeats"] for r in table] == ["2", "2"]
