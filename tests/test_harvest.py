@@ -73,11 +73,11 @@ def test_text_files_errors(tmp_path):
 # ---------------------------------------------------------------- for real
 
 # Every harvest here stops at HARVEST_TOKENS text tokens (the README grows; the tests must not), in
-# shards of SHARD_ROWS rows: 8 shards, so an interrupted harvest has shards to keep and ones to redo.
-# --batch-size 2 (2 contexts a forward pass) makes the shards finish one after another; the shards'
-# bytes do not depend on it.
-HARVEST_TOKENS, SHARD_ROWS = 1200, 150
-ARGS = ("--shard-rows", str(SHARD_ROWS), "--max-tokens", str(HARVEST_TOKENS), "--batch-size", "2")
+# shards of SHARD_ROWS rows: 20 shards, 2 of which a context of 126 text tokens finishes, so an
+# interrupted harvest has shards to keep and many to redo. The shards' bytes do not depend on
+# --batch-size (contexts a forward pass).
+HARVEST_TOKENS, SHARD_ROWS = 1200, 60
+ARGS = ("--shard-rows", str(SHARD_ROWS), "--max-tokens", str(HARVEST_TOKENS))
 
 
 @pytest.fixture(scope="module")
@@ -187,10 +187,12 @@ def test_harvest_then_train_an_sae_on_it(minilm, text, harvested, tmp_path):
 
 @pytest.mark.slow
 def test_an_interrupted_harvest_continues_where_it_stopped(minilm, text, harvested, tmp_path):
-    whole, _ = harvested  # the same command, uninterrupted
+    whole, _ = harvested  # uninterrupted, --batch-size 32 (the default)
     cut = tmp_path / "cut"
+    # One context a forward pass: the first one finishes 2 shards, 18 are left to interrupt.
+    args = (*ARGS, "--batch-size", "1")
     proc = subprocess.Popen([sys.executable, "-m", "sae_dist", "harvest", "--model", minilm, "--layer", "3",
-                             "--text", text, "--out", str(cut), *ARGS], cwd=REPO,
+                             "--text", text, "--out", str(cut), *args], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
@@ -201,7 +203,7 @@ def test_an_interrupted_harvest_continues_where_it_stopped(minilm, text, harvest
     proc.wait()
     assert not (cut / "manifest.json").exists(), "the harvest finished before it could be interrupted"
     kept = len(list(cut.glob("shard_*.json")))
-    resumed = ok(harvest_cli(minilm, text, cut, *ARGS))
+    resumed = ok(harvest_cli(minilm, text, cut, *args))
     assert f"resuming: {kept} finished shard(s) kept" in resumed.stdout
     assert digests(cut) == digests(whole)  # the same shards as an uninterrupted harvest
     assert not list(cut.glob(".*tmp*"))
@@ -266,13 +268,13 @@ def test_bad_input_gets_one_clear_error(minilm, tmp_path, cli, capsys):
 
 @pytest.mark.slow
 def test_a_full_disk_removes_the_partial_shard_and_says_so(minilm, text, harvested, tmp_path):
-    """The operating system refuses to grow a file past 128 KiB (RLIMIT_FSIZE), as a full disk would:
-    a shard of SHARD_ROWS rows of 384 floats is 225 KiB."""
+    """The operating system refuses to grow a file past 64 KiB (RLIMIT_FSIZE), as a full disk would:
+    a shard of SHARD_ROWS rows of 384 floats is 90 KiB."""
     out = tmp_path / "acts"
 
     def small_files():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a refused write returns EFBIG instead of killing
-        resource.setrlimit(resource.RLIMIT_FSIZE, (2**17, 2**17))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2**16, 2**16))
 
     result = subprocess.run([sys.executable, "-m", "sae_dist", "harvest", "--model", minilm, "--layer", "3",
                              "--text", text, "--out", str(out), *ARGS], cwd=REPO,
