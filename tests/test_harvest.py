@@ -114,8 +114,9 @@ def digests(out: Path) -> list[str]:
 def harvested(minilm, text, tmp_path_factory) -> tuple[Path, str]:
     """One real harvest (`python -m sae_dist harvest`, one CPU process) of ARGS: its directory and its
     stdout. The tests that read a harvest, or compare theirs with an uninterrupted one, share it."""
-    out = tmp_path_factory.mktemp("harvested") / "acts"
-    return out, ok(harvest_cli(minilm, text, out, *ARGS)).stdout
+    root = tmp_path_factory.mktemp("harvested")
+    out = root / "acts"
+    return out, ok(harvest_cli(minilm, text, out, *ARGS, env={"SAE_DIST_HOME": str(root / "home")})).stdout
 
 
 @pytest.fixture
@@ -306,8 +307,10 @@ COMMON = ("--log-every", "5", "--checkpoint-every", "10", *LENGTH_FREE_SCHEDULE)
 def straight(minilm, text, tmp_path_factory) -> tuple[Path, str]:
     """20 steps straight from the model on 2 ranks, rank 1 slowed 3x, shares in proportion to the
     measured speed from the start (--balance speed): its directory and stdout."""
-    out = tmp_path_factory.mktemp("model_source") / "straight"
-    return out, ok(model_train(minilm, text, out, *COMMON, "--steps", "20", "--balance", "speed", env=SLOW)).stdout
+    root = tmp_path_factory.mktemp("model_source")
+    out = root / "straight"
+    env = {**SLOW, "SAE_DIST_HOME": str(root / "home")}  # its own state home, not the first test's
+    return out, ok(model_train(minilm, text, out, *COMMON, "--steps", "20", "--balance", "speed", env=env)).stdout
 
 
 @pytest.mark.slow
