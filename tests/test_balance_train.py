@@ -37,7 +37,7 @@ def test_rebalancing_evens_out_a_slow_rank(tmp_path):
     """Rank 1 computes 3x slower: the shares move to it less, its compute time comes down to the
     others', and the weights still equal 1 rank's with the whole batch."""
     args = ["--d-in", "128", "--d-sae", "1024", "--k", "16", "--steps", "60", "--log-every", "5",
-            "--checkpoint-every", "0", "--seed", "1"]
+            "--checkpoint-every", "0", "--seed", "1", "--eval-rows", "0"]  # (what is checked comes before it)
     ok(train_here(*args, "--devices", "cpu:1", "--batch-size", "1024", "--no-db", "--out-dir", str(tmp_path / "one")))
     run_dir = tmp_path / "two"
     out = ok(run_cli("train", *args, "--devices", "cpu:2", "--batch-size", "512", "--out-dir", str(run_dir),
@@ -76,6 +76,7 @@ def test_shares_and_rebalancing_never_change_what_is_learnt(tmp_path, source):
     # The SAE's forward outweighs making the data here, so the knob makes rank 1 clearly slower.
     args = ["--d-in", "128", "--d-sae", "2048", "--k", "16", "--batch-size", "256", "--devices", "cpu:2",
             "--log-every", "4", "--checkpoint-every", "12", "--seed", "4", "--no-db", *LENGTH_FREE_SCHEDULE,
+            "--eval-rows", "0",  # the weights checked are the last checkpoint's: no end-of-run evaluation
             # Other shares round differently (~1e-7); where that flips a latent at the top-k boundary,
             # Adam's first step on it is a whole lr. A small lr keeps such a flip under the 1e-5 checked.
             "--lr", "5e-4"]
