@@ -42,6 +42,27 @@ def test_summary_against_hand_computed_figures():
     assert two["target_speedup"] == 1.8
 
 
+def test_points_run_repeats_interleaved_across_device_counts():
+    from sae_dist.bench.run import point_order
+
+    assert point_order([1, 2], 2) == [(0, 1, "ddp"), (0, 2, "ddp"), (0, 2, "ceiling"),
+                                      (1, 1, "ddp"), (1, 2, "ddp"), (1, 2, "ceiling")]
+    assert point_order([1, 2, 4], 1) == [(0, 1, "ddp"), (0, 2, "ddp"), (0, 2, "ceiling"), (0, 4, "ddp"), (0, 4, "ceiling")]
+
+
+def test_the_measured_table_gives_the_spread_of_repeats():
+    from sae_dist.analytics.bench_tables import measured_table
+
+    rows = S.summarize([point(1, "ddp", 1000.0, 1.0), point(1, "ddp", 1200.0, 0.9, repeat=1),
+                        point(2, "ddp", 1980.0, 1.05, batch=512), point(2, "ddp", 2000.0, 1.0, repeat=1, batch=512),
+                        point(2, "ceiling", 2200.0, 0.9, batch=512), point(2, "ceiling", 2000.0, 0.9, repeat=1, batch=512)])
+    one, two = measured_table(rows)
+    assert one["Samples/s"] == "1,100 ± 9%" and two["Samples/s"] == "1,990 ± 1%"
+    assert two["Ceiling samples/s"].startswith("2,100 ± ")
+    single = measured_table(S.summarize([point(1, "ddp", 1000.0, 1.0)]))
+    assert single[0]["Samples/s"] == "1,000"  # one repeat: no spread to give
+
+
 def test_projection_from_the_one_device_row():
     rows = S.summarize([point(1, "ddp", 1024.0, 0.01, batch=1024, grad=32_000_000)])
     label, bandwidth = S.link_bandwidth("pcie4")
@@ -73,10 +94,11 @@ def bench_rows(bench_id: int, engine=None):
 
 @pytest.fixture(scope="module")
 def direct_bench(tmp_path_factory):
-    """One direct 1,2-device benchmark (2 repeats), run once for the tests that check its rows,
-    its reports and its page, in a state home of its own."""
+    """One direct 1,2-device benchmark, run once for the tests that check its rows, its reports
+    and its page, in a state home of its own. One repeat: how repeats interleave is
+    point_order's (tested above, and the run follows it), their spread the table's."""
     home = tmp_path_factory.mktemp("direct-bench") / "home"
-    result = run_cli("bench", "--devices", "1,2", "--no-queue", "--repeats", "2", *SMALL, timeout=400,
+    result = run_cli("bench", "--devices", "1,2", "--no-queue", "--repeats", "1", *SMALL, timeout=400,
                      env={"SAE_DIST_HOME": str(home), "SAE_DIST_DB_URL": ""})  # its SQLite file
     assert result.returncode == 0, result.stderr
     run, points = bench_rows(1, get_engine(f"sqlite:///{home / 'state.db'}"))
@@ -98,10 +120,10 @@ def in_bench_home(direct_bench, monkeypatch):
 @pytest.mark.slow
 def test_direct_benchmark_writes_its_rows(direct_bench):
     run, points, rows, verdict = (direct_bench[k] for k in ("run", "points", "rows", "verdict"))
-    assert run["status"] == "COMPLETED" and run["virtual"] and run["backend"] == "gloo" and run["repeats"] == 2
-    # repeats interleave across device counts: 1, 2, 1, 2 (each 2 as DDP, then its ceiling)
+    assert run["status"] == "COMPLETED" and run["virtual"] and run["backend"] == "gloo" and run["repeats"] == 1
+    # the points in point_order's order: 1, then 2 as DDP and as its ceiling
     order = [(p["devices"], p["kind"], p["repeat"]) for p in sorted(points, key=lambda p: p["id"])]
-    assert order == [(1, "ddp", 0), (2, "ddp", 0), (2, "ceiling", 0), (1, "ddp", 1), (2, "ddp", 1), (2, "ceiling", 1)]
+    assert order == [(1, "ddp", 0), (2, "ddp", 0), (2, "ceiling", 0)]
     assert [p["created_at"] for p in sorted(points, key=lambda p: p["id"])] == sorted(p["created_at"] for p in points)
     by = {(p["devices"], p["kind"], p["repeat"]): p for p in points}
     assert by[(1, "ddp", 0)]["per_device_batch"] == 256 and by[(2, "ddp", 0)]["per_device_batch"] == 128  # strong
@@ -126,7 +148,7 @@ def test_direct_benchmark_csv_report(direct_bench, tmp_path):
                   env={"SAE_DIST_HOME": str(direct_bench["home"]), "SAE_DIST_DB_URL": ""})
     assert out.returncode == 0, out.stderr
     table = list(csv.DictReader(io.StringIO((tmp_path / "r.csv").read_text())))
-    assert [r["devices"] for r in table] == ["1", "2"] and [r["repeats"] for r in table] == ["2", "2"]
+    assert [r["devices"] for r in table] == ["1", "2"] and [r["repeats"] for r in table] == ["1", "1"]
     assert float(table[1]["samples_per_s"]) == pytest.approx(median[(2, "ddp", "samples_per_s")])
     assert float(table[1]["speedup"]) == pytest.approx(median[(2, "ddp", "samples_per_s")] / median[(1, "ddp", "samples_per_s")])
     assert float(table[1]["ceiling_samples_per_s"]) == pytest.approx(median[(2, "ceiling", "samples_per_s")])
@@ -143,7 +165,7 @@ def test_direct_benchmark_md_and_html_reports(in_bench_home, tmp_path):
     rows, median = in_bench_home["rows"], in_bench_home["median"]
     assert main(["report", "1", "--format", "md", "-o", str(tmp_path / "r.md")]) == 0
     md = (tmp_path / "r.md").read_text()
-    assert f"{median[(2, 'ddp', 'samples_per_s')]:,.0f} ± " in md and "2(N-1)/N" in md and "```vega-lite" in md
+    assert f"| {median[(2, 'ddp', 'samples_per_s')]:,.0f} |" in md and "2(N-1)/N" in md and "```vega-lite" in md
     assert "virtual (CPU-backed)" in md and "## Other load, point by point" in md
     assert ("> **Warning:**" in md) == (not all(r["reliable"] for r in rows))
     json.loads(md.split("```vega-lite\n")[1].split("\n```")[0])  # a valid embedded spec

@@ -157,22 +157,19 @@ def run_benchmark(cfg: TrainConfig, counts: list[int], mode: str = "strong", ste
         f"after {warmup} warm-up, {repeats} repeat(s), {'as scheduler jobs' if queued else 'directly'}")
     try:
         with tempfile.TemporaryDirectory(prefix="sae-dist-bench-") as tmp:
-            for repeat in range(repeats):  # interleaved: 1, 2, 4, 1, 2, 4, ...
-                for n in counts:
-                    batch = scaling.per_device_batch(mode, cfg.batch_size, n)
-                    point_cfg = replace(cfg, batch_size=batch, devices=f"{kind}:{n}", db=False)
-                    kinds = ("ddp", "ceiling") if n > 1 else ("ddp",)  # one device: nothing to compare
-                    for what in kinds:
-                        result, job_id, load = _measure_point(point_cfg, n, what, kind, steps, warmup, queued,
-                                                              Path(tmp), f"{bench_id}-{n}-{what}-{repeat}",
-                                                              start_within, engine)
-                        row = _point_row(bench_id, n, repeat, what, result, job_id, load, engine)
-                        other = reliability.point_load(load)["cpu_pct"]
-                        log(f"  {n} device(s), {what:7s} repeat {repeat + 1}: {row.samples_per_s:,.0f} samples/s, "
-                            f"step {row.step_s * 1e3:.1f} ms"
-                            + (f", communication {row.comm_share:.0%}" if row.comm_share is not None else "")
-                            + (f", other load {other:.0f}% of a core" if other is not None else ""))
-                        store_reliability(engine, bench_id)
+            for repeat, n, what in point_order(counts, repeats):
+                batch = scaling.per_device_batch(mode, cfg.batch_size, n)
+                point_cfg = replace(cfg, batch_size=batch, devices=f"{kind}:{n}", db=False)
+                result, job_id, load = _measure_point(point_cfg, n, what, kind, steps, warmup, queued,
+                                                      Path(tmp), f"{bench_id}-{n}-{what}-{repeat}",
+                                                      start_within, engine)
+                row = _point_row(bench_id, n, repeat, what, result, job_id, load, engine)
+                other = reliability.point_load(load)["cpu_pct"]
+                log(f"  {n} device(s), {what:7s} repeat {repeat + 1}: {row.samples_per_s:,.0f} samples/s, "
+                    f"step {row.step_s * 1e3:.1f} ms"
+                    + (f", communication {row.comm_share:.0%}" if row.comm_share is not None else "")
+                    + (f", other load {other:.0f}% of a core" if other is not None else ""))
+                store_reliability(engine, bench_id)
         if queued:
             _fill_utilization(engine, bench_id)
     except BaseException as e:
@@ -217,6 +214,14 @@ def _finish(engine, bench_id: int, status: str, error: str | None) -> None:
         bench.status, bench.error, bench.finished_at = status, error, utcnow()
         s.add(bench)
         s.commit()
+
+
+def point_order(counts: list[int], repeats: int) -> list[tuple[int, int, str]]:
+    """(repeat, device count, kind) of every point, in the order they run: repeats interleaved
+    across device counts (1, 2, 4, 1, 2, 4, ...), so a drift of the machine spreads over all of
+    them; each count above one as DDP, then its no-communication ceiling (one device has none)."""
+    return [(repeat, n, what) for repeat in range(repeats) for n in counts
+            for what in (("ddp", "ceiling") if n > 1 else ("ddp",))]
 
 
 def _point_row(bench_id: int, n: int, repeat: int, what: str, result: dict, job_id: int | None,
