@@ -48,6 +48,27 @@ def run_cli(*args: str, timeout: float = 240, env: dict | None = None, module: s
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.fixture
+def cli(capsys):
+    """`python -m sae_dist ARGS` as `sae_dist.cli.main(ARGS)` in this process, for tests of what it
+    decides and prints rather than of the process (its logging set-up is undone after); returns
+    (exit code, stdout, stderr)."""
+    import logging
+
+    from sae_dist.cli import main
+
+    handlers, level = logging.root.handlers[:], logging.root.level
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    yield run
+    logging.root.handlers[:] = handlers
+    logging.root.setLevel(level)
+
+
 def wait_for(predicate, timeout: float = 30, what: str = "condition"):
     """predicate()'s first truthy value, polled every 0.1 s; an AssertionError after timeout."""
     deadline = time.monotonic() + timeout

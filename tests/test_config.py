@@ -87,25 +87,6 @@ def test_stragglers():
     assert find_stragglers([0.5]) == []
 
 
-@pytest.fixture
-def cli(capsys):
-    """sae_dist.cli.main in this process (its logging set-up undone after); returns (code, out, err)."""
-    import logging
-
-    from sae_dist.cli import main
-
-    handlers, level = logging.root.handlers[:], logging.root.level
-
-    def run(*args: str) -> tuple[int, str, str]:
-        code = main(list(args))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    yield run
-    logging.root.handlers[:] = handlers
-    logging.root.setLevel(level)
-
-
 def one_line_error(code: int, err: str, words: str) -> None:
     assert code == 2, err
     lines = err.strip().splitlines()

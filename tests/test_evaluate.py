@@ -410,25 +410,6 @@ def test_migration_from_0007_keeps_old_runs_and_records_evaluations(state_home):
 # ---------------------------------------------------------------- the CLI
 
 
-@pytest.fixture
-def cli(monkeypatch, capsys):
-    """sae_dist.cli.main in this process (its logging set-up undone after); returns (code, out, err)."""
-    import logging
-
-    from sae_dist.cli import main
-
-    handlers, level = logging.root.handlers[:], logging.root.level
-
-    def run(*args: str) -> tuple[int, str, str]:
-        code = main(list(args))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    yield run
-    logging.root.handlers[:] = handlers
-    logging.root.setLevel(level)
-
-
 @pytest.mark.slow
 def test_cli_make_planted_train_evaluate(tmp_path, cli, state_home):
     from conftest import run_cli

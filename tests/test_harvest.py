@@ -119,25 +119,6 @@ def harvested(minilm, text, tmp_path_factory) -> tuple[Path, str]:
     return out, ok(harvest_cli(minilm, text, out, *ARGS, env={"SAE_DIST_HOME": str(root / "home")})).stdout
 
 
-@pytest.fixture
-def cli(capsys):
-    """sae_dist.cli.main in this process (its logging set-up undone after); returns (code, out, err)."""
-    import logging
-
-    from sae_dist.cli import main
-
-    handlers, level = logging.root.handlers[:], logging.root.level
-
-    def run(*args: str) -> tuple[int, str, str]:
-        code = main(list(args))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    yield run
-    logging.root.handlers[:] = handlers
-    logging.root.setLevel(level)
-
-
 @pytest.mark.slow
 def test_harvest_then_train_an_sae_on_it(minilm, text, harvested, tmp_path):
     out, stdout = harvested
