@@ -423,6 +423,7 @@ def test_remove_parallel_gradient(arch):
     SparseAutoencoder(4, 8, arch, k=2, seed=0).remove_parallel_gradient()
 
 
+@pytest.mark.slow  # the first optimizer here imports torch._dynamo (1.5-3 s)
 def test_trainer_step_keeps_unit_rows_and_stays_on_sphere():
     sae = make_sae("topk", 16, 64, k=4, seed=3, auxk_coefficient=1 / 32, auxk_k=8)
     with torch.no_grad():
