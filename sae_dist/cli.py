@@ -8,8 +8,10 @@ import sys
 import time
 
 from sae_dist.config import SYNTHETIC_D_IN, TrainConfig
-from sae_dist.contract import OUR_LAUNCHER_ENV, add_config_flags, config_from_args
+from sae_dist.contract import FORKED_RANK_ENV, OUR_LAUNCHER_ENV, add_config_flags, config_from_args
 from sae_dist.errors import USER_ERROR_EXIT, TrainingStopped, UserError
+
+PEER_LOSS_WAIT_S = 60.0  # a forked rank that lost a peer waits this long for its launcher to stop it
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -194,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
-    from sae_dist.launch import die_with_parent, in_worker, launch
+    from sae_dist.launch import die_with_parent, exit_rank, in_worker, launch
 
     if not in_worker():
         return launch(_preflight(config_from_args(ns)), train_argv)
@@ -212,8 +214,7 @@ def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
     except TrainingStopped as e:
         if rank == "0" and not os.environ.get(OUR_LAUNCHER_ENV):  # under the user's torchrun
             print(f"training stopped by {e.signame}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(128 + e.signum)  # as a process killed by the signal would report it
+        exit_rank(128 + e.signum)  # as a process killed by the signal would report it
     except UserError as e:
         if rank == "0" or not e.shared:
             print(f"error: {e}" if os.environ.get("WORLD_SIZE") == "1" else f"error: [rank {rank}] {e}",
@@ -222,8 +223,7 @@ def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
             time.sleep(1.0)  # let rank 0 report the shared error before torchrun stops the job
         # Straight out: no interpreter teardown racing gloo's threads for a process group
         # whose peers are leaving too (it can abort with std::terminate).
-        sys.stdout.flush()
-        os._exit(USER_ERROR_EXIT)
+        exit_rank(USER_ERROR_EXIT)
     except Exception as e:
         from sae_dist.survive import DEVICE_ERROR_EXIT, is_device_error, is_peer_loss
 
@@ -231,14 +231,17 @@ def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
             # A peer went away (its own failure is reported by the launcher): one line, no traceback.
             print(f"error: [rank {rank}] lost a peer: {str(e).strip().splitlines()[0][:200]}",
                   file=sys.stderr, flush=True)
-            sys.stdout.flush()
-            os._exit(1)
+            if os.environ.get(FORKED_RANK_ENV):
+                # Forked ranks are watched as one group that reports only the first rank to
+                # exit, and the launcher must learn which rank died (to go on without its
+                # device): it stops us once it has seen that; the wait is only a backstop.
+                time.sleep(PEER_LOSS_WAIT_S)
+            exit_rank(1)
         if not is_device_error(e):
             raise
         # The launcher restarts the job without this device (on_rank_loss = continue).
         print(f"error: [rank {rank}] device error: {e}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(DEVICE_ERROR_EXIT)
+        exit_rank(DEVICE_ERROR_EXIT)
     return 0
 
 

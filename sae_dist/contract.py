@@ -32,6 +32,7 @@ MASTER_PORT_ENV = "SAE_DIST_MASTER_PORT"  # the rendezvous port reserved for the
 
 # ---- set by our launcher for its ranks ----
 OUR_LAUNCHER_ENV = "SAE_DIST_OUR_LAUNCHER"  # the ranks run under sae_dist.launch, not a bare torchrun
+FORKED_RANK_ENV = "SAE_DIST_FORKED_RANK"  # a CPU rank forked by our launcher (sae_dist/forked_rank.py)
 RESTART_NOTE_ENV = "SAE_DIST_RESTART_NOTE"  # JSON: why the launcher restarted without a device
 DEVICE_TYPE_ENV = "SAE_DIST_DEVICE_TYPE"  # "cpu" forces CPU ranks (an sbatch script on CPU nodes)
 THREADS_PER_RANK_ENV = "SAE_DIST_THREADS_PER_RANK"  # torch threads of each CPU rank

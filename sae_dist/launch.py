@@ -4,6 +4,12 @@ We do not re-implement process management: `torch.distributed.run` (torchrun) sp
 runs the rendezvous on a free port (or the port the scheduler reserved for the job) and tears
 every rank down when one fails. Ranks find themselves in worker mode through torchrun's RANK /
 WORLD_SIZE variables and run `sae_dist.train.train`.
+
+CPU (gloo) ranks are forked from this launcher once it has imported the trainer (torchrun's own
+`--start-method fork --run-path`): a fresh Python spends ~4 s of CPU per rank importing torch, the
+optimizer's torch._dynamo and the database layer, which on a laptop delayed every job's first
+step by seconds. CUDA ranks are always started fresh (spawn): CUDA must never be initialised
+before a fork, and a fresh process is how torchrun is tested on GPUs.
 """
 
 from __future__ import annotations
@@ -14,11 +20,14 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from sae_dist import survive
 from sae_dist.config import TrainConfig, parse_devices
-from sae_dist.contract import DEVICE_TYPE_ENV, JOB_ID_ENV, MASTER_PORT_ENV, OUR_LAUNCHER_ENV
+from sae_dist.contract import DEVICE_TYPE_ENV, FORKED_RANK_ENV, JOB_ID_ENV, MASTER_PORT_ENV, OUR_LAUNCHER_ENV
 from sae_dist.errors import USER_ERROR_EXIT, UserError
+
+FORKED_RANK = Path(__file__).resolve().parent / "forked_rank.py"
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +35,18 @@ log = logging.getLogger(__name__)
 def in_worker() -> bool:
     """True inside a rank started by torchrun (ours or the user's, e.g. under SLURM)."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def exit_rank(code: int) -> NoReturn:
+    """Leave a rank without the interpreter's teardown, which can abort with std::terminate in
+    gloo's threads while peers leave too. A forked rank raises SystemExit instead: torchrun's
+    process wrapper then reports the rank done and ends it with os._exit itself (an os._exit
+    here would leave the launcher waiting forever for the rank's result)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.environ.get(FORKED_RANK_ENV):
+        raise SystemExit(code)
+    os._exit(code)
 
 
 def die_with_parent() -> None:
@@ -91,7 +112,7 @@ def launch(cfg: TrainConfig, argv: list[str], command: str = "train", in_process
         argv, run_dir = _pin_run_dir(cfg, argv)
     ids, known = survive.device_ids(kind, n)
     while True:
-        code, failures = _torchrun(argv, n, command)
+        code, failures = _torchrun(argv, n, command, fork=kind == "cpu")
         if not failures:
             return code
         lost = survive.lost_ranks(failures)
@@ -100,20 +121,18 @@ def launch(cfg: TrainConfig, argv: list[str], command: str = "train", in_process
         argv, n, ids = _continue_without(cfg, kind, argv, run_dir, ids, known, lost, failures)
 
 
-def _torchrun(argv: list[str], n: int, command: str) -> tuple[int, list[survive.Failure] | None]:
+def _torchrun(argv: list[str], n: int, command: str, fork: bool) -> tuple[int, list[survive.Failure] | None]:
     """(exit code, None) when the job ended as a whole (done, stopped, a user error); (0, the
     failed ranks) when a rank failed and torchrun stopped the others."""
+    if fork:
+        _import_what_ranks_need()
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    # The scheduler reserves a rendezvous port per job so two jobs never meet on torchrun's 29500.
-    port = os.environ.get(MASTER_PORT_ENV)
-    rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"] if port else ["--standalone"]
-    args = get_args_parser().parse_args(
-        [*rdzv, "--nnodes", "1", "--nproc-per-node", str(n), "--max-restarts", "0",
-         "--module", "sae_dist", command, *argv])
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    args = get_args_parser().parse_args(torchrun_argv(argv, n, command, fork, os.environ.get(MASTER_PORT_ENV)))
+    for noisy in ("torch.distributed.elastic", "torch.multiprocessing.spawn"):  # we report failures ourselves
+        logging.getLogger(noisy).setLevel(logging.CRITICAL)
     try:
         run(args)
     except SignalException as e:  # torchrun passed the signal on to the ranks and waited for them
@@ -132,6 +151,24 @@ def _torchrun(argv: list[str], n: int, command: str) -> tuple[int, list[survive.
         others = [survive.Failure(r, f.exitcode) for r, f in e.failures.items() if r != rank]
         return 0, [first, *others]
     return 0, None
+
+
+def torchrun_argv(argv: list[str], n: int, command: str, fork: bool, port: str | None) -> list[str]:
+    """torchrun's command line for `command argv` on n local ranks: forked from this process
+    (CPU) or fresh ones; on the port the scheduler reserved for the job (so two jobs never meet
+    on torchrun's 29500), else a free one."""
+    rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"] if port else ["--standalone"]
+    how = ["--start-method", "fork", "--run-path", str(FORKED_RANK)] if fork else ["--module", "sae_dist"]
+    return [*rdzv, "--nnodes", "1", "--nproc-per-node", str(n), "--max-restarts", "0", *how, command, *argv]
+
+
+def _import_what_ranks_need() -> None:
+    """Import, before forking, what every rank would otherwise import on its own. No tensor
+    operation may run here: GNU OpenMP's thread pool does not survive a fork."""
+    import torch._dynamo  # noqa: F401  (torch.optim imports it on the first step)
+
+    import sae_dist.db  # noqa: F401
+    import sae_dist.train  # noqa: F401  (and the step, the model, the sources a benchmark uses)
 
 
 def _report_failure(failures: list[survive.Failure]) -> int:

@@ -124,7 +124,7 @@ def run_point(spec_path: str, result_path: str) -> None:
 def point(spec_path: str, result_path: str) -> int:
     """`bench-point`: a DDP point through torchrun's launcher (or in this process for one device),
     a ceiling as N independent single-device processes started together."""
-    from sae_dist.launch import in_worker, launch
+    from sae_dist.launch import exit_rank, in_worker, launch
 
     spec = json.loads(Path(spec_path).read_text())
     if in_worker() or spec["kind"] == "member":
@@ -133,9 +133,7 @@ def point(spec_path: str, result_path: str) -> int:
         # destroy_process_group or at interpreter exit) sometimes aborts a rank with
         # std::terminate after its result is written, failing a good measurement.
         D.barrier()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        exit_rank(0)
     cfg = build_config(spec["config"])
     if spec["kind"] == "ddp":
         return launch(cfg, [spec_path, result_path], command="bench-point",
