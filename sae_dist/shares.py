@@ -69,7 +69,12 @@ def _balance_weights(cfg: TrainConfig, ctx: D.DistContext, sae, rows: int, slowd
     if world == 1 or cfg.balance == "equal":
         return [1.0] * world, "equal"
     free = D.gather_objects(_free_memory(ctx.device)) if cfg.balance == "memory" else [None] * world
-    speed = D.gather_objects(_measure_speed(sae, ctx.device, rows, slowdown)) if cfg.balance == "speed" else [None] * world
+    speed = [None] * world
+    if cfg.balance == "speed":
+        # Together: a rank still starting up (reading a model, filling its buffer) would take
+        # the cores of one already measuring, on a machine whose devices share them.
+        D.barrier()
+        speed = D.gather_objects(_measure_speed(sae, ctx.device, rows, slowdown))
     return initial_weights(cfg.balance, free, speed)
 
 
