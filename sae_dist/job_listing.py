@@ -24,6 +24,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sae_dist.state_db import busy_timeout_pragma
+
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
@@ -186,7 +188,7 @@ def _fetch_sqlite(sql: str, params: dict[str, Any]) -> list | None:
     except sqlite3.Error:
         return None
     try:
-        con.execute("PRAGMA busy_timeout=30000")
+        con.execute(busy_timeout_pragma())
         return con.execute(sql, params).fetchall()
     except sqlite3.Error:
         return None

@@ -224,9 +224,13 @@ def cmd_submit(args) -> int:
         return _submit_to_cluster(args, job_spec)
     if args.nodes is not None or args.gpus_per_node is not None or args.cpu:
         raise UserError("--nodes, --gpus-per-node and --cpu are for --cluster slurm")
-    from scheduler.submit import submit_spec
+    from scheduler.quick_submit import submit_quick
 
-    job_id = submit_spec(_engine(), job_spec)  # on this machine's devices; starts a daemon if none runs
+    job_id = submit_quick(job_spec)  # on this machine's devices; starts a daemon if none runs
+    if job_id is None:  # not a SQLite file at the head revision: the regular path migrates it
+        from scheduler.submit import submit_spec
+
+        job_id = submit_spec(_engine(), job_spec)
     print(json.dumps({"job_id": job_id, "state": SUBMITTED_STATE}) if args.json else f"Submitted job {job_id}")
     return 0
 
