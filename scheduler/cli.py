@@ -18,15 +18,24 @@ from typing import Any
 from sae_dist.contract import NUM_GPUS_ENV
 from sae_dist.errors import USER_ERROR_EXIT, UserError
 
+STORAGE_ERROR_EXIT = 1  # the state database could not be used (scheduler.storage_errors says why)
+
 STATE_ORDER = {"RUNNING": 0, "PENDING": 1}
 SUBMITTED_STATE = "PENDING"  # every job is queued PENDING (held ones too, with the reason JobHeldUser)
 SHORT = {"PENDING": "PD", "RUNNING": "R", "COMPLETED": "CD", "FAILED": "F", "CANCELLED": "CA",
          "TIMEOUT": "TO", "NODE_FAIL": "NF", "OUT_OF_MEMORY": "OOM"}
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line (argparse prints its whole usage block first)."""
+
+    def error(self, message: str):
+        self.exit(USER_ERROR_EXIT, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m scheduler", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _OneLineParser(prog="python -m scheduler", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("submit", help="queue a command (after --) or an SAE training (--train run.toml)")
@@ -113,20 +122,56 @@ def _job_or_cluster_id(text: str) -> int | str:
 
 
 def _job_id(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"job id must be a positive number, got {text!r}")
+    if int(text) > MAX_SQL_INT:  # no job has it, and the database could not even look it up
+        raise argparse.ArgumentTypeError(f"no job {text}: job ids go up to {MAX_SQL_INT}")
     return int(text)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        sys.stdout.flush()  # here, so a reader that went away is seen here, not at exit
+        return code
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return USER_ERROR_EXIT
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `queue | head`: the reader has what it wanted
+        return _reader_gone()
+    except Exception as e:
+        line = _storage_line(e)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
+        return STORAGE_ERROR_EXIT
+
+
+def _reader_gone() -> int:
+    """Quiet, as coreutils are: nothing on stderr, and the status of a death by SIGPIPE. Python
+    would report the unflushed rest again at exit, so stdout now goes nowhere."""
+    import signal
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
+
+
+def _storage_line(error: Exception) -> str | None:
+    """The one line for a storage fault (locked, read-only, full...), None for anything else."""
+    from scheduler.storage_errors import storage_line
+
+    try:
+        from sae_dist.state_db import busy_timeout_s
+
+        waited = busy_timeout_s()
+    except UserError:
+        waited = None
+    return storage_line(error, waited)
 
 
 # ---- helpers ----
@@ -442,27 +487,26 @@ def _latest_samples() -> dict[str, dict]:
 
 
 def cmd_acct(args) -> int:
-    from sae_dist.job_listing import read_jobs
     from sae_dist.format import fmt_bytes
+    from sae_dist.job_listing import has_cluster_jobs, read_jobs
     from scheduler.usage import job_usage, summarize
 
-    engine = _engine()
-    jobs = read_jobs(engine)
-    if args.jobs:
+    wanted = None
+    if args.jobs is not None:
         parts = [x.strip() for x in args.jobs.split(",")]
         if not all(x.isascii() and x.isdigit() for x in parts):
             raise UserError(f"--jobs: {args.jobs!r} is not a list of job ids; write e.g. 3,5")
-        wanted = {int(x) for x in parts}
-        jobs = [j for j in jobs if j.id in wanted]
+        wanted = sorted({int(x) for x in parts})
+    jobs = read_jobs(job_ids=wanted)  # filtered by the database, read without SQLAlchemy
     now = time.time()
     rows = []
-    usage = job_usage(engine, [j.id for j in jobs])
+    usage = job_usage(None, [j.id for j in jobs] if wanted is not None else None)
     no_samples = summarize([])  # every usage key, null: a job without samples has unknown usage
     for j in jobs:
         row = _job_row(j, now)
         row.update(usage.get(j.id) or no_samples)
         rows.append(row)
-    if not args.jobs:  # -j takes local job ids only
+    if wanted is None and has_cluster_jobs() is not False:  # -j takes local job ids only
         rows += _cluster_rows(True, now)
     if args.json:
         print(json.dumps(rows, indent=1))

@@ -115,3 +115,74 @@ def test_submit_from_the_command_line_on_a_migrated_database(migrated, tmp_path)
     bad = run_cli("submit", "--", "true", module="scheduler", env={BUSY_TIMEOUT_ENV: "soon"})
     assert (bad.returncode, bad.stderr.count("\n")) == (2, 1), bad.stderr
     assert f"error: {BUSY_TIMEOUT_ENV}='soon'" in bad.stderr
+
+
+# ---- the small defects: each is one line, never a traceback ----
+
+def _main(capsys, *args: str) -> tuple[int, str, str]:
+    from scheduler.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as e:  # argparse's errors
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_job_id_beyond_the_largest_integer_is_one_line(migrated, capsys):
+    huge = str(2**63)
+    for command in ("cancel", "hold", "release", "requeue", "export-sbatch"):
+        code, _, err = _main(capsys, command, huge)
+        assert code == 2 and err.count("\n") == 1, err
+        assert f"no job {huge}: job ids go up to {2**63 - 1}" in err
+    result = run_cli("cancel", "99999999999999999999", module="scheduler")
+    assert (result.returncode, result.stderr.count("\n")) == (2, 1), result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_bad_flag_value_is_one_line_not_the_usage_block():
+    result = run_cli("submit", "--gpus", "abc", "--", "true", module="scheduler")
+    assert result.returncode == 2
+    assert result.stderr == ("python -m scheduler submit: error: argument -G/--gpus: invalid int value: 'abc' "
+                             "(see --help)\n")
+
+
+def test_a_time_limit_beyond_a_year_is_refused():
+    from scheduler.spec import MAX_TIME_LIMIT_S, parse_time_limit
+
+    assert parse_time_limit("365-00:00:00") == MAX_TIME_LIMIT_S
+    for text in ("99999999999999999999", "365-00:00:01", "525601"):
+        with pytest.raises(UserError, match=f"--time: '{text}' is more than the longest limit, 365 days"):
+            parse_time_limit(text)
+    with pytest.raises(UserError, match="--time: 1e\\+20 is more than the longest limit"):
+        JobSpec(argv=["true"], time_limit_s=1e20, workdir="/")
+
+
+def test_acct_filters_in_the_database_and_refuses_an_empty_list(migrated, tmp_path, capsys):
+    import json
+
+    ids = [submit(migrated, new_job(JobSpec(argv=["true"], workdir=str(tmp_path)), [(0, UUIDS[0])]))
+           for _ in range(3)]
+    code, out, _ = _main(capsys, "acct", "--json", "-j", f"{ids[2]},{ids[0]},{2**64}")
+    assert code == 0 and [r["job_id"] for r in json.loads(out)] == [ids[0], ids[2]]
+    code, out, err = _main(capsys, "acct", "-j", "")
+    assert (code, out) == (2, "") and err == "error: --jobs: '' is not a list of job ids; write e.g. 3,5\n"
+
+
+def test_queue_into_a_reader_that_went_away_exits_quietly(migrated):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # `queue | head -0`: the reader is gone before the first line
+    try:
+        result = subprocess.run([sys.executable, "-m", "scheduler", "queue", "--all"], cwd=REPO, stdout=write_end,
+                                stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert (result.returncode, result.stderr) == (141, "")  # as a coreutil killed by SIGPIPE
