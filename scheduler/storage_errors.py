@@ -26,10 +26,13 @@ _OS_PROBLEMS = {
 _DRIVER_ERRORS = ("OperationalError", "DatabaseError", "InterfaceError")  # any driver's (DB-API names)
 
 
-def storage_problem(error: BaseException, busy_timeout_s: float | None = None) -> str | None:
+def storage_problem(error: BaseException, busy_timeout_s: float | None = None, free_bytes: int | None = None,
+                    file_size_limit: int | None = None) -> str | None:
     """What went wrong with the storage, in words, or None when `error` is no storage fault
     (a bug, which should surface as one). SQLAlchemy's errors are judged by the driver's
-    error they wrap."""
+    error they wrap. SQLite says only "disk I/O error" for a failed write: the free space of
+    the state directory and the process's file-size limit (None: unknown, unlimited) tell
+    which it was."""
     cause = getattr(error, "orig", None)
     if isinstance(cause, BaseException):
         error = cause
@@ -39,7 +42,13 @@ def storage_problem(error: BaseException, busy_timeout_s: float | None = None) -
             return None
         return f"{text} ({error.filename})" if error.filename else text
     if isinstance(error, sqlite3.OperationalError) or type(error) is sqlite3.DatabaseError:
-        return _sqlite_problem(str(error), busy_timeout_s)
+        problem = _sqlite_problem(str(error), busy_timeout_s)
+        if problem.startswith(("a write failed", "the disk is full")):
+            if free_bytes == 0:
+                return "the disk is full (0 bytes free)"
+            if file_size_limit is not None:
+                return f"a write failed: this process may write files of at most {file_size_limit} bytes (ulimit -f)"
+        return problem
     if type(error).__name__ in _DRIVER_ERRORS and not isinstance(error, sqlite3.Error):
         return f"the database refused: {str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}"
     return None
@@ -85,7 +94,22 @@ def _without_password(url: str) -> str:
 
 def storage_line(error: BaseException, busy_timeout_s: float | None = None) -> str | None:
     """The one line to print for a storage fault, or None when `error` is not one."""
-    problem = storage_problem(error, busy_timeout_s)
+    where = state_location()
+    problem = storage_problem(error, busy_timeout_s, *_disk_facts(where))
     if problem is None:
         return None
-    return f"error: the state database in {state_location()}: {problem}"
+    return f"error: the state database in {where}: {problem}"
+
+
+def _disk_facts(directory: str) -> tuple[int | None, int | None]:
+    """(bytes free to us in `directory`, this process's file-size limit); None where unknown
+    or unlimited."""
+    import resource
+
+    try:
+        stats = os.statvfs(directory)
+        free = stats.f_bavail * stats.f_frsize
+    except OSError:
+        free = None
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    return free, None if soft == resource.RLIM_INFINITY else soft
