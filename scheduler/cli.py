@@ -183,10 +183,11 @@ def _engine():
 
 
 def _devices_now():
-    """Live inventory (NVML or virtual) with each device's state; no process sampling."""
-    from scheduler.status import devices_now
+    """Live inventory (NVML or virtual) with each device's state; no process sampling. Read
+    without SQLAlchemy (scheduler.device_view)."""
+    from scheduler.device_view import devices_now
 
-    return devices_now(_engine())
+    return devices_now()
 
 
 def _print_table(rows: list[dict], columns: list[tuple[str, str]]) -> None:
@@ -481,9 +482,9 @@ def cmd_info(args) -> int:
 
 def _latest_samples() -> dict[str, dict]:
     """The newest sample of each device if it is fresh (the daemon samples once a second)."""
-    from scheduler.status import latest_samples
+    from scheduler.device_view import latest_samples
 
-    return latest_samples(_engine())
+    return latest_samples()
 
 
 def cmd_acct(args) -> int:

@@ -186,3 +186,41 @@ def test_queue_into_a_reader_that_went_away_exits_quietly(migrated):
     finally:
         os.close(write_end)
     assert (result.returncode, result.stderr) == (141, "")  # as a coreutil killed by SIGPIPE
+
+
+def test_info_reads_what_the_regular_path_reads(migrated, tmp_path):
+    """`info` without SQLAlchemy (scheduler.device_view) sees the devices, their states, the
+    allocations, a fault and the fresh samples exactly as scheduler.status does."""
+    import subprocess
+    import time
+
+    from sqlalchemy import insert
+
+    from sae_dist.db import GpuSample, record_fault
+    from scheduler import device_view, procs, status
+    from scheduler.store import record_process, start_jobs
+
+    job_id = submit(migrated, new_job(JobSpec(argv=["sleep", "30"], workdir=str(tmp_path)), [(0, UUIDS[0])]))
+    start_jobs(migrated, [(job_id, ("virtual-1",))], {})
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        record_process(migrated, job_id, pid=sleeper.pid, pgid=sleeper.pid,
+                       proc_start_ticks=procs.start_ticks(sleeper.pid))
+        record_fault(migrated, "virtual-0", "CUDA error: an illegal memory access", job_id=job_id, rank=0)
+        now = time.time()
+        with migrated.begin() as conn:
+            conn.execute(insert(GpuSample.__table__), [
+                {"device_uuid": u, "time": utcnow() - timedelta(seconds=age), "utilization_pct": pct}
+                for u, age, pct in (("virtual-1", 3, 10.0), ("virtual-1", 1, 40.0), ("virtual-0", 60, 5.0))])
+        plain, regular = device_view.devices_now(now), status.devices_now(migrated, now)
+        assert plain[1] == regular[1] and plain[2] == regular[2] == {"virtual-1": job_id}
+        assert [d.uuid for d in plain[0]] == [d.uuid for d in regular[0]]
+        assert [d.fault for d in plain[0]] == [d.fault for d in regular[0]] and plain[0][0].fault is not None
+        assert plain[1]["virtual-1"].state == "allocated" and plain[1]["virtual-0"].state == "unavailable"
+        fresh = device_view.latest_samples(now)
+        assert fresh.keys() == status.latest_samples(migrated, now).keys() == {"virtual-1"}
+        assert fresh["virtual-1"]["utilization_pct"] == 40.0  # the newest
+        assert fresh["virtual-1"]["time"] == status.latest_samples(migrated, now)["virtual-1"]["time"]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
