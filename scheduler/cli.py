@@ -191,11 +191,11 @@ def _devices_now():
 
 
 def _print_table(rows: list[dict], columns: list[tuple[str, str]]) -> None:
-    cells = [[str(r.get(key, "")) if r.get(key) is not None else "—" for key, _ in columns] for r in rows]
-    widths = [max([len(title)] + [len(c[i]) for c in cells]) for i, (_, title) in enumerate(columns)]
-    print("  ".join(t.ljust(w) for (_, t), w in zip(columns, widths)).rstrip())
-    for c in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(c, widths)).rstrip())
+    cells = [["—" if (value := r.get(key)) is None else str(value) for key, _ in columns] for r in rows]
+    widths = [max(len(title), max((len(c[i]) for c in cells), default=0)) for i, (_, title) in enumerate(columns)]
+    lines = ["  ".join(t.ljust(w) for (_, t), w in zip(columns, widths)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(c, widths)).rstrip() for c in cells]
+    sys.stdout.write("\n".join(lines) + "\n")  # one write: 10,000 rows print in a fraction of the time
 
 
 def _duration(seconds: float | None) -> str | None:
@@ -232,7 +232,9 @@ def _parse_memory(text: str, flag: str = "--mem") -> int:
 
 
 def _iso(dt: datetime | None) -> str | None:
-    return dt.astimezone(timezone.utc).isoformat(timespec="seconds") if dt else None
+    if dt is None:
+        return None
+    return (dt if dt.tzinfo is timezone.utc else dt.astimezone(timezone.utc)).isoformat(timespec="seconds")
 
 
 # ---- commands ----
