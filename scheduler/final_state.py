@@ -90,7 +90,7 @@ def record(engine, job_id: int, final: FinalState) -> str:
     job = store.get_job(engine, job_id)
     run = datetime.fromisoformat(final.started_at) if final.started_at is not None else None
     if run is not None and job.started_at != run:
-        record_path(job_id).unlink(missing_ok=True)
+        _forget(job_id)
         return job.state
     requeue_asked = final.cancelled and job.reason == "Requeue requested"
     state = store.finish_job(engine, job_id, final.state, exit_code=final.exit_code, signal=final.signal,
@@ -98,8 +98,18 @@ def record(engine, job_id: int, final: FinalState) -> str:
     if requeue_asked:
         store.requeue(engine, job_id)
         state = "PENDING"
-    record_path(job_id).unlink(missing_ok=True)
+    _forget(job_id)
     return state
+
+
+def _forget(job_id: int) -> None:
+    """Drop the kept end and its directory (no empty directory per job is left behind)."""
+    path = record_path(job_id)
+    path.unlink(missing_ok=True)
+    try:
+        path.parent.rmdir()
+    except OSError:  # gone already, or holds something else
+        pass
 
 
 def record_until_stored(engine, job_id: int, final: FinalState,
