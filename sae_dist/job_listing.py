@@ -24,6 +24,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sae_dist.state_db import busy_timeout_pragma
+
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
@@ -64,17 +66,22 @@ class JobRow(namedtuple("JobRow", _FIELDS)):
 
 
 def read_jobs(engine=None, states: Iterable[str] | None = None, job_id: int | None = None,
-              started_only: bool = False, order: str = "id", limit: int | None = None) -> list[JobRow]:
-    """Jobs in `states` (None: every state), or the one with `job_id`; with `started_only`,
-    only those that started; ordered by `order` (see ORDERS), at most `limit`.
+              started_only: bool = False, order: str = "id", limit: int | None = None,
+              job_ids: Iterable[int] | None = None) -> list[JobRow]:
+    """Jobs in `states` (None: every state), or the one with `job_id`, or those of `job_ids`;
+    with `started_only`, only those that started; ordered by `order` (see ORDERS), at most `limit`.
 
     Without `engine`: the SQLite state file read directly, or the regular engine when that
     cannot answer."""
-    sql, params = _query(states, job_id, started_only, order, limit)
+    sql, params = _query(states, job_id, started_only, order, limit, job_ids)
+    return [_decode(row) for row in query(sql, params, engine)]
+
+
+def query(sql: str, params: dict[str, Any], engine=None) -> list:
+    """Rows of one read-only query (named :parameters): without `engine`, on the SQLite state
+    file read directly, else (or when that cannot answer) through the engine."""
     rows = _fetch_sqlite(sql, params) if engine is None else None
-    if rows is None:
-        rows = _fetch_engine(engine, sql, params)
-    return [_decode(row) for row in rows]
+    return _fetch_engine(engine, sql, params) if rows is None else rows
 
 
 def read_job(engine, job_id: int) -> JobRow | None:
@@ -108,8 +115,12 @@ def has_cluster_jobs() -> bool | None:
 
 # ---- the query and its rows ----
 
+MAX_ID = 2**63 - 1
+"""No row has an id above SQLite's (and PostgreSQL's BIGINT) largest integer."""
+
+
 def _query(states: Iterable[str] | None, job_id: int | None, started_only: bool, order: str,
-           limit: int | None) -> tuple[str, dict[str, Any]]:
+           limit: int | None, job_ids: Iterable[int] | None = None) -> tuple[str, dict[str, Any]]:
     """The SQL text (quoted names: "user" is a keyword in PostgreSQL) and its named parameters."""
     if order not in ORDERS:
         raise ValueError(f"unknown order {order!r}; one of {', '.join(ORDERS)}")
@@ -119,8 +130,11 @@ def _query(states: Iterable[str] | None, job_id: int | None, started_only: bool,
         where.append(f'"state" IN ({", ".join(":" + n for n in names) or "NULL"})')
         params.update(names)
     if job_id is not None:
-        where.append('"id" = :job_id')
-        params["job_id"] = job_id
+        job_ids = [job_id]
+    if job_ids is not None:
+        ids = {f"j{i}": int(x) for i, x in enumerate(sorted(set(job_ids))) if 0 < int(x) <= MAX_ID}
+        where.append(f'"id" IN ({", ".join(":" + n for n in ids) or "NULL"})')
+        params.update(ids)
     if started_only:
         where.append('"started_at" IS NOT NULL')
     sql = f'SELECT {", ".join(f"{chr(34)}{c}{chr(34)}" for c in COLUMNS)} FROM "jobs"'
@@ -144,11 +158,20 @@ def _decode(row) -> JobRow:
     return JobRow._make(values)
 
 
+def utc_time(value: str | datetime | None) -> datetime | None:
+    """An aware UTC datetime from what a driver returns for a time column (SQLite: naive UTC
+    text, PostgreSQL: a datetime)."""
+    return _when(value)
+
+
 def _when(value: str | datetime | None) -> datetime | None:
     """An aware UTC datetime from what a driver returns (SQLite: naive UTC text)."""
     if not value:
         return None
     if isinstance(value, str):
+        tail = value[19:]  # after "YYYY-MM-DD HH:MM:SS": fractions, and an offset if any
+        if len(value) >= 19 and "+" not in tail and "-" not in tail and "Z" not in tail:  # naive UTC: 5x faster than .replace
+            return datetime.fromisoformat(value + "+00:00")
         value = datetime.fromisoformat(value)
     return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
@@ -186,7 +209,7 @@ def _fetch_sqlite(sql: str, params: dict[str, Any]) -> list | None:
     except sqlite3.Error:
         return None
     try:
-        con.execute("PRAGMA busy_timeout=30000")
+        con.execute(busy_timeout_pragma())
         return con.execute(sql, params).fetchall()
     except sqlite3.Error:
         return None

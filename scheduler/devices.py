@@ -11,7 +11,6 @@ pynvml is imported inside functions so that `python -m scheduler queue` starts f
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -24,7 +23,13 @@ from scheduler import procs
 if TYPE_CHECKING:
     from scheduler.faults import Fault
 
-log = logging.getLogger(__name__)
+
+def _log():
+    """This module's logger; logging is imported on first use (it costs `submit` ~5 ms)."""
+    import logging
+
+    return logging.getLogger(__name__)
+
 
 VIRTUAL_ENV_VAR = "SAE_DIST_VIRTUAL_GPUS"
 DEFAULT_VIRTUAL_GPUS = 2
@@ -158,25 +163,25 @@ def nvml_inventory(nvml: ModuleType | Any | None = None) -> list[DeviceInfo] | N
         try:
             import pynvml as nvml
         except ImportError:
-            log.debug("nvidia-ml-py is not installed: no NVML inventory")
+            _log().debug("nvidia-ml-py is not installed: no NVML inventory")
             return None
     try:
         nvml.nvmlInit()
     except Exception as exc:  # no driver library, driver not loaded, no permission...
-        log.debug("NVML did not start: %s", exc)
+        _log().debug("NVML did not start: %s", exc)
         return None
     os.environ["CUDA_DEVICE_ORDER"] = CUDA_DEVICE_ORDER
     try:
         count = nvml.nvmlDeviceGetCount()
         return [read_device(nvml, i) for i in range(count)] or None
     except Exception as exc:
-        log.warning("NVML started but could not count GPUs: %s", exc)
+        _log().warning("NVML started but could not count GPUs: %s", exc)
         return None
     finally:
         try:
             nvml.nvmlShutdown()
         except Exception as exc:
-            log.debug("nvmlShutdown failed: %s", exc)
+            _log().debug("nvmlShutdown failed: %s", exc)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -43,6 +43,9 @@ _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # SLURM's nice range; priority = -nice must fit the database's integer column.
 MAX_PRIORITY = 2_147_483_645
 MAX_NAME_CHARS = 256
+# The longest time limit taken (SLURM's own limits are a site's choice; a year is past any
+# job's need, and a larger number is a typo). Beyond it: UNLIMITED.
+MAX_TIME_LIMIT_S = 365 * 86400
 # %x in a file name is cut to this many bytes: a file name component may be at most 255,
 # and the pattern may add its own text (or a second %x) around it.
 MAX_NAME_IN_PATH_BYTES = 100
@@ -100,7 +103,14 @@ def parse_time_limit(s: str) -> float | None:
     total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
     if total == 0:
         raise _err("--time", f"{s!r} is a limit of zero; give a positive time, or UNLIMITED for none")
+    _check_time_limit_range(total, s)
     return float(total)
+
+
+def _check_time_limit_range(seconds: float, given: Any) -> None:
+    if seconds > MAX_TIME_LIMIT_S:
+        raise _err("--time", f"{given!r} is more than the longest limit, 365 days (365-00:00:00); "
+                   "use UNLIMITED for no limit")
 
 
 def _all_digits(parts: list[str]) -> bool:
@@ -388,6 +398,7 @@ class JobSpec:
             t = self.time_limit_s
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
                 raise _err("--time", f"must be a positive time, got {t!r}; use UNLIMITED for no limit")
+            _check_time_limit_range(t, t)
             self.time_limit_s = float(t)
         if self.begin_at is not None:
             if not isinstance(self.begin_at, datetime) or self.begin_at.tzinfo is None:

@@ -8,11 +8,9 @@ return plain values; the daemon, the supervisor, the CLI and the app share them.
 
 from __future__ import annotations
 
-import getpass
 import json
 import socket
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import and_, func, insert, or_, select, update
@@ -20,6 +18,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from sae_dist.db import FINAL_JOB_STATES, Allocation, Job, immediate_transaction, utcnow
 from sae_dist.errors import UserError
+from scheduler.newjob import NewJob, job_row  # NewJob: callers import it from here too
 
 JOBS = Job.__table__
 ALLOCATIONS = Allocation.__table__
@@ -30,44 +29,6 @@ PORT_RANGE = range(29600, 30600)
 
 class JobNotFound(UserError):
     pass
-
-
-@dataclass(frozen=True)
-class NewJob:
-    """The columns of a job at submission (built from a validated scheduler.spec.JobSpec)."""
-
-    name: str
-    kind: str
-    argv: list[str]
-    gpus: int
-    workdir: str
-    train_config: dict | None = None
-    gpu_ids: list[str] | None = None  # device uuids
-    mem_per_gpu: int | None = None
-    priority: int = 0
-    time_limit_s: float | None = None
-    begin_at: datetime | None = None
-    dependencies: tuple[tuple[str, int], ...] = ()
-    held: bool = False
-    requeue: bool = False
-    exclusive: bool = False  # holds every device while it runs (SLURM's --exclusive)
-    env: dict[str, str] | None = None
-    stdout: str | None = None
-    stderr: str | None = None
-
-
-def _row(job: NewJob, now: datetime) -> dict:
-    return {
-        "name": job.name, "user": _user(), "kind": job.kind, "argv_json": json.dumps(job.argv),
-        "train_config_json": json.dumps(job.train_config) if job.train_config is not None else None,
-        "state": "PENDING", "reason": "JobHeldUser" if job.held else None, "priority": job.priority,
-        "gpus": job.gpus, "gpu_ids_json": json.dumps(job.gpu_ids) if job.gpu_ids else None,
-        "mem_per_gpu": job.mem_per_gpu, "time_limit_s": job.time_limit_s, "begin_at": job.begin_at,
-        "dependencies_json": json.dumps([list(d) for d in job.dependencies]), "held": job.held,
-        "exclusive": job.exclusive, "requeue_on_failure": job.requeue, "requeue_count": 0, "workdir": job.workdir,
-        "env_json": json.dumps(job.env or {}), "stdout_pattern": job.stdout, "stderr_pattern": job.stderr,
-        "cancel_requested": False, "submitted_at": now,
-    }
 
 
 def submit(engine: Engine, job: NewJob, now: datetime | None = None) -> int:
@@ -85,7 +46,7 @@ def submit_many(engine: Engine, jobs: list[NewJob], now: datetime | None = None)
             missing = sorted(wanted - found)
             if missing:
                 raise UserError(f"unknown dependency: job {missing[0]} does not exist (see `queue --all`)")
-        return [conn.execute(insert(JOBS).values(**_row(job, now)).returning(JOBS.c.id)).scalar_one()
+        return [conn.execute(insert(JOBS).values(**job_row(job, now)).returning(JOBS.c.id)).scalar_one()
                 for job in jobs]
 
 
@@ -281,10 +242,3 @@ def _first(engine_or_conn, query):
         return engine_or_conn.execute(query).first()
     with engine_or_conn.connect() as conn:
         return conn.execute(query).first()
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:  # no passwd entry in some containers
-        return "unknown"

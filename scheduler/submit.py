@@ -13,23 +13,12 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from scheduler.devices import DeviceInfo
-from scheduler.spec import JobSpec, resolve_devices, resolve_gpus
-from scheduler.store import NewJob, submit
+from scheduler.newjob import new_job
+from scheduler.spec import JobSpec
+from scheduler.store import submit
 
 DEMO_DEVICES = 2
 """The demo trains on this many devices when they are free (else on 1)."""
-
-
-def new_job(spec: JobSpec, devices: list[tuple[int, str]]) -> NewJob:
-    """The row to store for `spec` on this machine's devices, (index, uuid): its device ids as
-    uuids and its count resolved (an exclusive job's default is every device)."""
-    uuids = resolve_devices(spec, devices)
-    return NewJob(
-        name=spec.name, kind=spec.kind, argv=spec.argv, gpus=resolve_gpus(spec, devices), workdir=spec.workdir,
-        train_config=spec.train_config, gpu_ids=uuids, mem_per_gpu=spec.mem_per_gpu,
-        priority=spec.priority, time_limit_s=spec.time_limit_s, begin_at=spec.begin_at,
-        dependencies=tuple(spec.dependencies), held=spec.held, requeue=spec.requeue,
-        exclusive=spec.exclusive, env=spec.env, stdout=spec.stdout, stderr=spec.stderr)
 
 
 def submit_spec(engine: Engine, spec: JobSpec, devices: list[DeviceInfo] | None = None) -> int:

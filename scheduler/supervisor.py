@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 from sae_dist.contract import (
@@ -31,7 +32,9 @@ from sae_dist.db import get_engine
 from sae_dist.paths import state_home
 from scheduler import procs
 from scheduler.devices import VIRTUAL_PREFIX
-from scheduler.store import finish_job, get_job, record_process, requeue
+from scheduler.final_state import FinalState, record_until_stored
+from scheduler.storage_errors import storage_problem
+from scheduler.store import get_job, record_process
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +122,8 @@ def supervise(job_id: int) -> int:
                                 env=job_environment(job, devices, dict(os.environ)),
                                 stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, start_new_session=True)
     except (OSError, ValueError) as e:  # program not found, workdir gone, bad pattern...
-        finish_job(engine, job_id, "FAILED", exit_code=127, reason=f"could not start: {e}")
+        record_until_stored(engine, job_id, FinalState("FAILED", 127, None, f"could not start: {e}", _now(),
+                                                      started_at=job.started_at.isoformat()))
         return 1
     record_process(engine, job_id, pid=proc.pid, pgid=proc.pid, proc_start_ticks=procs.start_ticks(proc.pid),
                    stdout_path=str(out_path), stderr_path=str(err_path))
@@ -140,14 +144,16 @@ def supervise(job_id: int) -> int:
     if leftovers:
         procs.signal_pids(leftovers, signal.SIGKILL)
     state, code, sig = classify_exit(proc.returncode, cancelled, timed_out, _tail(err_path))
-    job = get_job(engine, job_id)
-    requeue_asked = cancelled and job.reason == "Requeue requested"
-    finish_job(engine, job_id, state, exit_code=code, signal=sig,
-               reason="Time limit reached" if timed_out else ("Cancelled by user" if cancelled else None))
-    if requeue_asked:
-        requeue(engine, job_id)
+    reason = "Time limit reached" if timed_out else ("Cancelled by user" if cancelled else None)
+    # Kept on disk first, then recorded, retried while the database refuses: never lost.
+    record_until_stored(engine, job_id, FinalState(state, code, sig, reason, _now(), cancelled=cancelled,
+                                                          started_at=job.started_at.isoformat()))
     _poke_daemon()
     return 0
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()
 
 
 def _cancel_requested(engine, job_id: int) -> bool:
@@ -155,8 +161,14 @@ def _cancel_requested(engine, job_id: int) -> bool:
 
     from scheduler.store import JOBS
 
-    with engine.connect() as conn:
-        return bool(conn.execute(select(JOBS.c.cancel_requested).where(JOBS.c.id == job_id)).scalar())
+    try:
+        with engine.connect() as conn:
+            return bool(conn.execute(select(JOBS.c.cancel_requested).where(JOBS.c.id == job_id)).scalar())
+    except Exception as e:
+        if storage_problem(e) is None:
+            raise
+        engine.dispose()  # unreadable for now: the job runs on; asked again next poll
+        return False
 
 
 def _tail(path: Path, size: int = 4096) -> str:

@@ -8,13 +8,11 @@ power reading (virtual ones) gives no energy: unknown, not zero.
 from __future__ import annotations
 
 from collections import defaultdict
-from statistics import fmean
 
-from sqlalchemy import select
-
-from sae_dist.db import GpuSample
+from sae_dist.job_listing import query, utc_time
 
 MAX_GAP_S = 5.0
+CHUNK = 500  # job ids per query
 
 
 def summarize(samples: list[tuple[str, float, float | None, int | None, float | None]]) -> dict:
@@ -35,7 +33,7 @@ def summarize(samples: list[tuple[str, float, float | None, int | None, float | 
             energy_j += (p0 + p1) / 2 * (t1 - t0)
             measured = True
     return {
-        "mean_util_pct": fmean(utils) if utils else None,
+        "mean_util_pct": sum(utils) / len(utils) if utils else None,  # statistics costs acct 4 ms
         "peak_util_pct": max(utils) if utils else None,
         "peak_memory_bytes": max(mems) if mems else None,
         "energy_wh": energy_j / 3600 if measured else None,
@@ -43,15 +41,20 @@ def summarize(samples: list[tuple[str, float, float | None, int | None, float | 
     }
 
 
-def job_usage(engine, job_ids: list[int]) -> dict[int, dict]:
-    if not job_ids:
-        return {}
-    t = GpuSample.__table__
+def job_usage(engine, job_ids: list[int] | None) -> dict[int, dict]:
+    """Each job's usage (see `summarize`), for `job_ids` (None: every job with samples). Read
+    with plain SQL: without `engine`, from the SQLite state file by the standard library, so
+    `acct` does not pay for importing SQLAlchemy."""
+    columns = 'SELECT "job_id", "device_uuid", "time", "utilization_pct", "memory_used", "power_w" FROM "gpu_samples"'
+    if job_ids is None:
+        chunks = [query(columns + ' WHERE "job_id" IS NOT NULL', {}, engine)]
+    else:
+        chunks = []
+        for i in range(0, len(job_ids), CHUNK):
+            names = {f"j{k}": job_id for k, job_id in enumerate(job_ids[i:i + CHUNK])}
+            chunks.append(query(f'{columns} WHERE "job_id" IN ({", ".join(":" + n for n in names)})', names, engine))
     rows: dict[int, list] = defaultdict(list)
-    with engine.connect() as conn:
-        for i in range(0, len(job_ids), 500):
-            query = select(t.c.job_id, t.c.device_uuid, t.c.time, t.c.utilization_pct, t.c.memory_used, t.c.power_w)\
-                .where(t.c.job_id.in_(job_ids[i:i + 500]))
-            for r in conn.execute(query):
-                rows[r.job_id].append((r.device_uuid, r.time.timestamp(), r.utilization_pct, r.memory_used, r.power_w))
+    for chunk in chunks:
+        for job_id, device, time, util, memory, power in chunk:
+            rows[job_id].append((device, utc_time(time).timestamp(), util, memory, power))
     return {job_id: summarize(samples) for job_id, samples in rows.items()}

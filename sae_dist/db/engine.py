@@ -21,16 +21,14 @@ from sqlalchemy.engine import Connection, Engine, make_url
 
 from sae_dist.errors import UserError
 from sae_dist.paths import default_db_url, state_home
+from sae_dist.state_db import HEAD_REVISION, busy_timeout_pragma  # HEAD_REVISION: re-exported
 
 if TYPE_CHECKING:
     from alembic.config import Config
 
-# The newest migration in migrations/versions/ (a test checks it against Alembic's head).
-HEAD_REVISION = "0008"
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
-SQLITE_PRAGMAS = (
-    "PRAGMA busy_timeout=30000",  # first: the journal_mode switch below may have to wait
+SQLITE_PRAGMAS = (  # after busy_timeout_pragma(): the journal_mode switch may have to wait
     "PRAGMA journal_mode=WAL",
     "PRAGMA synchronous=NORMAL",
     "PRAGMA foreign_keys=ON",
@@ -121,7 +119,7 @@ def _create_engine(url: str) -> Engine:
         # write, which makes BEGIN IMMEDIATE impossible); we emit BEGIN in _on_begin.
         dbapi_conn.isolation_level = None
         cursor = dbapi_conn.cursor()
-        for pragma in SQLITE_PRAGMAS:
+        for pragma in (busy_timeout_pragma(), *SQLITE_PRAGMAS):
             cursor.execute(pragma)
         cursor.close()
 
