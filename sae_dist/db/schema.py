@@ -330,6 +330,18 @@ class ClusterJob(Base, table=True):
     ended_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
+class QueueVersion(Base, table=True):
+    """One row whose `version` grows with every change that can let a pending job start: a job
+    submitted, or its state, hold, priority, start time, dependencies or request changed. Database
+    triggers (migration 0009) count it for every writer, so the daemon notices any change with
+    one read instead of reading the whole queue every pass."""
+
+    __tablename__ = "queue_version"
+
+    id: int | None = Field(default=None, primary_key=True)
+    version: int = Field(default=0, sa_type=BigInteger)
+
+
 class Allocation(Base, table=True):
     """A device held by a job; the partial unique index makes a double allocation impossible."""
 
