@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import threading
 import time
 from datetime import datetime, timedelta, timezone
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from filelock import FileLock
 from sqlalchemy import delete, insert
 
-from sae_dist.db import GpuSample, get_engine, utcnow
+from sae_dist.db import FINAL_JOB_STATES, GpuSample, get_engine, utcnow
 from sae_dist.db.schema import Device
 from sae_dist.paths import state_home
 from scheduler import control, procs, store
@@ -38,7 +40,30 @@ log = logging.getLogger(__name__)
 PASS_INTERVAL_S = 1.0
 SAMPLE_FLUSH_S = 5.0  # samples are written in batches
 RETENTION_DAYS = float(os.environ.get("SAE_DIST_SAMPLE_RETENTION_DAYS", "7"))
-SUPERVISOR_START_GRACE_S = 10.0  # a job just started may not have its supervisor recorded yet
+# Without a change seen, the queue is planned again this often anyway: a device's free memory
+# (for --mem-per-gpu) and the backfill window move with time, not with any write we could see.
+FULL_PASS_S = float(os.environ.get("SAE_DIST_FULL_PASS_S", "10"))
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What one pass saw of the things that can let a pending job start."""
+
+    queue_version: int  # grows with submits, ends, cancels, holds, releases (database triggers)
+    reaped: bool  # a running job's supervisor was gone
+    devices: tuple  # (uuid, free, unavailable) of each device
+    poked: bool  # someone woke us (submit, an action, a supervisor that finished)
+    now: float
+
+
+def plan_due(last: Seen | None, seen: Seen, next_begin: float, full_pass_s: float) -> bool:
+    """Whether this pass must plan: something changed since the last plan, a pending job's begin
+    time came, or the last plan is `full_pass_s` old. An idle pass plans nothing, so its cost does
+    not grow with the number of pending jobs."""
+    if last is None or seen.poked or seen.reaped:
+        return True
+    return (seen.queue_version != last.queue_version or seen.devices != last.devices
+            or seen.now >= next_begin or seen.now - last.now >= full_pass_s)
 
 
 class Daemon:
@@ -52,13 +77,20 @@ class Daemon:
         self.last_flush = time.monotonic()
         self.last_retention = 0.0
         self.pass_lock = FileLock(str(state_home() / "scheduler.lock"))
+        self.poked = False
+        self.last_seen: Seen | None = None  # as of the last plan
+        self.next_begin = math.inf  # the earliest begin time among pending jobs, as of the last plan
+        self.views: dict[int, JobView] = {}  # pending job id -> its view, built once
+        self.spawned: dict[int, int] = {}  # job id -> the supervisor we forked, until it runs
+        self.exited: set[int] = set()  # those of them we have collected
+        self.inventory: list[dict] | None = None  # the device rows last written
 
     # ---- the loop ----
     def run(self) -> None:
         lock = control.take_daemon_lock()
         try:
             me = control.write_pid_file()
-            signal.signal(signal.SIGUSR1, lambda *_: self.wake.set())
+            signal.signal(signal.SIGUSR1, lambda *_: self._poke())
             signal.signal(signal.SIGTERM, lambda *_: self._stop())
             signal.signal(signal.SIGINT, lambda *_: self._stop())
             log.info("daemon %d started for %s", me, state_home())
@@ -76,63 +108,106 @@ class Daemon:
             self.health.stop()
             lock.release()
 
+    def _poke(self) -> None:
+        self.poked = True
+        self.wake.set()
+
     def _stop(self) -> None:
         self.stopping.set()
         self.wake.set()
 
     # ---- one pass ----
     def scheduling_pass(self) -> list[int]:
+        """Reap, read the devices, sample them; plan only when something changed (see `plan_due`)."""
         with self.pass_lock:
             now = time.time()
             with self.engine.connect() as conn:
-                pending, running = store.pending_and_running(conn)
+                version = store.queue_version(conn)
+                running = store.running_jobs(conn)
                 allocations = store.active_allocations(conn)
-                deps = {d for j in pending for _, d in json.loads(j.dependencies_json)}
-                finished = store.finished_states(conn, deps)
-                known = set(finished) | {j.id for j in pending} | {j.id for j in running}
             # Samples name the job that runs on a device; an exclusive job's other devices are
             # held but idle, and must not dilute its utilisation (acct, benchmarks).
             in_use = {u: j.id for j in running for u in json.loads(j.devices_json or "[]")
                       if allocations.get(u) == j.id}
-            running = self._reap(running, now)
-            devices = self._read_devices(running, allocations, self._faults(now))
-            started_at = {j.id: j.started_at.timestamp() for j in running if j.started_at}
-            our_pids = {p for j in running for p in procs.job_pids(j)}
+            alive = self._reap(running, now)
+            devices = self._read_devices(alive, allocations, self._faults(now))
+            started_at = {j.id: j.started_at.timestamp() for j in alive if j.started_at}
+            our_pids = {p for j in alive for p in procs.job_pids(j)}
             states = classify(devices, {u: j for u, j in allocations.items()}, started_at, our_pids, now)
             self._sample(devices, in_use)
             views = [DeviceView(uuid=d.uuid, index=d.index, free=states[d.uuid].state == "idle",
                                 free_memory=d.memory_free, unavailable=states[d.uuid].state == "unavailable")
                      for d in devices]
-            held: dict[int, list[str]] = {}
-            for uuid, job_id in allocations.items():
-                held.setdefault(job_id, []).append(uuid)
-            decision = plan([_job_view(j) for j in pending], [_job_view(j, held.get(j.id, ())) for j in running],
-                            views, {**finished, **{d: "UNKNOWN" for d in deps - known}}, now)
-            started = store.start_jobs(self.engine, decision.starts, decision.reasons, holds=decision.holds)
-            for job_id, _, _ in started:
-                self._spawn_supervisor(job_id)
+            seen = Seen(version, len(alive) != len(running), tuple((v.uuid, v.free, v.unavailable) for v in views),
+                        self.poked, now)
+            if not plan_due(self.last_seen, seen, self.next_begin, FULL_PASS_S):
+                return []
+            self.poked = False  # a wake-up from now on asks for another pass
+            started = self._plan_and_start(alive, allocations, views, now)
+            self.last_seen = seen
+        return started
+
+    def _plan_and_start(self, running: list, allocations: dict[str, int], views: list[DeviceView],
+                        now: float) -> list[int]:
+        """Plan over the schedulable pending jobs, start what it says, write changed reasons."""
+        with self.engine.connect() as conn:
+            stored_reasons = store.schedulable(conn)
+            fresh = [i for i in stored_reasons if i not in self.views]
+            self.views = {i: self.views[i] for i in stored_reasons if i in self.views}
+            # A pending job's request never changes after submit (a hold only hides it), so
+            # its view is built once: a pass over 10,000 pending jobs parses none of them again.
+            self.views.update((j.id, _job_view(j)) for j in store.jobs_by_id(conn, fresh))
+            pending = list(self.views.values())
+            deps = {d for j in pending for _, d in j.dependencies}
+            dep_states = store.job_states(conn, deps)
+        finished = {i: s for i, s in dep_states.items() if s in FINAL_JOB_STATES}
+        live = {i for i, s in dep_states.items() if s not in FINAL_JOB_STATES}
+        held: dict[int, list[str]] = {}
+        for uuid, job_id in allocations.items():
+            held.setdefault(job_id, []).append(uuid)
+        decision = plan(pending, [_job_view(j, held.get(j.id, ())) for j in running], views,
+                        {**finished, **{d: "UNKNOWN" for d in deps - set(dep_states)}}, now, live_ids=live)
+        changed = {i: r for i, r in decision.reasons.items() if stored_reasons.get(i) != r}
+        started = store.start_jobs(self.engine, decision.starts, changed, holds=decision.holds)
+        for job_id, _, _ in started:
+            self._spawn_supervisor(job_id)
+        waits = [j.begin_at for j in pending if j.begin_at is not None and j.begin_at > now]
+        self.next_begin = min(waits, default=math.inf)
         return [job_id for job_id, _, _ in started]
 
     def _reap(self, running: list, now: float) -> list:
-        """Jobs whose supervisor is gone: stop what is left of them, free their devices."""
+        """Jobs whose supervisor is gone: stop what is left of them, free their devices. A job
+        no supervisor registered for never ran: back to the queue, unless our own fork of its
+        supervisor is still on its way (or died trying: that one failed)."""
         alive = []
         for job in running:
             if procs.is_alive(job.supervisor_pid, job.supervisor_start_ticks):
                 alive.append(job)
                 continue
-            if job.supervisor_pid is None and job.started_at and now - job.started_at.timestamp() < SUPERVISOR_START_GRACE_S:
-                alive.append(job)  # being started by this daemon right now
+            child = self.spawned.get(job.id)
+            if job.supervisor_pid is None and child is not None and child not in self.exited:
+                alive.append(job)  # forked by us a moment ago, registering itself now
+                continue
+            if job.supervisor_pid is None and child is None:
+                state = store.unstart_job(self.engine, job.id)
+                if state is not None:
+                    log.warning("job %d: its daemon died before its supervisor started; %s", job.id, state)
+                    continue
+                alive.append(job)  # its supervisor registered in the meantime
                 continue
             if job.pid and procs.is_alive(job.pid, job.proc_start_ticks):
                 procs.terminate_tree(job.pid, job.pgid, grace_s=5.0)
             state = store.finish_job(self.engine, job.id, "NODE_FAIL",
                                      reason="its supervisor vanished (killed, or the machine restarted)")
             log.warning("job %d: supervisor gone, %s", job.id, state)
+        running_ids = {j.id for j in alive}
+        self.spawned = {j: p for j, p in self.spawned.items() if j in running_ids}
         return alive
 
     def _spawn_supervisor(self, job_id: int) -> None:
         """Fork the job's supervisor: it inherits our imports, so a job starts in milliseconds
-        rather than the ~0.4 s a fresh Python takes to import the database layer."""
+        rather than the ~0.4 s a fresh Python takes to import the database layer. It registers
+        itself (`store.claim_supervision`) before it starts the job."""
         log_path = state_home() / "logs" / "supervisors.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # No SQLite connection may cross the fork: the child would inherit SQLite's per-process
@@ -159,8 +234,8 @@ class Daemon:
             finally:
                 logging.shutdown()
                 os._exit(code)
-        store.record_process(self.engine, job_id, supervisor_pid=pid,
-                             supervisor_start_ticks=procs.start_ticks(pid))
+        self.spawned[job_id] = pid
+        self.exited.discard(pid)
 
     def _reap_children(self) -> None:
         """Collect ended supervisors (our children) so none lingers as a zombie."""
@@ -171,6 +246,8 @@ class Daemon:
                 return
             if pid == 0:
                 return
+            self.exited.add(pid)
+        self.exited &= set(self.spawned.values())
 
     # ---- devices ----
     def _faults(self, now: float) -> dict[str, Fault]:
@@ -192,12 +269,16 @@ class Daemon:
                  "error": d.error, "memory_total": d.memory_total, "pci_bus_id": d.pci_bus_id, "updated_at": now}
                 for d in devices]
         table = Device.__table__
+        same = [{k: v for k, v in r.items() if k != "updated_at"} for r in rows]
+        if same == self.inventory:
+            return  # an idle pass writes nothing: the inventory is rewritten when it changes
         with self.engine.begin() as conn:
             conn.execute(delete(table).where(table.c.uuid.not_in([r["uuid"] for r in rows])))
             for row in rows:
                 updated = conn.execute(table.update().where(table.c.uuid == row["uuid"]).values(**row))
                 if updated.rowcount == 0:
                     conn.execute(insert(table).values(**row))
+        self.inventory = same
 
     # ---- samples ----
     def _sample(self, devices: list[DeviceInfo], in_use: dict[str, int]) -> None:
@@ -273,4 +354,4 @@ def main() -> int:
     return 0
 
 
-__all__ = ["Daemon", "thin_samples", "main"]
+__all__ = ["Daemon", "Seen", "plan_due", "thin_samples", "main"]

@@ -19,10 +19,12 @@ from sqlalchemy import and_, func, insert, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from sae_dist.db import FINAL_JOB_STATES, Allocation, Job, immediate_transaction, utcnow
+from sae_dist.db.schema import QueueVersion
 from sae_dist.errors import UserError
 
 JOBS = Job.__table__
 ALLOCATIONS = Allocation.__table__
+QUEUE_VERSION = QueueVersion.__table__
 
 # Rendezvous ports handed to jobs: away from torchrun's default 29500.
 PORT_RANGE = range(29600, 30600)
@@ -262,6 +264,70 @@ def requeue(engine: Engine, job_id: int) -> str:
             state="PENDING", reason=None, started_at=None, ended_at=None, exit_code=None, signal=None,
             cancel_requested=False, requeue_count=JOBS.c.requeue_count + 1))
         return "requeued"
+
+
+def queue_version(conn: Connection) -> int:
+    """Grows with every change that may let a pending job start (kept by database triggers)."""
+    return conn.execute(select(QUEUE_VERSION.c.version).where(QUEUE_VERSION.c.id == 1)).scalar() or 0
+
+
+def running_jobs(conn: Connection) -> list[Job]:
+    return [Job.model_validate(r._mapping) for r in conn.execute(select(JOBS).where(JOBS.c.state == "RUNNING"))]
+
+
+def schedulable(conn: Connection) -> dict[int, str | None]:
+    """Pending jobs not held (id -> the reason stored now): the ones a scheduling pass considers."""
+    rows = conn.execute(select(JOBS.c.id, JOBS.c.reason).where(
+        and_(JOBS.c.state == "PENDING", JOBS.c.held.is_(False))))
+    return {r.id: r.reason for r in rows}
+
+
+def jobs_by_id(conn: Connection, ids: Iterable[int]) -> list[Job]:
+    ids, found = sorted(set(ids)), []
+    for i in range(0, len(ids), 500):  # SQLite's bound-parameter limit
+        found += [Job.model_validate(r._mapping) for r in conn.execute(select(JOBS).where(JOBS.c.id.in_(ids[i:i + 500])))]
+    return found
+
+
+def job_states(conn: Connection, ids: Iterable[int]) -> dict[int, str]:
+    """id -> state for those of `ids` that exist."""
+    ids, found = sorted(set(ids)), {}
+    for i in range(0, len(ids), 500):
+        found.update(conn.execute(select(JOBS.c.id, JOBS.c.state).where(JOBS.c.id.in_(ids[i:i + 500]))).all())
+    return found
+
+
+def claim_supervision(engine: Engine, job_id: int, started_at: datetime, pid: int, start_ticks: int | None) -> bool:
+    """A supervisor registers itself, before it starts the job: True when the job is still the
+    RUNNING one it was forked for and no other supervisor has it (else it must not run it)."""
+    with immediate_transaction(engine) as conn:
+        return conn.execute(update(JOBS).where(and_(
+            JOBS.c.id == job_id, JOBS.c.state == "RUNNING", JOBS.c.started_at == started_at,
+            JOBS.c.supervisor_pid.is_(None))).values(
+            supervisor_pid=pid, supervisor_start_ticks=start_ticks)).rowcount == 1
+
+
+def unstart_job(engine: Engine, job_id: int, now: datetime | None = None) -> str | None:
+    """A RUNNING job no supervisor ever registered for (its daemon died before or at the fork)
+    never ran: back to PENDING (CANCELLED if a cancel came meanwhile), its devices freed.
+    None when a supervisor registered first (the claim and this are one transaction each)."""
+    now = now or utcnow()
+    with immediate_transaction(engine) as conn:
+        row = conn.execute(select(JOBS.c.cancel_requested).where(and_(
+            JOBS.c.id == job_id, JOBS.c.state == "RUNNING", JOBS.c.supervisor_pid.is_(None),
+            JOBS.c.pid.is_(None)))).first()
+        if row is None:
+            return None
+        values = {"port": None, "devices_json": None, "started_at": None}
+        if row.cancel_requested:
+            values.update(state="CANCELLED", reason="Cancelled by user", ended_at=now)
+        else:
+            values.update(state="PENDING", reason=None)
+        conn.execute(update(JOBS).where(JOBS.c.id == job_id).values(**values))
+        conn.execute(update(ALLOCATIONS).where(and_(ALLOCATIONS.c.job_id == job_id,
+                                                    ALLOCATIONS.c.released_at.is_(None)))
+                     .values(released_at=now))
+        return values["state"]
 
 
 def pending_and_running(conn: Connection) -> tuple[list[Job], list[Job]]:

@@ -31,7 +31,7 @@ from sae_dist.db import get_engine
 from sae_dist.paths import state_home
 from scheduler import procs
 from scheduler.devices import VIRTUAL_PREFIX
-from scheduler.store import finish_job, get_job, record_process, requeue
+from scheduler.store import claim_supervision, finish_job, get_job, record_process, requeue
 
 log = logging.getLogger(__name__)
 
@@ -99,11 +99,11 @@ def supervise(job_id: int) -> int:
     job = get_job(engine, job_id)
     if job.state != "RUNNING":
         return 0
-    # We record ourselves, first: the daemon records us only after the fork, and a daemon killed
-    # in between would leave a running job without a supervisor on record, which the next
-    # daemon ends as NODE_FAIL once the start grace has passed.
+    # We register ourselves before the job starts, and only while no one else has it: a daemon
+    # that finds a RUNNING job without a supervisor puts it back in the queue (it never ran).
     me = os.getpid()
-    record_process(engine, job_id, supervisor_pid=me, supervisor_start_ticks=procs.start_ticks(me))
+    if not claim_supervision(engine, job_id, job.started_at, me, procs.start_ticks(me)):
+        return 0
     _become_subreaper()
     devices = json.loads(job.devices_json or "[]")
     stop = threading.Event()
