@@ -11,6 +11,7 @@ check they are alive).
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
@@ -43,6 +44,8 @@ RETENTION_DAYS = float(os.environ.get("SAE_DIST_SAMPLE_RETENTION_DAYS", "7"))
 # Without a change seen, the queue is planned again this often anyway: a device's free memory
 # (for --mem-per-gpu) and the backfill window move with time, not with any write we could see.
 FULL_PASS_S = float(os.environ.get("SAE_DIST_FULL_PASS_S", "10"))
+RELOAD_S = 300.0  # the queue is read whole this often anyway (a change row is cheap insurance, not proof)
+FORGET_EVERY = 1000  # delete the change rows read, in batches
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,10 @@ class Daemon:
         self.poked = False
         self.last_seen: Seen | None = None  # as of the last plan
         self.next_begin = math.inf  # the earliest begin time among pending jobs, as of the last plan
-        self.views: dict[int, JobView] = {}  # pending job id -> its view, built once
+        self.queue: dict[int, tuple[JobView, str | None]] = {}  # pending, not held: view, stored reason
+        self.seq: int | None = None  # the last job change read into `queue`
+        self.loaded_at = 0.0  # when `queue` was last read whole
+        self.forgotten = 0  # job changes up to this one are deleted
         self.spawned: dict[int, int] = {}  # job id -> the supervisor we forked, until it runs
         self.exited: set[int] = set()  # those of them we have collected
         self.inventory: list[dict] | None = None  # the device rows last written
@@ -122,7 +128,7 @@ class Daemon:
         with self.pass_lock:
             now = time.time()
             with self.engine.connect() as conn:
-                version = store.queue_version(conn)
+                version = store.last_change(conn)
                 running = store.running_jobs(conn)
                 allocations = store.active_allocations(conn)
             # Samples name the job that runs on a device; an exclusive job's other devices are
@@ -130,6 +136,9 @@ class Daemon:
             in_use = {u: j.id for j in running for u in json.loads(j.devices_json or "[]")
                       if allocations.get(u) == j.id}
             alive = self._reap(running, now)
+            if len(alive) != len(running):  # it freed devices
+                with self.engine.connect() as conn:
+                    allocations = store.active_allocations(conn)
             devices = self._read_devices(alive, allocations, self._faults(now))
             started_at = {j.id: j.started_at.timestamp() for j in alive if j.started_at}
             our_pids = {p for j in alive for p in procs.job_pids(j)}
@@ -151,13 +160,8 @@ class Daemon:
                         now: float) -> list[int]:
         """Plan over the schedulable pending jobs, start what it says, write changed reasons."""
         with self.engine.connect() as conn:
-            stored_reasons = store.schedulable(conn)
-            fresh = [i for i in stored_reasons if i not in self.views]
-            self.views = {i: self.views[i] for i in stored_reasons if i in self.views}
-            # A pending job's request never changes after submit (a hold only hides it), so
-            # its view is built once: a pass over 10,000 pending jobs parses none of them again.
-            self.views.update((j.id, _job_view(j)) for j in store.jobs_by_id(conn, fresh))
-            pending = list(self.views.values())
+            self._follow_queue(conn, now)
+            pending = [view for view, _ in self.queue.values()]
             deps = {d for j in pending for _, d in j.dependencies}
             dep_states = store.job_states(conn, deps)
         finished = {i: s for i, s in dep_states.items() if s in FINAL_JOB_STATES}
@@ -167,13 +171,39 @@ class Daemon:
             held.setdefault(job_id, []).append(uuid)
         decision = plan(pending, [_job_view(j, held.get(j.id, ())) for j in running], views,
                         {**finished, **{d: "UNKNOWN" for d in deps - set(dep_states)}}, now, live_ids=live)
-        changed = {i: r for i, r in decision.reasons.items() if stored_reasons.get(i) != r}
+        changed = {i: r for i, r in decision.reasons.items() if self.queue[i][1] != r}
         started = store.start_jobs(self.engine, decision.starts, changed, holds=decision.holds)
+        self.queue.update((i, (self.queue[i][0], r)) for i, r in changed.items())
         for job_id, _, _ in started:
+            self.queue.pop(job_id, None)
             self._spawn_supervisor(job_id)
         waits = [j.begin_at for j in pending if j.begin_at is not None and j.begin_at > now]
         self.next_begin = min(waits, default=math.inf)
         return [job_id for job_id, _, _ in started]
+
+    def _follow_queue(self, conn, now: float) -> None:
+        """Bring `self.queue` (pending jobs not held: view, stored reason) up to date by reading
+        only the jobs changed since the last pass; all of them at start and every RELOAD_S."""
+        if self.seq is None or now - self.loaded_at >= RELOAD_S:
+            seq = store.last_change(conn)  # before the rows: a change made meanwhile is read again
+            rows, self.queue, self.loaded_at = store.queue_rows(conn), {}, now
+            full = True
+        else:
+            full = False
+            seq, ids = store.changed_jobs(conn, self.seq)
+            rows = store.queue_rows(conn, ids) if ids else []
+            for job_id in ids:
+                self.queue.pop(job_id, None)
+        # A queued job's request never changes (a hold takes it out of the queue; a changed one
+        # is read again), so its view is built once, not on every pass.
+        self.queue.update((r.id, (_job_view(r), r.reason)) for r in rows if r.state == "PENDING" and not r.held)
+        self.seq = seq
+        if full:  # the views live long: spare the cycle collector walking them every pass
+            gc.collect()
+            gc.freeze()
+        if seq - self.forgotten >= FORGET_EVERY:
+            store.forget_changes(self.engine, seq)
+            self.forgotten = seq
 
     def _reap(self, running: list, now: float) -> list:
         """Jobs whose supervisor is gone: stop what is left of them, free their devices. A job

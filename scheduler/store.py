@@ -19,12 +19,12 @@ from sqlalchemy import and_, func, insert, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from sae_dist.db import FINAL_JOB_STATES, Allocation, Job, immediate_transaction, utcnow
-from sae_dist.db.schema import QueueVersion
+from sae_dist.db.schema import JobChange
 from sae_dist.errors import UserError
 
 JOBS = Job.__table__
 ALLOCATIONS = Allocation.__table__
-QUEUE_VERSION = QueueVersion.__table__
+CHANGES = JobChange.__table__
 
 # Rendezvous ports handed to jobs: away from torchrun's default 29500.
 PORT_RANGE = range(29600, 30600)
@@ -146,10 +146,14 @@ def start_jobs(engine: Engine, starts: list[tuple[int, tuple[str, ...]]], reason
     now = now or utcnow()
     started = []
     with immediate_transaction(engine) as conn:
+        by_reason: dict[str, list[int]] = {}
         for job_id, reason in reasons.items():
-            conn.execute(update(JOBS).where(and_(JOBS.c.id == job_id, JOBS.c.state == "PENDING",
-                                                 JOBS.c.reason.is_distinct_from(reason)))
-                         .values(reason=reason))
+            by_reason.setdefault(reason, []).append(job_id)
+        for reason, ids in by_reason.items():  # one statement per reason: a pass may write thousands
+            for i in range(0, len(ids), 500):
+                conn.execute(update(JOBS).where(and_(JOBS.c.id.in_(ids[i:i + 500]), JOBS.c.state == "PENDING",
+                                                     JOBS.c.reason.is_distinct_from(reason)))
+                             .values(reason=reason))
         used_ports = set(conn.scalars(select(JOBS.c.port).where(
             and_(JOBS.c.state == "RUNNING", JOBS.c.port.is_not(None)))))
         for job_id, devices in starts:
@@ -266,26 +270,43 @@ def requeue(engine: Engine, job_id: int) -> str:
         return "requeued"
 
 
-def queue_version(conn: Connection) -> int:
-    """Grows with every change that may let a pending job start (kept by database triggers)."""
-    return conn.execute(select(QUEUE_VERSION.c.version).where(QUEUE_VERSION.c.id == 1)).scalar() or 0
+def last_change(conn: Connection) -> int:
+    """The newest job change's sequence number (database triggers write one per change that may
+    let a pending job start): one indexed read tells whether anything changed."""
+    return conn.execute(select(func.max(CHANGES.c.seq))).scalar() or 0
+
+
+def changed_jobs(conn: Connection, after: int) -> tuple[int, set[int]]:
+    """(the newest sequence number, the ids of jobs changed after `after`)."""
+    rows = conn.execute(select(CHANGES.c.seq, CHANGES.c.job_id).where(CHANGES.c.seq > after)).all()
+    return max((r.seq for r in rows), default=after), {r.job_id for r in rows}
+
+
+def forget_changes(engine: Engine, upto: int) -> None:
+    """Delete the change rows the daemon has read (but the newest)."""
+    with engine.begin() as conn:
+        conn.execute(CHANGES.delete().where(CHANGES.c.seq < upto))  # the newest stays: it is the version
 
 
 def running_jobs(conn: Connection) -> list[Job]:
     return [Job.model_validate(r._mapping) for r in conn.execute(select(JOBS).where(JOBS.c.state == "RUNNING"))]
 
 
-def schedulable(conn: Connection) -> dict[int, str | None]:
-    """Pending jobs not held (id -> the reason stored now): the ones a scheduling pass considers."""
-    rows = conn.execute(select(JOBS.c.id, JOBS.c.reason).where(
-        and_(JOBS.c.state == "PENDING", JOBS.c.held.is_(False))))
-    return {r.id: r.reason for r in rows}
+# What the daemon reads of a queued job: its request (for the policy), whether it is still queued,
+# and the reason stored now (written again only when it changes).
+QUEUE_COLUMNS = [JOBS.c[c] for c in (
+    "id", "state", "held", "reason", "priority", "submitted_at", "gpus", "gpu_ids_json", "mem_per_gpu",
+    "time_limit_s", "begin_at", "dependencies_json", "started_at", "devices_json", "exclusive")]
 
 
-def jobs_by_id(conn: Connection, ids: Iterable[int]) -> list[Job]:
+def queue_rows(conn: Connection, ids: Iterable[int] | None = None) -> list:
+    """Rows of QUEUE_COLUMNS: every pending job not held, or the jobs `ids` whatever their state."""
+    if ids is None:
+        return conn.execute(select(*QUEUE_COLUMNS).where(
+            and_(JOBS.c.state == "PENDING", JOBS.c.held.is_(False)))).all()
     ids, found = sorted(set(ids)), []
     for i in range(0, len(ids), 500):  # SQLite's bound-parameter limit
-        found += [Job.model_validate(r._mapping) for r in conn.execute(select(JOBS).where(JOBS.c.id.in_(ids[i:i + 500])))]
+        found += conn.execute(select(*QUEUE_COLUMNS).where(JOBS.c.id.in_(ids[i:i + 500]))).all()
     return found
 
 

@@ -330,16 +330,17 @@ class ClusterJob(Base, table=True):
     ended_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
-class QueueVersion(Base, table=True):
-    """One row whose `version` grows with every change that can let a pending job start: a job
-    submitted, or its state, hold, priority, start time, dependencies or request changed. Database
-    triggers (migration 0009) count it for every writer, so the daemon notices any change with
-    one read instead of reading the whole queue every pass."""
+class JobChange(Base, table=True):
+    """A row per change that can let a pending job start: a job submitted or deleted, or its
+    state, hold, priority, begin time, dependencies, request or cancel flag changed. Database
+    triggers (migration 0009) write it for every writer, so the scheduler daemon reads what
+    changed since its last pass instead of the whole queue; it deletes the rows it has read."""
 
-    __tablename__ = "queue_version"
+    __tablename__ = "job_changes"
+    __table_args__ = {"sqlite_autoincrement": True}  # a sequence never reused after a delete
 
-    id: int | None = Field(default=None, primary_key=True)
-    version: int = Field(default=0, sa_type=BigInteger)
+    seq: int | None = Field(default=None, primary_key=True)
+    job_id: int
 
 
 class Allocation(Base, table=True):
