@@ -94,6 +94,13 @@ def classify_exit(returncode: int, cancelled: bool, timed_out: bool, stderr_tail
     return "FAILED", code, sig
 
 
+def took_effect(stop_asked: bool, ended_first: bool) -> bool:
+    """Whether a cancel (or a time limit) decides how a job ended, as in SLURM: only when its
+    signal reached a job that still ran; a job that had already exited keeps its own outcome
+    (exit 0: COMPLETED), whatever it does with the signal once it has it (exit 0: CANCELLED)."""
+    return stop_asked and not ended_first
+
+
 def supervise(job_id: int) -> int:
     engine = get_engine()
     job = get_job(engine, job_id)
@@ -127,13 +134,14 @@ def supervise(job_id: int) -> int:
     deadline = job.started_at.timestamp() + job.time_limit_s if job.time_limit_s else None
     cancelled = timed_out = False
     while proc.poll() is None:
-        if stop.wait(POLL_S) or _cancel_requested(engine, job_id):
-            cancelled = True
-        elif deadline is not None and time.time() >= deadline:
-            timed_out = True
-        if cancelled or timed_out:
-            procs.terminate_tree(proc.pid, proc.pid, KILL_GRACE_S)
-            proc.wait()
+        cancel = stop.wait(POLL_S) or _cancel_requested(engine, job_id)
+        late = not cancel and deadline is not None and time.time() >= deadline
+        if cancel or late:
+            ended_first = proc.poll() is not None  # it ended on its own as the cancel came
+            if not ended_first:
+                procs.terminate_tree(proc.pid, proc.pid, KILL_GRACE_S)
+                proc.wait()
+            cancelled, timed_out = took_effect(cancel, ended_first), took_effect(late, ended_first)
             break
     # Whatever the job left behind (re-parented to us) goes too: its devices are about to be freed.
     leftovers = procs.descendants(os.getpid())

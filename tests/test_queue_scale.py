@@ -1,0 +1,78 @@
+"""The scheduler's cost follows changes, not the queue's length: pure decisions on plain data."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from scheduler.daemon import Seen, plan_due
+from scheduler.policy import DEPENDENCY, DEPENDENCY_NEVER, DeviceView, JobView, plan
+from scheduler.supervisor import took_effect
+
+
+def devices(n: int = 4, busy: tuple[int, ...] = ()) -> list[DeviceView]:
+    return [DeviceView(uuid=f"d{i}", index=i, free=i not in busy) for i in range(n)]
+
+
+def test_a_dependency_on_a_job_left_out_of_the_plan_waits():
+    """The daemon plans only schedulable jobs (held ones are left out); a job that waits on a held
+    one is told it waits, not that its dependency can never be satisfied."""
+    waiter = JobView(id=2, dependencies=(("afterok", 1),))
+    assert plan([waiter], [], devices(), {}, 0.0).reasons == {2: DEPENDENCY_NEVER}
+    assert plan([waiter], [], devices(), {}, 0.0, live_ids={1}).reasons == {2: DEPENDENCY}
+
+
+def random_queue(rng: random.Random, n: int, unique: bool) -> list[JobView]:
+    """Pending jobs of a few shapes; with `unique`, each gets a memory request no device checks
+    (free memory unknown passes any), so no two share a shape but every decision is the same."""
+    jobs = []
+    for i in range(n):
+        gpus = rng.choice([1, 1, 2, 3, 5])
+        jobs.append(JobView(
+            id=100 + i, priority=rng.choice([0, 0, 1]), submitted_at=float(i), gpus=gpus,
+            gpu_ids=("d0",) if gpus == 1 and rng.random() < 0.2 else None,
+            time_limit_s=rng.choice([None, 30.0, 600.0]), exclusive=rng.random() < 0.05,
+            mem_per_gpu=(i + 1) if unique else None,
+            dependencies=(("afterok", 1),) if rng.random() < 0.2 else ()))
+    return jobs
+
+
+def test_alike_jobs_sharing_a_fate_decide_as_each_one_alone_would():
+    """The plan skips the device search for a job shaped like one that just failed to start; over
+    random queues it decides exactly as when every job is searched for (no two alike)."""
+    for seed in range(40):
+        rng = random.Random(seed)
+        running = [JobView(id=1, gpus=1, started_at=0.0, devices=("d0",), time_limit_s=rng.choice([None, 100.0])),
+                   JobView(id=2, gpus=1, started_at=0.0, devices=("d1",), time_limit_s=50.0)]
+        devs = devices(4, busy=(0, 1))
+        shared = plan(random_queue(random.Random(seed), 150, False), running, devs, {}, 10.0)
+        alone = plan(random_queue(random.Random(seed), 150, True), running, devs, {}, 10.0)
+        assert shared.starts == alone.starts, seed
+        assert shared.reasons == alone.reasons, seed
+        assert (shared.reservation and shared.reservation.job_id) == (alone.reservation and alone.reservation.job_id)
+
+
+def seen(**kw) -> Seen:
+    base = dict(queue_version=7, reaped=False, devices=(("d0", True, False),), poked=False, now=100.0)
+    return Seen(**{**base, **kw})
+
+
+def test_a_pass_plans_only_when_something_changed():
+    last = seen()
+    assert plan_due(None, seen(), math.inf, 10.0)  # a new daemon plans once
+    assert not plan_due(last, seen(now=105.0), math.inf, 10.0)  # idle: nothing read of the queue
+    assert plan_due(last, seen(queue_version=8), math.inf, 10.0)  # a submit, end, hold, release...
+    assert plan_due(last, seen(poked=True), math.inf, 10.0)
+    assert plan_due(last, seen(reaped=True), math.inf, 10.0)
+    assert plan_due(last, seen(devices=(("d0", False, False),)), math.inf, 10.0)
+    assert plan_due(last, seen(now=104.0), 103.0, 10.0)  # a pending job's begin time came
+    assert not plan_due(last, seen(now=102.0), 103.0, 10.0)
+    assert plan_due(last, seen(now=110.0), math.inf, 10.0)  # the periodic full plan
+
+
+def test_a_cancel_decides_only_when_it_reached_a_running_job():
+    """SLURM: a job that had exited when the cancel came keeps its own outcome (exit 0 is
+    COMPLETED); one the cancel's signal reached is CANCELLED whatever its exit code."""
+    assert took_effect(True, ended_first=False)
+    assert not took_effect(True, ended_first=True)
+    assert not took_effect(False, ended_first=False)
