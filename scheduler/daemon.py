@@ -1,12 +1,14 @@
 """The scheduler daemon: one per state directory; schedules, reaps and samples every device.
 
 Each pass (on every wake-up, at least once a second) runs under `scheduler.lock`: it frees the
-devices of jobs whose supervisor vanished (NODE_FAIL, or requeued), reads the devices (a device
-with an open fault is unavailable; its health is re-checked now and then, see
-`scheduler.health`), asks the pure policy which pending jobs start on which devices, applies
-that in one transaction and starts a supervisor per started job. Running jobs do not depend
-on the daemon: kill it and their supervisors carry on; a new daemon adopts them (it only has to
-check they are alive).
+devices of jobs whose supervisor vanished (NODE_FAIL, or requeued; back to PENDING when none
+ever registered), reads the devices (a device with an open fault is unavailable; its health is
+re-checked now and then, see `scheduler.health`) and samples them. Only when something changed
+(`plan_due`) does it read the jobs changed since its last plan (`job_changes`, written by
+database triggers) into the queue it keeps, ask the pure policy which pending jobs start on
+which devices, apply that in one transaction and start a supervisor per started job: an idle
+pass reads nothing of the queue, however long. Running jobs do not depend on the daemon: kill it
+and their supervisors carry on; a new daemon adopts them (it only has to check they are alive).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import threading
 import time
 from datetime import datetime, timedelta, timezone
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from filelock import FileLock
 from sqlalchemy import delete, insert
@@ -43,7 +45,7 @@ SAMPLE_FLUSH_S = 5.0  # samples are written in batches
 RETENTION_DAYS = float(os.environ.get("SAE_DIST_SAMPLE_RETENTION_DAYS", "7"))
 # Without a change seen, the queue is planned again this often anyway: a device's free memory
 # (for --mem-per-gpu) and the backfill window move with time, not with any write we could see.
-FULL_PASS_S = float(os.environ.get("SAE_DIST_FULL_PASS_S", "10"))
+FULL_PASS_S = 10.0
 RELOAD_S = 300.0  # the queue is read whole this often anyway (a change row is cheap insurance, not proof)
 FORGET_EVERY = 1000  # delete the change rows read, in batches
 
@@ -52,7 +54,7 @@ FORGET_EVERY = 1000  # delete the change rows read, in batches
 class Seen:
     """What one pass saw of the things that can let a pending job start."""
 
-    queue_version: int  # grows with submits, ends, cancels, holds, releases (database triggers)
+    queue_version: int  # the newest row of job_changes (submits, ends, cancels, holds, releases...)
     reaped: bool  # a running job's supervisor was gone
     devices: tuple  # (uuid, free, unavailable) of each device
     poked: bool  # someone woke us (submit, an action, a supervisor that finished)
@@ -85,6 +87,7 @@ class Daemon:
         self.next_begin = math.inf  # the earliest begin time among pending jobs, as of the last plan
         self.queue: dict[int, tuple[JobView, str | None]] = {}  # pending, not held: view, stored reason
         self.seq: int | None = None  # the last job change read into `queue`
+        self.last_version = 0  # the queue version the last plan accounts for
         self.loaded_at = 0.0  # when `queue` was last read whole
         self.forgotten = 0  # job changes up to this one are deleted
         self.spawned: dict[int, int] = {}  # job id -> the supervisor we forked, until it runs
@@ -139,9 +142,10 @@ class Daemon:
             if len(alive) != len(running):  # it freed devices
                 with self.engine.connect() as conn:
                     allocations = store.active_allocations(conn)
-            devices = self._read_devices(alive, allocations, self._faults(now))
+            pids = procs.jobs_pids(alive)  # one /proc scan a pass, whatever runs
+            devices = self._read_devices(alive, allocations, self._faults(now), pids)
             started_at = {j.id: j.started_at.timestamp() for j in alive if j.started_at}
-            our_pids = {p for j in alive for p in procs.job_pids(j)}
+            our_pids = {p for job_pids in pids.values() for p in job_pids}
             states = classify(devices, {u: j for u, j in allocations.items()}, started_at, our_pids, now)
             self._sample(devices, in_use)
             views = [DeviceView(uuid=d.uuid, index=d.index, free=states[d.uuid].state == "idle",
@@ -152,8 +156,9 @@ class Daemon:
             if not plan_due(self.last_seen, seen, self.next_begin, FULL_PASS_S):
                 return []
             self.poked = False  # a wake-up from now on asks for another pass
+            self.last_version = version
             started = self._plan_and_start(alive, allocations, views, now)
-            self.last_seen = seen
+            self.last_seen = replace(seen, queue_version=self.last_version)
         return started
 
     def _plan_and_start(self, running: list, allocations: dict[str, int], views: list[DeviceView],
@@ -177,9 +182,21 @@ class Daemon:
         for job_id, _, _ in started:
             self.queue.pop(job_id, None)
             self._spawn_supervisor(job_id)
+        if started:
+            self._skip_own_changes({job_id for job_id, _, _ in started})
         waits = [j.begin_at for j in pending if j.begin_at is not None and j.begin_at > now]
         self.next_begin = min(waits, default=math.inf)
         return [job_id for job_id, _, _ in started]
+
+    def _skip_own_changes(self, started: set[int]) -> None:
+        """The change rows of the jobs we just started are ours: no need to plan again for them.
+        Only while they are all still RUNNING and nothing else changed (else the next pass reads it)."""
+        with self.engine.connect() as conn:
+            seq, ids = store.changed_jobs(conn, self.seq)
+            if not ids <= started or any(s != "RUNNING" for s in store.job_states(conn, ids).values()):
+                return
+        self.seq = seq
+        self.last_version = seq
 
     def _follow_queue(self, conn, now: float) -> None:
         """Bring `self.queue` (pending jobs not held: view, stored reason) up to date by reading
@@ -287,9 +304,9 @@ class Daemon:
         self.health.start_due(faults, now)
         return faults
 
-    def _read_devices(self, running: list, allocations: dict[str, int],
-                      faults: dict[str, Fault]) -> list[DeviceInfo]:
-        devices = apply_faults(inventory(procs.pids_by_device(running), self.sampler), faults)
+    def _read_devices(self, running: list, allocations: dict[str, int], faults: dict[str, Fault],
+                      pids: dict[int, list[int]]) -> list[DeviceInfo]:
+        devices = apply_faults(inventory(procs.pids_by_device(running, pids), self.sampler), faults)
         self._store_inventory(devices)
         return devices
 
