@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
+
 from scheduler.daemon import Seen, plan_due
 from scheduler.policy import DEPENDENCY, DEPENDENCY_NEVER, DeviceView, JobView, plan
 from scheduler.supervisor import took_effect
@@ -76,3 +78,40 @@ def test_a_cancel_decides_only_when_it_reached_a_running_job():
     assert took_effect(True, ended_first=False)
     assert not took_effect(True, ended_first=True)
     assert not took_effect(False, ended_first=False)
+
+
+def changes_follow_every_writer(engine) -> None:
+    """A submit, a hold and an end each leave a change row; a reason written alone does not."""
+    from sqlalchemy import text
+
+    from scheduler.store import NewJob, changed_jobs, last_change, submit
+
+    with engine.connect() as conn:
+        before = last_change(conn)
+    job_id = submit(engine, NewJob(name="x", kind="command", argv=["true"], gpus=1, workdir="/"))
+    with engine.connect() as conn:
+        seq, ids = changed_jobs(conn, before)
+    assert ids == {job_id} and seq > before
+    with engine.begin() as conn:  # a writer outside scheduler.store, in plain SQL
+        conn.execute(text("UPDATE jobs SET reason = 'Priority' WHERE id = :i"), {"i": job_id})
+    with engine.connect() as conn:
+        assert changed_jobs(conn, seq) == (seq, set())
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE jobs SET held = :h WHERE id = :i"), {"h": True, "i": job_id})
+        conn.execute(text("UPDATE jobs SET state = 'CANCELLED' WHERE id = :i"), {"i": job_id})
+    with engine.connect() as conn:
+        later, ids = changed_jobs(conn, seq)
+    assert ids == {job_id} and later >= seq + 2
+
+
+def test_job_changes_follow_every_writer_on_sqlite(state_home):
+    from sae_dist.db import get_engine
+
+    changes_follow_every_writer(get_engine())
+
+
+@pytest.mark.slow
+def test_job_changes_follow_every_writer_on_postgres(postgres_url):
+    from sae_dist.db import get_engine
+
+    changes_follow_every_writer(get_engine(postgres_url))
