@@ -18,8 +18,8 @@ import json
 import logging
 import math
 import os
+import select
 import signal
-import threading
 import time
 from datetime import datetime, timedelta, timezone
 from collections.abc import Iterable
@@ -75,14 +75,15 @@ class Daemon:
     def __init__(self, engine=None):
         self.health = HealthChecker(recheck_interval_s())  # a bad value stops us before anything starts
         self.engine = engine or get_engine()
-        self.wake = threading.Event()
-        self.stopping = threading.Event()
+        # Signal handlers only set these flags: a handler that took a lock (Event.set) could run
+        # while the main thread holds that very lock, and hang the daemon for good.
+        self.stopping = False
+        self.poked = False
         self.sampler = CpuSampler()
         self.samples: list[dict] = []
         self.last_flush = time.monotonic()
         self.last_retention = 0.0
         self.pass_lock = FileLock(str(state_home() / "scheduler.lock"))
-        self.poked = False
         self.last_seen: Seen | None = None  # as of the last plan
         self.next_begin = math.inf  # the earliest begin time among pending jobs, as of the last plan
         self.queue: dict[int, tuple[JobView, str | None]] = {}  # pending, not held: view, stored reason
@@ -97,33 +98,33 @@ class Daemon:
     # ---- the loop ----
     def run(self) -> None:
         lock = control.take_daemon_lock()
+        wake_r, wake_w = os.pipe()
         try:
             me = control.write_pid_file()
-            signal.signal(signal.SIGUSR1, lambda *_: self._poke())
-            signal.signal(signal.SIGTERM, lambda *_: self._stop())
-            signal.signal(signal.SIGINT, lambda *_: self._stop())
+            os.set_blocking(wake_r, False)
+            os.set_blocking(wake_w, False)
+            signal.set_wakeup_fd(wake_w)  # any signal wakes the select below, even one just before it
+            signal.signal(signal.SIGUSR1, lambda *_: setattr(self, "poked", True))
+            signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
+            signal.signal(signal.SIGINT, lambda *_: setattr(self, "stopping", True))
             log.info("daemon %d started for %s", me, state_home())
-            while not self.stopping.is_set():
+            while not self.stopping:
                 started = time.monotonic()
-                self.wake.clear()
                 self._reap_children()
                 try:
                     self.scheduling_pass()
                 except Exception:  # one bad pass must not stop the queue
                     log.exception("scheduling pass failed")
-                self.wake.wait(max(0.0, PASS_INTERVAL_S - (time.monotonic() - started)))
+                if not (self.poked or self.stopping):
+                    select.select([wake_r], [], [], max(0.0, PASS_INTERVAL_S - (time.monotonic() - started)))
+                _drain(wake_r)
             self._flush_samples(force=True)
         finally:
+            signal.set_wakeup_fd(-1)
+            os.close(wake_r)
+            os.close(wake_w)
             self.health.stop()
             lock.release()
-
-    def _poke(self) -> None:
-        self.poked = True
-        self.wake.set()
-
-    def _stop(self) -> None:
-        self.stopping.set()
-        self.wake.set()
 
     # ---- one pass ----
     def scheduling_pass(self) -> list[int]:
@@ -271,6 +272,7 @@ class Daemon:
                 os.dup2(fd, 1)
                 os.dup2(fd, 2)
                 os.close(fd)
+                signal.set_wakeup_fd(-1)  # the daemon's wake-up pipe is not ours
                 for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
                     signal.signal(sig, signal.SIG_DFL)
                 from scheduler.supervisor import supervise
@@ -368,6 +370,14 @@ def thin_samples(engine, cutoff: datetime, keep_every_s: int = 60) -> int:
         for i in range(0, len(drop), 500):
             conn.execute(delete(table).where(table.c.id.in_(drop[i:i + 500])))
     return len(drop)
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def _close_lock_files() -> None:

@@ -121,3 +121,30 @@ def test_two_detached_daemons_at_once_one_starts(home):
         assert daemon_running()
     finally:
         stop_daemon()
+
+
+def test_a_storm_of_wake_ups_never_hangs_the_daemon(home):
+    """Wake-ups (SIGUSR1) arriving while the daemon's loop is inside its own wake-up bookkeeping
+    hung it for good when a handler took a lock (seen in a chaos run): it scheduled nothing more
+    and ignored SIGTERM. A storm of them, then a job: it still runs, and SIGTERM still stops it."""
+    from scheduler.daemon import Daemon
+
+    engine = get_engine()
+    Daemon(engine).scheduling_pass()  # compiled statements for the forked daemon
+    daemon = fork_daemon(home)
+    try:
+        wait_for(lambda: (home / "daemon.pid").exists() and int((home / "daemon.pid").read_text().split()[0]) == daemon,
+                 30, "the daemon")
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            for _ in range(200):
+                os.kill(daemon, signal.SIGUSR1)
+        job_id = submit(engine, counting_job(home))
+        os.kill(daemon, signal.SIGUSR1)
+        wait_for(lambda: get_job(engine, job_id).state == "COMPLETED", 30, "the job after the storm")
+        os.kill(daemon, signal.SIGTERM)
+        wait_for(lambda: os.waitpid(daemon, os.WNOHANG)[0] == daemon, 30, "the daemon to stop on SIGTERM")
+    except BaseException:
+        os.kill(daemon, signal.SIGKILL)
+        os.waitpid(daemon, 0)
+        raise
