@@ -11,6 +11,7 @@ from __future__ import annotations
 import getpass
 import json
 import socket
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -175,9 +176,19 @@ def start_jobs(engine: Engine, starts: list[tuple[int, tuple[str, ...]]], reason
     return started
 
 
+def port_search_start(home: str) -> int:
+    """Where in PORT_RANGE a state directory starts looking for a free port (stable per path)."""
+    return zlib.crc32(home.encode()) % len(PORT_RANGE)
+
+
 def _free_port(used: set[int]) -> int:
-    """A port no running job holds and nothing on this machine listens on right now."""
-    for port in PORT_RANGE:
+    """A port no running job holds and nothing on this machine listens on right now. The search
+    starts at a place of this state directory's own: two state directories on one machine (two
+    users, two test runs) would otherwise both hand out 29600 before either job listens on it."""
+    from sae_dist.paths import state_home
+
+    start = port_search_start(str(state_home()))
+    for port in [*PORT_RANGE[start:], *PORT_RANGE[:start]]:
         if port in used:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -115,3 +115,15 @@ def test_job_changes_follow_every_writer_on_postgres(postgres_url):
     from sae_dist.db import get_engine
 
     changes_follow_every_writer(get_engine(postgres_url))
+
+
+def test_two_state_directories_hand_out_different_rendezvous_ports(state_home):
+    """Two state directories on one machine (two users, two test workers) each searched from
+    29600: both handed it out before either job listened on it, and one torchrun job failed."""
+    from scheduler.store import PORT_RANGE, _free_port, port_search_start
+
+    alice, bob = port_search_start("/srv/alice/.sae_dist"), port_search_start("/srv/bob/.sae_dist")
+    assert alice != bob and {alice, bob} <= set(range(len(PORT_RANGE)))
+    assert port_search_start("/srv/alice/.sae_dist") == alice  # stable: the same place every time
+    first = _free_port(set())
+    assert first in PORT_RANGE and _free_port({first}) != first  # a port a running job holds is skipped
