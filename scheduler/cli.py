@@ -611,10 +611,9 @@ def cmd_daemon(args) -> int:
         print(f"daemon {pid} stopped" if pid else f"no daemon runs for {state_home()}")
         return 0
     if args.detach:
-        if daemon_running():
+        if daemon_running() or not start_daemon_detached():
             print(f"a daemon already runs for {state_home()}")
             return 0
-        start_daemon_detached()
         print(f"daemon started for {state_home()} (log: {state_home() / 'daemon.log'})")
         return 0
     return run_daemon()

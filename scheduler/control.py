@@ -37,16 +37,24 @@ def pid_file() -> Path:
     return state_home() / "daemon.pid"
 
 
-def take_daemon_lock() -> FileLock:
-    """The lock only the running daemon holds; a UserError when another daemon has it."""
-    from filelock import FileLock, Timeout
+def take_daemon_lock(dead_holder_wait_s: float = 5.0) -> FileLock:
+    """The lock only the running daemon holds; a UserError when another daemon has it.
+
+    A daemon SIGKILLed just as it forked a supervisor leaves its lock with that child for the
+    few milliseconds until the child closes it: while the recorded daemon is dead, we wait."""
+    from filelock import FileLock, Timeout  # here: clients never take it, and filelock costs them time
 
     lock = FileLock(str(daemon_lock_path()))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        raise UserError(f"a scheduler daemon already runs for {state_home()} (see {pid_file()})") from None
-    return lock
+    deadline = time.monotonic() + dead_holder_wait_s
+    while True:
+        try:
+            lock.acquire(timeout=0)
+            return lock
+        except Timeout:
+            pid, ticks = _recorded_daemon()
+            if procs.is_alive(pid, ticks) or time.monotonic() > deadline:
+                raise UserError(f"a scheduler daemon already runs for {state_home()} (see {pid_file()})") from None
+            time.sleep(0.01)
 
 
 def write_pid_file() -> int:
@@ -94,14 +102,29 @@ def wake_daemon() -> None:
             pass
 
 
-def start_daemon_detached() -> None:
-    """Start a daemon in the background (it exits at once if another one holds the lock)."""
+def start_daemon_detached(wait: bool = True, timeout_s: float = 30.0) -> bool:
+    """Start a daemon in the background. With `wait`, return once it holds the lock: True, or
+    False when another daemon got there first (two `daemon --detach` at once: one starts, the
+    other says a daemon runs); a UserError when it died at start. Without, return True at once
+    (after a submit: a daemon that loses the race just exits)."""
     import subprocess
 
     log_path = state_home() / "daemon.log"
     with open(log_path, "ab") as out:
-        subprocess.Popen([sys.executable, "-m", "scheduler", "daemon"], stdin=subprocess.DEVNULL,
-                         stdout=out, stderr=out, start_new_session=True, cwd=str(state_home()))
+        proc = subprocess.Popen([sys.executable, "-m", "scheduler", "daemon"], stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=out, start_new_session=True, cwd=str(state_home()))
+    deadline = time.monotonic() + timeout_s
+    while wait and time.monotonic() < deadline:
+        if _recorded_daemon()[0] == proc.pid and daemon_running():
+            return True
+        if proc.poll() is not None:
+            if daemon_running():
+                return False
+            raise UserError(f"the daemon exited with code {proc.returncode} at start (see {log_path})")
+        time.sleep(0.02)
+    if wait:
+        raise UserError(f"the daemon did not start within {timeout_s:.0f} s (see {log_path})")
+    return True
 
 
 def stop_daemon(timeout_s: float = 15.0) -> int | None:
@@ -126,7 +149,7 @@ def ensure_daemon() -> bool:
     wakes one that runs. Shared by the CLI and the app. Returns True when it started one.
     """
     if os.environ.get(AUTOSTART_ENV_VAR, "1") != "0" and not daemon_running():
-        start_daemon_detached()
+        start_daemon_detached(wait=False)
         return True
     wake_daemon()
     return False

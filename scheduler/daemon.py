@@ -1,138 +1,288 @@
 """The scheduler daemon: one per state directory; schedules, reaps and samples every device.
 
 Each pass (on every wake-up, at least once a second) runs under `scheduler.lock`: it frees the
-devices of jobs whose supervisor vanished (NODE_FAIL, or requeued), reads the devices (a device
-with an open fault is unavailable; its health is re-checked now and then, see
-`scheduler.health`), asks the pure policy which pending jobs start on which devices, applies
-that in one transaction and starts a supervisor per started job. Running jobs do not depend
-on the daemon: kill it and their supervisors carry on; a new daemon adopts them (it only has to
-check they are alive).
+devices of jobs whose supervisor vanished (NODE_FAIL, or requeued; back to PENDING when none
+ever registered), reads the devices (a device with an open fault is unavailable; its health is
+re-checked now and then, see `scheduler.health`) and samples them. Only when something changed
+(`plan_due`) does it read the jobs changed since its last plan (`job_changes`, written by
+database triggers) into the queue it keeps, ask the pure policy which pending jobs start on
+which devices, apply that in one transaction and start a supervisor per started job: an idle
+pass reads nothing of the queue, however long. Running jobs do not depend on the daemon: kill it
+and their supervisors carry on; a new daemon adopts them (it only has to check they are alive).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
+import math
 import os
+import select
 import signal
-import threading
 import time
 from datetime import datetime, timedelta, timezone
 from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
 from filelock import FileLock
 from sqlalchemy import delete, insert
 
-from sae_dist.db import GpuSample, get_engine, utcnow
+from sae_dist.db import FINAL_JOB_STATES, GpuSample, get_engine, utcnow
 from sae_dist.db.schema import Device
 from sae_dist.paths import state_home
 from scheduler import control, procs, store
 from scheduler.busy import classify
 from scheduler.devices import CpuSampler, DeviceInfo, inventory
 from scheduler.faults import Fault, apply_faults, device_faults, recheck_interval_s
+from scheduler.final_state import replay_final_state
 from scheduler.health import HealthChecker
 from scheduler.policy import DeviceView, JobView, plan
+from scheduler.storage_errors import storage_problem
 
 log = logging.getLogger(__name__)
 
 PASS_INTERVAL_S = 1.0
+MAX_STORAGE_BACKOFF_S = 8.0  # passes while the state database refuses: 1, 2, 4, 8, 8... s apart
 SAMPLE_FLUSH_S = 5.0  # samples are written in batches
 RETENTION_DAYS = float(os.environ.get("SAE_DIST_SAMPLE_RETENTION_DAYS", "7"))
-SUPERVISOR_START_GRACE_S = 10.0  # a job just started may not have its supervisor recorded yet
+# Without a change seen, the queue is planned again this often anyway: a device's free memory
+# (for --mem-per-gpu) and the backfill window move with time, not with any write we could see.
+FULL_PASS_S = 10.0
+RELOAD_S = 300.0  # the queue is read whole this often anyway (a change row is cheap insurance, not proof)
+FORGET_EVERY = 1000  # delete the change rows read, in batches
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What one pass saw of the things that can let a pending job start."""
+
+    queue_version: int  # the newest row of job_changes (submits, ends, cancels, holds, releases...)
+    reaped: bool  # a running job's supervisor was gone
+    devices: tuple  # (uuid, free, unavailable) of each device
+    poked: bool  # someone woke us (submit, an action, a supervisor that finished)
+    now: float
+
+
+def plan_due(last: Seen | None, seen: Seen, next_begin: float, full_pass_s: float) -> bool:
+    """Whether this pass must plan: something changed since the last plan, a pending job's begin
+    time came, or the last plan is `full_pass_s` old. An idle pass plans nothing, so its cost does
+    not grow with the number of pending jobs."""
+    if last is None or seen.poked or seen.reaped:
+        return True
+    return (seen.queue_version != last.queue_version or seen.devices != last.devices
+            or seen.now >= next_begin or seen.now - last.now >= full_pass_s)
 
 
 class Daemon:
     def __init__(self, engine=None):
         self.health = HealthChecker(recheck_interval_s())  # a bad value stops us before anything starts
         self.engine = engine or get_engine()
-        self.wake = threading.Event()
-        self.stopping = threading.Event()
+        self.storage_backoff_s = 0.0  # > 0 while the state database refuses writes
+        # Signal handlers only set these flags: a handler that took a lock (Event.set) could run
+        # while the main thread holds that very lock, and hang the daemon for good.
+        self.stopping = False
+        self.poked = False
         self.sampler = CpuSampler()
         self.samples: list[dict] = []
         self.last_flush = time.monotonic()
         self.last_retention = 0.0
         self.pass_lock = FileLock(str(state_home() / "scheduler.lock"))
+        self.last_seen: Seen | None = None  # as of the last plan
+        self.next_begin = math.inf  # the earliest begin time among pending jobs, as of the last plan
+        self.queue: dict[int, tuple[JobView, str | None]] = {}  # pending, not held: view, stored reason
+        self.seq: int | None = None  # the last job change read into `queue`
+        self.last_version = 0  # the queue version the last plan accounts for
+        self.loaded_at = 0.0  # when `queue` was last read whole
+        self.forgotten = 0  # job changes up to this one are deleted
+        self.spawned: dict[int, int] = {}  # job id -> the supervisor we forked, until it runs
+        self.exited: set[int] = set()  # those of them we have collected
+        self.inventory: list[dict] | None = None  # the device rows last written
 
     # ---- the loop ----
     def run(self) -> None:
         lock = control.take_daemon_lock()
+        wake_r, wake_w = os.pipe()
         try:
             me = control.write_pid_file()
-            signal.signal(signal.SIGUSR1, lambda *_: self.wake.set())
-            signal.signal(signal.SIGTERM, lambda *_: self._stop())
-            signal.signal(signal.SIGINT, lambda *_: self._stop())
+            os.set_blocking(wake_r, False)
+            os.set_blocking(wake_w, False)
+            signal.set_wakeup_fd(wake_w)  # any signal wakes the select below, even one just before it
+            signal.signal(signal.SIGUSR1, lambda *_: setattr(self, "poked", True))
+            signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
+            signal.signal(signal.SIGINT, lambda *_: setattr(self, "stopping", True))
             log.info("daemon %d started for %s", me, state_home())
-            while not self.stopping.is_set():
+            while not self.stopping:
                 started = time.monotonic()
-                self.wake.clear()
                 self._reap_children()
                 try:
                     self.scheduling_pass()
-                except Exception:  # one bad pass must not stop the queue
-                    log.exception("scheduling pass failed")
-                self.wake.wait(max(0.0, PASS_INTERVAL_S - (time.monotonic() - started)))
+                    self._storage_recovered()
+                except Exception as e:  # one bad pass must not stop the queue
+                    self._pass_failed(e)
+                if not (self.poked or self.stopping):
+                    wait = max(self.storage_backoff_s, PASS_INTERVAL_S) - (time.monotonic() - started)
+                    select.select([wake_r], [], [], max(0.0, wait))
+                _drain(wake_r)
             self._flush_samples(force=True)
         finally:
+            signal.set_wakeup_fd(-1)
+            os.close(wake_r)
+            os.close(wake_w)
             self.health.stop()
             lock.release()
 
-    def _stop(self) -> None:
-        self.stopping.set()
-        self.wake.set()
+    def _pass_failed(self, error: Exception) -> None:
+        """A pass that failed: a bug is logged with its traceback; a state database that refuses
+        (read-only, full, locked) is one line per outage, every pooled connection dropped (SQLite
+        keeps the -wal/-shm handles it opened while they were read-only) and passes spaced out,
+        up to MAX_STORAGE_BACKOFF_S, until one succeeds again."""
+        problem = storage_problem(error)
+        if problem is None:
+            log.exception("scheduling pass failed")
+            return
+        if not self.storage_backoff_s:
+            log.warning("the state database in %s: %s; retrying, less often while it lasts", state_home(), problem)
+        self.storage_backoff_s = min(MAX_STORAGE_BACKOFF_S, max(PASS_INTERVAL_S, 2 * self.storage_backoff_s))
+        self.engine.dispose()
+
+    def _storage_recovered(self) -> None:
+        if self.storage_backoff_s:
+            log.warning("the state database in %s takes writes again", state_home())
+            self.storage_backoff_s = 0.0
 
     # ---- one pass ----
     def scheduling_pass(self) -> list[int]:
+        """Reap, read the devices, sample them; plan only when something changed (see `plan_due`)."""
         with self.pass_lock:
             now = time.time()
             with self.engine.connect() as conn:
-                pending, running = store.pending_and_running(conn)
+                version = store.last_change(conn)
+                running = store.running_jobs(conn)
                 allocations = store.active_allocations(conn)
-                deps = {d for j in pending for _, d in json.loads(j.dependencies_json)}
-                finished = store.finished_states(conn, deps)
-                known = set(finished) | {j.id for j in pending} | {j.id for j in running}
             # Samples name the job that runs on a device; an exclusive job's other devices are
             # held but idle, and must not dilute its utilisation (acct, benchmarks).
             in_use = {u: j.id for j in running for u in json.loads(j.devices_json or "[]")
                       if allocations.get(u) == j.id}
-            running = self._reap(running, now)
-            devices = self._read_devices(running, allocations, self._faults(now))
-            started_at = {j.id: j.started_at.timestamp() for j in running if j.started_at}
-            our_pids = {p for j in running for p in procs.job_pids(j)}
+            alive = self._reap(running, now)
+            if len(alive) != len(running):  # it freed devices
+                with self.engine.connect() as conn:
+                    allocations = store.active_allocations(conn)
+            pids = procs.jobs_pids(alive)  # one /proc scan a pass, whatever runs
+            devices = self._read_devices(alive, allocations, self._faults(now), pids)
+            started_at = {j.id: j.started_at.timestamp() for j in alive if j.started_at}
+            our_pids = {p for job_pids in pids.values() for p in job_pids}
             states = classify(devices, {u: j for u, j in allocations.items()}, started_at, our_pids, now)
             self._sample(devices, in_use)
             views = [DeviceView(uuid=d.uuid, index=d.index, free=states[d.uuid].state == "idle",
                                 free_memory=d.memory_free, unavailable=states[d.uuid].state == "unavailable")
                      for d in devices]
-            held: dict[int, list[str]] = {}
-            for uuid, job_id in allocations.items():
-                held.setdefault(job_id, []).append(uuid)
-            decision = plan([_job_view(j) for j in pending], [_job_view(j, held.get(j.id, ())) for j in running],
-                            views, {**finished, **{d: "UNKNOWN" for d in deps - known}}, now)
-            started = store.start_jobs(self.engine, decision.starts, decision.reasons, holds=decision.holds)
-            for job_id, _, _ in started:
-                self._spawn_supervisor(job_id)
+            seen = Seen(version, len(alive) != len(running), tuple((v.uuid, v.free, v.unavailable) for v in views),
+                        self.poked, now)
+            if not plan_due(self.last_seen, seen, self.next_begin, FULL_PASS_S):
+                return []
+            self.poked = False  # a wake-up from now on asks for another pass
+            self.last_version = version
+            started = self._plan_and_start(alive, allocations, views, now)
+            self.last_seen = replace(seen, queue_version=self.last_version)
+        return started
+
+    def _plan_and_start(self, running: list, allocations: dict[str, int], views: list[DeviceView],
+                        now: float) -> list[int]:
+        """Plan over the schedulable pending jobs, start what it says, write changed reasons."""
+        with self.engine.connect() as conn:
+            self._follow_queue(conn, now)
+            pending = [view for view, _ in self.queue.values()]
+            deps = {d for j in pending for _, d in j.dependencies}
+            dep_states = store.job_states(conn, deps)
+        finished = {i: s for i, s in dep_states.items() if s in FINAL_JOB_STATES}
+        live = {i for i, s in dep_states.items() if s not in FINAL_JOB_STATES}
+        held: dict[int, list[str]] = {}
+        for uuid, job_id in allocations.items():
+            held.setdefault(job_id, []).append(uuid)
+        decision = plan(pending, [_job_view(j, held.get(j.id, ())) for j in running], views,
+                        {**finished, **{d: "UNKNOWN" for d in deps - set(dep_states)}}, now, live_ids=live)
+        changed = {i: r for i, r in decision.reasons.items() if self.queue[i][1] != r}
+        started = store.start_jobs(self.engine, decision.starts, changed, holds=decision.holds)
+        self.queue.update((i, (self.queue[i][0], r)) for i, r in changed.items())
+        for job_id, _, _ in started:
+            self.queue.pop(job_id, None)
+            self._spawn_supervisor(job_id)
+        if started:
+            self._skip_own_changes({job_id for job_id, _, _ in started})
+        waits = [j.begin_at for j in pending if j.begin_at is not None and j.begin_at > now]
+        self.next_begin = min(waits, default=math.inf)
         return [job_id for job_id, _, _ in started]
 
+    def _skip_own_changes(self, started: set[int]) -> None:
+        """The change rows of the jobs we just started are ours: no need to plan again for them.
+        Only while they are all still RUNNING and nothing else changed (else the next pass reads it)."""
+        with self.engine.connect() as conn:
+            seq, ids = store.changed_jobs(conn, self.seq)
+            if not ids <= started or any(s != "RUNNING" for s in store.job_states(conn, ids).values()):
+                return
+        self.seq = seq
+        self.last_version = seq
+
+    def _follow_queue(self, conn, now: float) -> None:
+        """Bring `self.queue` (pending jobs not held: view, stored reason) up to date by reading
+        only the jobs changed since the last pass; all of them at start and every RELOAD_S."""
+        if self.seq is None or now - self.loaded_at >= RELOAD_S:
+            seq = store.last_change(conn)  # before the rows: a change made meanwhile is read again
+            rows, self.queue, self.loaded_at = store.queue_rows(conn), {}, now
+            full = True
+        else:
+            full = False
+            seq, ids = store.changed_jobs(conn, self.seq)
+            rows = store.queue_rows(conn, ids) if ids else []
+            for job_id in ids:
+                self.queue.pop(job_id, None)
+        # A queued job's request never changes (a hold takes it out of the queue; a changed one
+        # is read again), so its view is built once, not on every pass.
+        self.queue.update((r.id, (_job_view(r), r.reason)) for r in rows if r.state == "PENDING" and not r.held)
+        self.seq = seq
+        if full:  # the views live long: spare the cycle collector walking them every pass
+            gc.collect()
+            gc.freeze()
+        if seq - self.forgotten >= FORGET_EVERY:
+            store.forget_changes(self.engine, seq)
+            self.forgotten = seq
+
     def _reap(self, running: list, now: float) -> list:
-        """Jobs whose supervisor is gone: stop what is left of them, free their devices."""
+        """Jobs whose supervisor is gone: stop what is left of them, free their devices. A job
+        no supervisor registered for never ran: back to the queue, unless our own fork of its
+        supervisor is still on its way (or died trying: that one failed)."""
         alive = []
         for job in running:
             if procs.is_alive(job.supervisor_pid, job.supervisor_start_ticks):
                 alive.append(job)
                 continue
-            if job.supervisor_pid is None and job.started_at and now - job.started_at.timestamp() < SUPERVISOR_START_GRACE_S:
-                alive.append(job)  # being started by this daemon right now
+            child = self.spawned.get(job.id)
+            if job.supervisor_pid is None and child is not None and child not in self.exited:
+                alive.append(job)  # forked by us a moment ago, registering itself now
+                continue
+            if job.supervisor_pid is None and child is None:
+                state = store.unstart_job(self.engine, job.id)
+                if state is not None:
+                    log.warning("job %d: its daemon died before its supervisor started; %s", job.id, state)
+                    continue
+                alive.append(job)  # its supervisor registered in the meantime
                 continue
             if job.pid and procs.is_alive(job.pid, job.proc_start_ticks):
                 procs.terminate_tree(job.pid, job.pgid, grace_s=5.0)
-            state = store.finish_job(self.engine, job.id, "NODE_FAIL",
-                                     reason="its supervisor vanished (killed, or the machine restarted)")
+            # The end its supervisor kept on disk (it saw the job end while the database refused
+            # writes) is the truth; NODE_FAIL only when it kept none.
+            state = replay_final_state(self.engine, job.id) or store.finish_job(
+                self.engine, job.id, "NODE_FAIL", reason="its supervisor vanished (killed, or the machine restarted)")
             log.warning("job %d: supervisor gone, %s", job.id, state)
+        running_ids = {j.id for j in alive}
+        self.spawned = {j: p for j, p in self.spawned.items() if j in running_ids}
         return alive
 
     def _spawn_supervisor(self, job_id: int) -> None:
         """Fork the job's supervisor: it inherits our imports, so a job starts in milliseconds
-        rather than the ~0.4 s a fresh Python takes to import the database layer."""
+        rather than the ~0.4 s a fresh Python takes to import the database layer. It registers
+        itself (`store.claim_supervision`) before it starts the job."""
         log_path = state_home() / "logs" / "supervisors.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # No SQLite connection may cross the fork: the child would inherit SQLite's per-process
@@ -149,6 +299,7 @@ class Daemon:
                 os.dup2(fd, 1)
                 os.dup2(fd, 2)
                 os.close(fd)
+                signal.set_wakeup_fd(-1)  # the daemon's wake-up pipe is not ours
                 for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
                     signal.signal(sig, signal.SIG_DFL)
                 from scheduler.supervisor import supervise
@@ -159,8 +310,8 @@ class Daemon:
             finally:
                 logging.shutdown()
                 os._exit(code)
-        store.record_process(self.engine, job_id, supervisor_pid=pid,
-                             supervisor_start_ticks=procs.start_ticks(pid))
+        self.spawned[job_id] = pid
+        self.exited.discard(pid)
 
     def _reap_children(self) -> None:
         """Collect ended supervisors (our children) so none lingers as a zombie."""
@@ -171,6 +322,8 @@ class Daemon:
                 return
             if pid == 0:
                 return
+            self.exited.add(pid)
+        self.exited &= set(self.spawned.values())
 
     # ---- devices ----
     def _faults(self, now: float) -> dict[str, Fault]:
@@ -180,9 +333,9 @@ class Daemon:
         self.health.start_due(faults, now)
         return faults
 
-    def _read_devices(self, running: list, allocations: dict[str, int],
-                      faults: dict[str, Fault]) -> list[DeviceInfo]:
-        devices = apply_faults(inventory(procs.pids_by_device(running), self.sampler), faults)
+    def _read_devices(self, running: list, allocations: dict[str, int], faults: dict[str, Fault],
+                      pids: dict[int, list[int]]) -> list[DeviceInfo]:
+        devices = apply_faults(inventory(procs.pids_by_device(running, pids), self.sampler), faults)
         self._store_inventory(devices)
         return devices
 
@@ -192,12 +345,16 @@ class Daemon:
                  "error": d.error, "memory_total": d.memory_total, "pci_bus_id": d.pci_bus_id, "updated_at": now}
                 for d in devices]
         table = Device.__table__
+        same = [{k: v for k, v in r.items() if k != "updated_at"} for r in rows]
+        if same == self.inventory:
+            return  # an idle pass writes nothing: the inventory is rewritten when it changes
         with self.engine.begin() as conn:
             conn.execute(delete(table).where(table.c.uuid.not_in([r["uuid"] for r in rows])))
             for row in rows:
                 updated = conn.execute(table.update().where(table.c.uuid == row["uuid"]).values(**row))
                 if updated.rowcount == 0:
                     conn.execute(insert(table).values(**row))
+        self.inventory = same
 
     # ---- samples ----
     def _sample(self, devices: list[DeviceInfo], in_use: dict[str, int]) -> None:
@@ -242,6 +399,14 @@ def thin_samples(engine, cutoff: datetime, keep_every_s: int = 60) -> int:
     return len(drop)
 
 
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
+
+
 def _close_lock_files() -> None:
     """In a forked supervisor: drop the daemon's lock files. flock locks belong to the open file,
     which fork shares, so a supervisor holding them would keep a new daemon from starting after
@@ -273,4 +438,4 @@ def main() -> int:
     return 0
 
 
-__all__ = ["Daemon", "thin_samples", "main"]
+__all__ = ["Daemon", "Seen", "plan_due", "thin_samples", "main"]

@@ -120,7 +120,8 @@ def dependency_status(job: JobView, finished_states: dict[int, str], known_ids: 
     `known_ids` are the ids of jobs still pending or running; an id in neither those nor
     `finished_states` does not exist, so waiting on it would be forever.
     """
-    known = set(known_ids)
+    # Callers walking a long queue pass a set: copying it per job made a pass quadratic.
+    known = known_ids if isinstance(known_ids, (set, frozenset)) else set(known_ids)
     waiting = False
     for kind, dep_id in job.dependencies:
         if dep_id in finished_states:
@@ -281,10 +282,19 @@ def backfill_pick(job: JobView, free: list[DeviceView], reservation: Reservation
     return pick_devices(job, [d for d in free if d.uuid not in reserved])
 
 
+def shape(job: JobView) -> tuple:
+    """What a pending job's start decision depends on, past its eligibility and the head's id."""
+    return (job.gpus, job.gpu_ids, job.mem_per_gpu, job.time_limit_s, job.exclusive)
+
+
 def plan(pending: list[JobView], running: list[JobView], devices: list[DeviceView],
-         finished_states: dict[int, str], now: float) -> Plan:
-    """Decide which pending jobs start now and on which devices; give a reason for every other."""
-    known_ids = {j.id for j in pending} | {j.id for j in running}
+         finished_states: dict[int, str], now: float, live_ids: Iterable[int] = ()) -> Plan:
+    """Decide which pending jobs start now and on which devices; give a reason for every other.
+
+    `live_ids`: other jobs that exist and have not ended (e.g. held ones the caller left out),
+    so a dependency on one of them waits rather than never being satisfied.
+    """
+    known_ids = {j.id for j in pending} | {j.id for j in running} | set(live_ids)
     reasons: dict[int, str] = {}
     eligible: list[JobView] = []
     for job in sorted(pending, key=order_key):
@@ -294,41 +304,67 @@ def plan(pending: list[JobView], running: list[JobView], devices: list[DeviceVie
         else:
             reasons[job.id] = reason
 
-    starts: list[tuple[int, tuple[str, ...]]] = []
-    holds: dict[int, tuple[str, ...]] = {}
-    taken: set[str] = set()
-    active = list(running)  # running jobs plus those this plan starts, for the shadow time
-    reservation: Reservation | None = None
+    walk = _Walk(running, devices, now, reasons)
+    # Until a job starts or the reservation changes, jobs of one shape meet the same fate: a long
+    # queue of alike jobs costs a dictionary lookup each, not a device search each.
+    fates: dict[tuple, str] = {}
+    for job in eligible:
+        fate = fates.get(shape(job))
+        if fate is not None:
+            reasons[job.id] = fate
+            continue
+        before = (len(walk.starts), walk.reservation)
+        walk.decide(job)
+        if len(walk.starts) == before[0] and walk.reservation is before[1]:
+            fates[shape(job)] = reasons[job.id]
+        else:
+            fates.clear()
+    return Plan(starts=walk.starts, reasons=reasons, reservation=walk.reservation, holds=walk.holds)
 
-    def current_devices() -> list[DeviceView]:
-        return [replace(d, free=False) if d.uuid in taken else d for d in devices]
 
-    def reserve(head: JobView, now_devices: list[DeviceView]) -> Reservation | None:
+class _Walk:
+    """The state of one walk over the eligible jobs, in order: what started, the head's reservation."""
+
+    def __init__(self, running: list[JobView], devices: list[DeviceView], now: float, reasons: dict[int, str]):
+        self.devices, self.now, self.reasons = devices, now, reasons
+        self.starts: list[tuple[int, tuple[str, ...]]] = []
+        self.holds: dict[int, tuple[str, ...]] = {}
+        self.taken: set[str] = set()
+        self.active = list(running)  # running jobs plus those this plan starts, for the shadow time
+        self.reservation: Reservation | None = None
+
+    def current_devices(self) -> list[DeviceView]:
+        return [replace(d, free=False) if d.uuid in self.taken else d for d in self.devices]
+
+    def reserve(self, head: JobView, now_devices: list[DeviceView]) -> Reservation | None:
         # A job that can never fit on this machine gets no reservation: it must not block others.
         if head.exclusive:
-            return exclusive_shadow_time(head, active, now_devices, now)
-        return shadow_time(head, active, now_devices, now)
+            return exclusive_shadow_time(head, self.active, now_devices, self.now)
+        return shadow_time(head, self.active, now_devices, self.now)
 
-    def waiting(job: JobView, now_devices: list[DeviceView]) -> str:
+    def waiting(self, job: JobView, now_devices: list[DeviceView]) -> str:
         # An exclusive job that would fit once our jobs end names them; else SLURM's plain Resources.
-        if job.exclusive and active and exclusive_shadow_time(job, active, now_devices, now) is not None:
-            return waits_for_jobs(j.id for j in active)
+        if job.exclusive and self.active and \
+                exclusive_shadow_time(job, self.active, now_devices, self.now) is not None:
+            return waits_for_jobs(j.id for j in self.active)
         return RESOURCES
 
-    for job in eligible:
-        now_devices = current_devices()
+    def decide(self, job: JobView) -> None:
+        """Start `job` now, or give its reason (and take the reservation if it is the head)."""
+        now, reasons, reservation = self.now, self.reasons, self.reservation
+        now_devices = self.current_devices()
         down = unavailable_needed(job, now_devices)
         if down:
             reasons[job.id] = req_node_not_avail(down)
-            continue
-        holder = next((j for j in active if j.exclusive), None)
+            return
+        holder = next((j for j in self.active if j.exclusive), None)
         if holder is not None:  # the machine is someone's alone: nothing starts beside it
             reasons[job.id] = exclusive_job_runs(holder.id)
             if reservation is None:
-                reservation = reserve(job, now_devices)
-            continue
+                self.reservation = self.reserve(job, now_devices)
+            return
         if job.exclusive:
-            fits = exclusive_pick(job, now_devices, active)
+            fits = exclusive_pick(job, now_devices, self.active)
             # It holds every device, so behind a head it may only borrow time it gives back:
             # every reservation has devices, or is exclusive itself.
             picked = fits if reservation is None or ends_before(job, now, reservation.start_at) else None
@@ -339,17 +375,15 @@ def plan(pending: list[JobView], running: list[JobView], devices: list[DeviceVie
             picked = backfill_pick(job, now_devices, reservation, now)
         if picked is not None:
             held = tuple(d.uuid for d in sorted(now_devices, key=lambda d: d.index)) if job.exclusive else picked
-            starts.append((job.id, picked))
+            self.starts.append((job.id, picked))
             if job.exclusive:
-                holds[job.id] = held
-            taken.update(held)
-            active.append(replace(job, started_at=now, devices=held))
-            continue
-        if reservation is None:
-            reasons[job.id] = waiting(job, now_devices)
-            reservation = reserve(job, now_devices)
+                self.holds[job.id] = held
+            self.taken.update(held)
+            self.active.append(replace(job, started_at=now, devices=held))
+        elif reservation is None:
+            reasons[job.id] = self.waiting(job, now_devices)
+            self.reservation = self.reserve(job, now_devices)
         elif fits is not None:
             reasons[job.id] = PRIORITY  # would fit, but would delay the head
         else:
-            reasons[job.id] = waiting(job, now_devices)
-    return Plan(starts=starts, reasons=reasons, reservation=reservation, holds=holds)
+            reasons[job.id] = self.waiting(job, now_devices)

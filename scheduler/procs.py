@@ -82,11 +82,17 @@ def own_open_files() -> dict[int, str]:
     return out
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below pid, whatever session it moved to (torchrun's ranks have their own)."""
+def _children() -> dict[int, list[int]]:
     kids: dict[int, list[int]] = {}
     for child, parent in _parents().items():
         kids.setdefault(parent, []).append(child)
+    return kids
+
+
+def descendants(pid: int, kids: dict[int, list[int]] | None = None) -> list[int]:
+    """Every process below pid, whatever session it moved to (torchrun's ranks have their own).
+    `kids` (parent -> children, from one /proc scan) saves the scan when asking for many."""
+    kids = _children() if kids is None else kids
     found, todo = [], [pid]
     while todo:
         for child in kids.get(todo.pop(), []):
@@ -156,15 +162,24 @@ def job_pids(job) -> list[int]:
     return [job.pid, *descendants(job.pid)]
 
 
-def pids_by_device(running: list) -> dict[str, list[int]]:
+def jobs_pids(jobs: list) -> dict[int, list[int]]:
+    """job id -> `job_pids(job)` for each job, with one /proc scan for all of them."""
+    live = [j for j in jobs if j.pid and is_alive(j.pid, j.proc_start_ticks)]
+    kids = _children() if live else {}
+    return {j.id: [j.pid, *descendants(j.pid, kids)] for j in live}
+
+
+def pids_by_device(running: list, pids: dict[int, list[int]] | None = None) -> dict[str, list[int]]:
     """Which processes count on which device: a training rank on the device of its LOCAL_RANK,
-    everything else of the job (launcher, a plain command) on the job's first device."""
+    everything else of the job (launcher, a plain command) on the job's first device. `pids`:
+    `jobs_pids(running)` when the caller has it already."""
+    pids = jobs_pids(running) if pids is None else pids
     out: dict[str, list[int]] = {}
     for job in running:
         devices = json.loads(job.devices_json or "[]")
         if not devices:
             continue
-        for pid in job_pids(job):
+        for pid in pids.get(job.id, []):
             rank = local_rank(pid)
             device = devices[rank] if rank is not None and rank < len(devices) else devices[0]
             out.setdefault(device, []).append(pid)

@@ -41,11 +41,11 @@ def devices_now(engine: Engine, now: float | None = None
     device is doing. A device with an open fault is unavailable, the fault its reason (and in
     `DeviceInfo.fault`). Reads no process CPU over time (see `latest_samples` for utilisation)."""
     from scheduler.procs import job_pids, pids_by_device
-    from scheduler.store import active_allocations, pending_and_running
+    from scheduler.store import active_allocations, running_jobs
 
     with engine.connect() as conn:
         allocations = active_allocations(conn)
-        _, running = pending_and_running(conn)
+        running = running_jobs(conn)
     devices = apply_faults(inventory(pids_by_device(running), None), device_faults(engine))
     started = {j.id: j.started_at.timestamp() for j in running if j.started_at}
     ours = {p for j in running for p in job_pids(j)}

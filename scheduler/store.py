@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import socket
+import zlib
 from collections.abc import Iterable
 from datetime import datetime
 
@@ -17,11 +18,13 @@ from sqlalchemy import and_, func, insert, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from sae_dist.db import FINAL_JOB_STATES, Allocation, Job, immediate_transaction, utcnow
+from sae_dist.db.schema import JobChange
 from sae_dist.errors import UserError
 from scheduler.newjob import NewJob, job_row  # NewJob: callers import it from here too
 
 JOBS = Job.__table__
 ALLOCATIONS = Allocation.__table__
+CHANGES = JobChange.__table__
 
 # Rendezvous ports handed to jobs: away from torchrun's default 29500.
 PORT_RANGE = range(29600, 30600)
@@ -105,10 +108,14 @@ def start_jobs(engine: Engine, starts: list[tuple[int, tuple[str, ...]]], reason
     now = now or utcnow()
     started = []
     with immediate_transaction(engine) as conn:
+        by_reason: dict[str, list[int]] = {}
         for job_id, reason in reasons.items():
-            conn.execute(update(JOBS).where(and_(JOBS.c.id == job_id, JOBS.c.state == "PENDING",
-                                                 JOBS.c.reason.is_distinct_from(reason)))
-                         .values(reason=reason))
+            by_reason.setdefault(reason, []).append(job_id)
+        for reason, ids in by_reason.items():  # one statement per reason: a pass may write thousands
+            for i in range(0, len(ids), 500):
+                conn.execute(update(JOBS).where(and_(JOBS.c.id.in_(ids[i:i + 500]), JOBS.c.state == "PENDING",
+                                                     JOBS.c.reason.is_distinct_from(reason)))
+                             .values(reason=reason))
         used_ports = set(conn.scalars(select(JOBS.c.port).where(
             and_(JOBS.c.state == "RUNNING", JOBS.c.port.is_not(None)))))
         for job_id, devices in starts:
@@ -130,9 +137,19 @@ def start_jobs(engine: Engine, starts: list[tuple[int, tuple[str, ...]]], reason
     return started
 
 
+def port_search_start(home: str) -> int:
+    """Where in PORT_RANGE a state directory starts looking for a free port (stable per path)."""
+    return zlib.crc32(home.encode()) % len(PORT_RANGE)
+
+
 def _free_port(used: set[int]) -> int:
-    """A port no running job holds and nothing on this machine listens on right now."""
-    for port in PORT_RANGE:
+    """A port no running job holds and nothing on this machine listens on right now. The search
+    starts at a place of this state directory's own: two state directories on one machine (two
+    users, two test runs) would otherwise both hand out 29600 before either job listens on it."""
+    from sae_dist.paths import state_home
+
+    start = port_search_start(str(state_home()))
+    for port in [*PORT_RANGE[start:], *PORT_RANGE[:start]]:
         if port in used:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -223,6 +240,87 @@ def requeue(engine: Engine, job_id: int) -> str:
             state="PENDING", reason=None, started_at=None, ended_at=None, exit_code=None, signal=None,
             cancel_requested=False, requeue_count=JOBS.c.requeue_count + 1))
         return "requeued"
+
+
+def last_change(conn: Connection) -> int:
+    """The newest job change's sequence number (database triggers write one per change that may
+    let a pending job start): one indexed read tells whether anything changed."""
+    return conn.execute(select(func.max(CHANGES.c.seq))).scalar() or 0
+
+
+def changed_jobs(conn: Connection, after: int) -> tuple[int, set[int]]:
+    """(the newest sequence number, the ids of jobs changed after `after`)."""
+    rows = conn.execute(select(CHANGES.c.seq, CHANGES.c.job_id).where(CHANGES.c.seq > after)).all()
+    return max((r.seq for r in rows), default=after), {r.job_id for r in rows}
+
+
+def forget_changes(engine: Engine, upto: int) -> None:
+    """Delete the change rows the daemon has read (but the newest)."""
+    with engine.begin() as conn:
+        conn.execute(CHANGES.delete().where(CHANGES.c.seq < upto))  # the newest stays: it is the version
+
+
+def running_jobs(conn: Connection) -> list[Job]:
+    return [Job.model_validate(r._mapping) for r in conn.execute(select(JOBS).where(JOBS.c.state == "RUNNING"))]
+
+
+# What the daemon reads of a queued job: its request (for the policy), whether it is still queued,
+# and the reason stored now (written again only when it changes).
+QUEUE_COLUMNS = [JOBS.c[c] for c in (
+    "id", "state", "held", "reason", "priority", "submitted_at", "gpus", "gpu_ids_json", "mem_per_gpu",
+    "time_limit_s", "begin_at", "dependencies_json", "started_at", "devices_json", "exclusive")]
+
+
+def queue_rows(conn: Connection, ids: Iterable[int] | None = None) -> list:
+    """Rows of QUEUE_COLUMNS: every pending job not held, or the jobs `ids` whatever their state."""
+    if ids is None:
+        return conn.execute(select(*QUEUE_COLUMNS).where(
+            and_(JOBS.c.state == "PENDING", JOBS.c.held.is_(False)))).all()
+    ids, found = sorted(set(ids)), []
+    for i in range(0, len(ids), 500):  # SQLite's bound-parameter limit
+        found += conn.execute(select(*QUEUE_COLUMNS).where(JOBS.c.id.in_(ids[i:i + 500]))).all()
+    return found
+
+
+def job_states(conn: Connection, ids: Iterable[int]) -> dict[int, str]:
+    """id -> state for those of `ids` that exist."""
+    ids, found = sorted(set(ids)), {}
+    for i in range(0, len(ids), 500):
+        found.update(conn.execute(select(JOBS.c.id, JOBS.c.state).where(JOBS.c.id.in_(ids[i:i + 500]))).all())
+    return found
+
+
+def claim_supervision(engine: Engine, job_id: int, started_at: datetime, pid: int, start_ticks: int | None) -> bool:
+    """A supervisor registers itself, before it starts the job: True when the job is still the
+    RUNNING one it was forked for and no other supervisor has it (else it must not run it)."""
+    with immediate_transaction(engine) as conn:
+        return conn.execute(update(JOBS).where(and_(
+            JOBS.c.id == job_id, JOBS.c.state == "RUNNING", JOBS.c.started_at == started_at,
+            JOBS.c.supervisor_pid.is_(None))).values(
+            supervisor_pid=pid, supervisor_start_ticks=start_ticks)).rowcount == 1
+
+
+def unstart_job(engine: Engine, job_id: int, now: datetime | None = None) -> str | None:
+    """A RUNNING job no supervisor ever registered for (its daemon died before or at the fork)
+    never ran: back to PENDING (CANCELLED if a cancel came meanwhile), its devices freed.
+    None when a supervisor registered first (the claim and this are one transaction each)."""
+    now = now or utcnow()
+    with immediate_transaction(engine) as conn:
+        row = conn.execute(select(JOBS.c.cancel_requested).where(and_(
+            JOBS.c.id == job_id, JOBS.c.state == "RUNNING", JOBS.c.supervisor_pid.is_(None),
+            JOBS.c.pid.is_(None)))).first()
+        if row is None:
+            return None
+        values = {"port": None, "devices_json": None, "started_at": None}
+        if row.cancel_requested:
+            values.update(state="CANCELLED", reason="Cancelled by user", ended_at=now)
+        else:
+            values.update(state="PENDING", reason=None)
+        conn.execute(update(JOBS).where(JOBS.c.id == job_id).values(**values))
+        conn.execute(update(ALLOCATIONS).where(and_(ALLOCATIONS.c.job_id == job_id,
+                                                    ALLOCATIONS.c.released_at.is_(None)))
+                     .values(released_at=now))
+        return values["state"]
 
 
 def pending_and_running(conn: Connection) -> tuple[list[Job], list[Job]]:

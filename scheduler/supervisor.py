@@ -34,7 +34,7 @@ from scheduler import procs
 from scheduler.devices import VIRTUAL_PREFIX
 from scheduler.final_state import FinalState, record_until_stored
 from scheduler.storage_errors import storage_problem
-from scheduler.store import get_job, record_process
+from scheduler.store import claim_supervision, get_job, record_process
 
 log = logging.getLogger(__name__)
 
@@ -97,16 +97,23 @@ def classify_exit(returncode: int, cancelled: bool, timed_out: bool, stderr_tail
     return "FAILED", code, sig
 
 
+def took_effect(stop_asked: bool, ended_first: bool) -> bool:
+    """Whether a cancel (or a time limit) decides how a job ended, as in SLURM: only when its
+    signal reached a job that still ran; a job that had already exited keeps its own outcome
+    (exit 0: COMPLETED), whatever it does with the signal once it has it (exit 0: CANCELLED)."""
+    return stop_asked and not ended_first
+
+
 def supervise(job_id: int) -> int:
     engine = get_engine()
     job = get_job(engine, job_id)
     if job.state != "RUNNING":
         return 0
-    # We record ourselves, first: the daemon records us only after the fork, and a daemon killed
-    # in between would leave a running job without a supervisor on record, which the next
-    # daemon ends as NODE_FAIL once the start grace has passed.
+    # We register ourselves before the job starts, and only while no one else has it: a daemon
+    # that finds a RUNNING job without a supervisor puts it back in the queue (it never ran).
     me = os.getpid()
-    record_process(engine, job_id, supervisor_pid=me, supervisor_start_ticks=procs.start_ticks(me))
+    if not claim_supervision(engine, job_id, job.started_at, me, procs.start_ticks(me)):
+        return 0
     _become_subreaper()
     devices = json.loads(job.devices_json or "[]")
     stop = threading.Event()
@@ -131,13 +138,14 @@ def supervise(job_id: int) -> int:
     deadline = job.started_at.timestamp() + job.time_limit_s if job.time_limit_s else None
     cancelled = timed_out = False
     while proc.poll() is None:
-        if stop.wait(POLL_S) or _cancel_requested(engine, job_id):
-            cancelled = True
-        elif deadline is not None and time.time() >= deadline:
-            timed_out = True
-        if cancelled or timed_out:
-            procs.terminate_tree(proc.pid, proc.pid, KILL_GRACE_S)
-            proc.wait()
+        cancel = stop.wait(POLL_S) or _cancel_requested(engine, job_id)
+        late = not cancel and deadline is not None and time.time() >= deadline
+        if cancel or late:
+            ended_first = proc.poll() is not None  # it ended on its own as the cancel came
+            if not ended_first:
+                procs.terminate_tree(proc.pid, proc.pid, KILL_GRACE_S)
+                proc.wait()
+            cancelled, timed_out = took_effect(cancel, ended_first), took_effect(late, ended_first)
             break
     # Whatever the job left behind (re-parented to us) goes too: its devices are about to be freed.
     leftovers = procs.descendants(os.getpid())

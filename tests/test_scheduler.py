@@ -159,19 +159,19 @@ def test_jobs_survive_a_sigkilled_daemon(sched):
 
 
 def test_a_supervisor_its_dead_daemon_did_not_record_is_adopted(sched):
-    """A daemon SIGKILLed between forking a supervisor and recording its pid: the supervisor
-    records itself, so the next daemon's pass, past the start grace, sees it alive and leaves
-    its job running (it used to end it as NODE_FAIL, killing a healthy job)."""
+    """A daemon SIGKILLed right after forking a supervisor: the supervisor registers itself, so
+    the next daemon's pass, long after the start, sees it alive and leaves its job running (it
+    used to end it as NODE_FAIL, killing a healthy job)."""
     from datetime import timedelta
 
     from sae_dist.db import utcnow
-    from scheduler.daemon import SUPERVISOR_START_GRACE_S, Daemon
+    from scheduler.daemon import Daemon
     from scheduler.store import start_jobs
 
     engine = get_engine()
     gate = sched.home / "gate"
     job_id = submit(engine, gated(gate))
-    long_ago = utcnow() - timedelta(seconds=SUPERVISOR_START_GRACE_S + 60)
+    long_ago = utcnow() - timedelta(seconds=70)
     assert [s[0] for s in start_jobs(engine, [(job_id, ("virtual-0",))], {}, now=long_ago)] == [job_id]
     # The supervisor as the dead daemon left it: running, with nobody to record its pid.
     supervisor = subprocess.Popen([sys.executable, "-m", "scheduler.supervisor", str(job_id)], cwd=REPO,

@@ -139,3 +139,53 @@ def test_storage_problems_in_words():
     for error in (sqlite3.IntegrityError("UNIQUE constraint failed"), ValueError("x"), KeyError("y"),
                   OSError(errno.ENOENT, "gone"), UserError("mine")):
         assert storage_problem(error) is None
+
+
+def test_the_daemon_and_a_supervisor_ride_out_a_locked_database(state_home, tmp_path, monkeypatch):
+    """Another process holds the database's write lock while a job ends: its supervisor keeps
+    the end on disk and the daemon's passes fail (one line, no traceback); once the lock goes,
+    the job is recorded COMPLETED with its real exit code and the next job runs, with the same
+    daemon."""
+    from conftest import start_daemon, stop_process, wait_for
+
+    monkeypatch.setenv("SAE_DIST_AUTOSTART", "0")
+    monkeypatch.setenv("SAE_DIST_VIRTUAL_GPUS", "2")
+    monkeypatch.setenv("SAE_DIST_DB_BUSY_TIMEOUT_S", "0.3")
+    gate = tmp_path / "gate"
+    engine = get_engine()
+    devices = [(0, "virtual-0"), (1, "virtual-1")]
+    waits = [sys.executable, "-c", f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)"]
+    first = submit(engine, new_job(JobSpec(argv=waits, workdir=str(tmp_path)), devices))
+    engine.dispose()
+
+    def state(job_id: int) -> str:
+        with sqlite3.connect(state_home / "state.db") as con:  # readers are not blocked by a writer
+            found = con.execute("SELECT state, exit_code FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        con.close()
+        return found
+
+    log = state_home / "daemon-test.log"
+    daemon = start_daemon(log)
+    holder = None
+    try:
+        wait_for(lambda: state(first)[0] == "RUNNING", 60, "the job to run")
+        holder = subprocess.Popen([sys.executable, "-c", "import sqlite3, sys\n"
+                                   f"c = sqlite3.connect({str(state_home / 'state.db')!r}, isolation_level=None)\n"
+                                   "c.execute('BEGIN IMMEDIATE'); print('held', flush=True); sys.stdin.read()"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline() == "held\n"
+        gate.touch()
+        wait_for(lambda: (state_home / "jobs" / str(first) / "final.json").exists(), 60, "the end kept on disk")
+        wait_for(lambda: "it is locked by another process" in log.read_text(), 60, "the daemon to say so")
+        assert state(first)[0] == "RUNNING"
+        holder.communicate("", timeout=30)
+        wait_for(lambda: state(first) == ("COMPLETED", 0), 60, "the kept end to be recorded")
+        second = submit(get_engine(), new_job(JobSpec(argv=["true"], workdir=str(tmp_path)), devices))
+        wait_for(lambda: state(second) == ("COMPLETED", 0), 60, "the next job to run")
+        assert daemon.poll() is None
+        text = log.read_text()
+        assert "Traceback" not in text and "takes writes again" in text, text
+    finally:
+        if holder is not None and holder.poll() is None:
+            holder.kill()
+        stop_process(daemon)

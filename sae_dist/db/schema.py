@@ -330,6 +330,19 @@ class ClusterJob(Base, table=True):
     ended_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
+class JobChange(Base, table=True):
+    """A row per change that can let a pending job start: a job submitted or deleted, or its
+    state, hold, priority, begin time, dependencies, request or cancel flag changed. Database
+    triggers (migration 0009) write it for every writer, so the scheduler daemon reads what
+    changed since its last pass instead of the whole queue; it deletes the rows it has read."""
+
+    __tablename__ = "job_changes"
+    __table_args__ = {"sqlite_autoincrement": True}  # a sequence never reused after a delete
+
+    seq: int | None = Field(default=None, primary_key=True)
+    job_id: int
+
+
 class Allocation(Base, table=True):
     """A device held by a job; the partial unique index makes a double allocation impossible."""
 
