@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -116,9 +115,12 @@ def supervise(job_id: int) -> int:
         return 0
     _become_subreaper()
     devices = json.loads(job.devices_json or "[]")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # a cancel: end the job, then record it
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # A cancel (SIGTERM/SIGINT): end the job, then record it. The handlers only note it: one
+    # that took a lock (threading.Event.set does) could interrupt the thread holding that lock
+    # and wait for it forever.
+    stop: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _: stop.append(signum))
+    signal.signal(signal.SIGINT, lambda signum, _: stop.append(signum))
     try:
         out_path, err_path = output_paths(job)
         out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -138,7 +140,9 @@ def supervise(job_id: int) -> int:
     deadline = job.started_at.timestamp() + job.time_limit_s if job.time_limit_s else None
     cancelled = timed_out = False
     while proc.poll() is None:
-        cancel = stop.wait(POLL_S) or _cancel_requested(engine, job_id)
+        if not stop:
+            time.sleep(POLL_S)  # a signal is seen at the latest when this ends
+        cancel = bool(stop) or _cancel_requested(engine, job_id)
         late = not cancel and deadline is not None and time.time() >= deadline
         if cancel or late:
             ended_first = proc.poll() is not None  # it ended on its own as the cancel came
