@@ -299,9 +299,10 @@ def cmd_submit(args) -> int:
         held=args.hold, requeue=args.requeue, exclusive=args.exclusive,
         workdir=os.path.abspath(args.chdir or os.getcwd()),
         env=S.parse_env(args.env), stdout=args.output, stderr=args.error)
-    for _, dep_id in job_spec.dependencies:
-        if dep_id > MAX_SQL_INT:  # no job has such an id (and SQLite could not even look it up)
-            raise UserError(f"unknown dependency: job {dep_id} does not exist (see `queue --all`)")
+    from scheduler.newjob import check_dependencies_found
+
+    # No job has an id past SQLite's integers (and SQLite could not even look one up).
+    check_dependencies_found((d for _, d in job_spec.dependencies if d > MAX_SQL_INT), ())
     if args.cluster:
         return _submit_to_cluster(args, job_spec)
     if args.nodes is not None or args.gpus_per_node is not None or args.cpu:

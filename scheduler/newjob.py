@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import getpass
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
+from sae_dist.errors import UserError
 from scheduler.spec import JobSpec, resolve_devices, resolve_gpus
 
 
@@ -63,6 +65,13 @@ def job_row(job: NewJob, now: datetime) -> dict:
         "env_json": json.dumps(job.env or {}), "stdout_pattern": job.stdout, "stderr_pattern": job.stderr,
         "cancel_requested": False, "submitted_at": now,
     }
+
+
+def check_dependencies_found(wanted: Iterable[int], found: Iterable[int]) -> None:
+    """The one error for a dependency on a job that does not exist (the lowest such id)."""
+    missing = sorted(set(wanted) - set(found))
+    if missing:
+        raise UserError(f"unknown dependency: job {missing[0]} does not exist (see `queue --all`)")
 
 
 def current_user() -> str:

@@ -19,10 +19,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import quote
 
-from sae_dist.errors import UserError
 from sae_dist.job_listing import sqlite_file
 from sae_dist.state_db import HEAD_REVISION, busy_timeout_pragma, busy_timeout_s
-from scheduler.newjob import job_row, new_job
+from scheduler.newjob import check_dependencies_found, job_row, new_job
 from scheduler.spec import JobSpec
 
 SQLITE_TIME_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
@@ -110,10 +109,8 @@ def _insert(con: sqlite3.Connection, values: dict, dependency_ids: list[int]) ->
         wanted = sorted(set(dependency_ids))
         if wanted:
             marks = ", ".join("?" for _ in wanted)
-            found = {r[0] for r in con.execute(f'SELECT "id" FROM "jobs" WHERE "id" IN ({marks})', wanted)}
-            missing = [i for i in wanted if i not in found]
-            if missing:
-                raise UserError(f"unknown dependency: job {missing[0]} does not exist (see `queue --all`)")
+            check_dependencies_found(wanted, (r[0] for r in con.execute(
+                f'SELECT "id" FROM "jobs" WHERE "id" IN ({marks})', wanted)))
         job_id = con.execute(sql, values).lastrowid
         con.execute("COMMIT")
     except BaseException:

@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection, Engine
 from sae_dist.db import FINAL_JOB_STATES, Allocation, Job, immediate_transaction, utcnow
 from sae_dist.db.schema import JobChange
 from sae_dist.errors import UserError
-from scheduler.newjob import NewJob, job_row  # NewJob: callers import it from here too
+from scheduler.newjob import NewJob, check_dependencies_found, job_row  # NewJob: callers import it from here too
 
 JOBS = Job.__table__
 ALLOCATIONS = Allocation.__table__
@@ -45,10 +45,7 @@ def submit_many(engine: Engine, jobs: list[NewJob], now: datetime | None = None)
     with immediate_transaction(engine) as conn:
         wanted = {dep_id for job in jobs for _, dep_id in job.dependencies}
         if wanted:
-            found = set(conn.scalars(select(JOBS.c.id).where(JOBS.c.id.in_(wanted))))
-            missing = sorted(wanted - found)
-            if missing:
-                raise UserError(f"unknown dependency: job {missing[0]} does not exist (see `queue --all`)")
+            check_dependencies_found(wanted, conn.scalars(select(JOBS.c.id).where(JOBS.c.id.in_(wanted))))
         return [conn.execute(insert(JOBS).values(**job_row(job, now)).returning(JOBS.c.id)).scalar_one()
                 for job in jobs]
 
