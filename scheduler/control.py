@@ -58,9 +58,12 @@ def take_daemon_lock(dead_holder_wait_s: float = 5.0) -> FileLock:
 
 
 def write_pid_file() -> int:
-    """Record this process as the daemon (pid and start time). Returns the pid."""
+    """Record this process as the daemon (pid and start time). Returns the pid. Written whole
+    and renamed into place, so a reader never sees a half-written file."""
     me = os.getpid()
-    pid_file().write_text(f"{me} {procs.start_ticks(me)}\n")
+    partial = pid_file().with_suffix(".pid.partial")
+    partial.write_text(f"{me} {procs.start_ticks(me)}\n")
+    os.replace(partial, pid_file())
     return me
 
 

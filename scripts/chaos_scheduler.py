@@ -185,9 +185,13 @@ class Chaos:
                 self.cli("cancel", str(job_id), name="cli-cancel")
         self.counts[kind] += 1
 
+    def every_kind_happened(self) -> bool:
+        return all(self.counts[k] for k in KINDS)
+
     def chaos_loop(self) -> None:
         while not self.done.wait(self.rng.uniform(0.1, 0.5)):
-            if len(self.targeted) < self.jobs // 4:  # most jobs stay healthy, to be judged
+            # Most jobs stay healthy, to be judged; but every kind of chaos happens at least once.
+            if len(self.targeted) < self.jobs // 4 or not self.every_kind_happened():
                 self.act()
 
     def drain(self, timeout_s: float) -> list:
@@ -210,6 +214,11 @@ class Chaos:
         chaos.start()
         self.submit_all()
         time.sleep(1.0)  # the last jobs meet some chaos too
+        # On a loaded machine the submissions can end before every kind of chaos had its turn:
+        # wait for them (a count, not a time, decides when chaos ends).
+        deadline = time.monotonic() + timeout_s
+        while not self.every_kind_happened() and time.monotonic() < deadline:
+            time.sleep(0.2)
         self.done.set()
         chaos.join()
         if self.daemon.poll() is not None:

@@ -343,12 +343,13 @@ def test_names_patterns_environment_and_listings(sched, tmp_path, monkeypatch, c
 # ---------------------------------------------------------------------------------------------
 
 def test_submit_starts_one_daemon(sched, tmp_path, monkeypatch):
-    from scheduler.control import daemon_running
+    from scheduler.control import daemon_running, pid_file
 
     monkeypatch.delenv("SAE_DIST_AUTOSTART")
     assert not daemon_running()
     first = submitted_id(cli("submit", "--json", "-D", str(tmp_path), "--", "true"))
-    wait_for(daemon_running, 15, "submit's daemon")
+    # The daemon takes its lock, then records its pid: wait for both.
+    wait_for(lambda: daemon_running() and pid_file().exists(), 15, "submit's daemon")
     pid, ticks = (int(x) for x in (sched.home / "daemon.pid").read_text().split())
     second = submitted_id(cli("submit", "--json", "-D", str(tmp_path), "--", "true"))
     engine = get_engine()
