@@ -29,6 +29,8 @@ NUM_GPUS_ENV = "SAE_DIST_NUM_GPUS"  # how many devices the job was given
 DEVICES_ENV = "SAE_DIST_DEVICES"  # the scheduler's device ids of the job, one per local rank
 VIRTUAL_DEVICES_ENV = "SAE_DIST_VIRTUAL_DEVICES"  # set when the job's devices are CPU-backed
 MASTER_PORT_ENV = "SAE_DIST_MASTER_PORT"  # the rendezvous port reserved for the job
+ARRAY_JOB_ID_ENV = "SAE_DIST_ARRAY_JOB_ID"  # a task of a job array: the array's id
+ARRAY_TASK_ID_ENV = "SAE_DIST_ARRAY_TASK_ID"  # ... and its task id (also as SLURM's SLURM_ARRAY_*)
 
 # ---- set by our launcher for its ranks ----
 OUR_LAUNCHER_ENV = "SAE_DIST_OUR_LAUNCHER"  # the ranks run under sae_dist.launch, not a bare torchrun
@@ -46,7 +48,8 @@ KILL_RANK_AT_ENV = "SAE_DIST_TEST_KILL_RANK_AT"
 # Names a user's --env may not set: the supervisor sets them for every job, and a user's value would
 # break device isolation or the port reservation (two jobs on one rendezvous port).
 RESERVED_JOB_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", JOB_ID_ENV, JOB_NAME_ENV,
-                              NUM_GPUS_ENV, DEVICES_ENV, VIRTUAL_DEVICES_ENV, MASTER_PORT_ENV})
+                              NUM_GPUS_ENV, DEVICES_ENV, VIRTUAL_DEVICES_ENV, MASTER_PORT_ENV,
+                              ARRAY_JOB_ID_ENV, ARRAY_TASK_ID_ENV})
 
 
 # ---- the job's flags: TrainConfig -> `python -m sae_dist train` flags -> TrainConfig ----

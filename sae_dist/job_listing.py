@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 COLUMNS = ("id", "name", "user", "kind", "state", "reason", "priority", "gpus", "held", "exclusive",
            "cancel_requested", "requeue_count", "time_limit_s", "devices_json", "gpu_ids_json",
            "submitted_at", "started_at", "ended_at", "exit_code", "signal", "stdout_path",
-           "stderr_path", "workdir", "train_config_json")
+           "stderr_path", "workdir", "train_config_json", "array_job_id", "array_task_id", "array_max_running")
 """The columns of `jobs` a listing reads."""
 
 ORDERS = {"id": '"id"', "newest": '"id" DESC', "last_ended": '"ended_at" DESC, "id" DESC'}
@@ -67,13 +67,14 @@ class JobRow(namedtuple("JobRow", _FIELDS)):
 
 def read_jobs(engine=None, states: Iterable[str] | None = None, job_id: int | None = None,
               started_only: bool = False, order: str = "id", limit: int | None = None,
-              job_ids: Iterable[int] | None = None) -> list[JobRow]:
-    """Jobs in `states` (None: every state), or the one with `job_id`, or those of `job_ids`;
-    with `started_only`, only those that started; ordered by `order` (see ORDERS), at most `limit`.
+              job_ids: Iterable[int] | None = None, array_ids: Iterable[int] | None = None) -> list[JobRow]:
+    """Jobs in `states` (None: every state), or the one with `job_id`, or those of `job_ids`
+    and the tasks of the arrays `array_ids`; with `started_only`, only those that started;
+    ordered by `order` (see ORDERS), at most `limit`.
 
     Without `engine`: the SQLite state file read directly, or the regular engine when that
     cannot answer."""
-    sql, params = _query(states, job_id, started_only, order, limit, job_ids)
+    sql, params = _query(states, job_id, started_only, order, limit, job_ids, array_ids)
     return [_decode(row) for row in query(sql, params, engine)]
 
 
@@ -119,8 +120,16 @@ MAX_ID = 2**63 - 1
 """No row has an id above SQLite's (and PostgreSQL's BIGINT) largest integer."""
 
 
+def _ids_in(column: str, prefix: str, ids: Iterable[int], params: dict[str, Any]) -> str:
+    """`"column" IN (:prefix0, ...)` for the ids a database can hold (NULL: none), its parameters added."""
+    names = {f"{prefix}{i}": int(x) for i, x in enumerate(sorted(set(ids))) if 0 < int(x) <= MAX_ID}
+    params.update(names)
+    return f'"{column}" IN ({", ".join(":" + n for n in names) or "NULL"})'
+
+
 def _query(states: Iterable[str] | None, job_id: int | None, started_only: bool, order: str,
-           limit: int | None, job_ids: Iterable[int] | None = None) -> tuple[str, dict[str, Any]]:
+           limit: int | None, job_ids: Iterable[int] | None = None,
+           array_ids: Iterable[int] | None = None) -> tuple[str, dict[str, Any]]:
     """The SQL text (quoted names: "user" is a keyword in PostgreSQL) and its named parameters."""
     if order not in ORDERS:
         raise ValueError(f"unknown order {order!r}; one of {', '.join(ORDERS)}")
@@ -131,10 +140,11 @@ def _query(states: Iterable[str] | None, job_id: int | None, started_only: bool,
         params.update(names)
     if job_id is not None:
         job_ids = [job_id]
-    if job_ids is not None:
-        ids = {f"j{i}": int(x) for i, x in enumerate(sorted(set(job_ids))) if 0 < int(x) <= MAX_ID}
-        where.append(f'"id" IN ({", ".join(":" + n for n in ids) or "NULL"})')
-        params.update(ids)
+    if job_ids is not None or array_ids is not None:
+        wanted = [_ids_in("id", "j", job_ids or (), params)]
+        if array_ids is not None:
+            wanted.append(_ids_in("array_job_id", "a", array_ids, params))
+        where.append(f"({' OR '.join(wanted)})")
     if started_only:
         where.append('"started_at" IS NOT NULL')
     sql = f'SELECT {", ".join(f"{chr(34)}{c}{chr(34)}" for c in COLUMNS)} FROM "jobs"'

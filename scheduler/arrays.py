@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sae_dist.array_notation import fold_ids  # noqa: F401 (scheduler code imports it from here)
 from sae_dist.errors import UserError
 
 MAX_TASK_ID = 1_000_000
@@ -70,19 +71,50 @@ def _limit(word: str, text: str) -> int:
     return limit
 
 
-def fold_ids(ids) -> str:
-    """Task ids in the `--array` notation, shortest first: runs of 3 or more consecutive ids
-    as A-B, the rest one by one: [0, 1, 2, 3, 7, 9, 10] -> "0-3,7,9,10"."""
-    ordered = sorted(set(ids))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        if j - i >= 2:
-            parts.append(f"{ordered[i]}-{ordered[j]}")
-        else:
-            parts.extend(str(n) for n in ordered[i:j + 1])
-        i = j + 1
-    return ",".join(parts)
+# ---- naming tasks: 12 (a job, or a whole array), 12_7 (one task), 12_[3-5] (some tasks) ----
+
+@dataclass(frozen=True)
+class JobRef:
+    """A job as a command names it: `job_id` alone (a job, or every task when it is an array's
+    id), or with `tasks` (those task ids of array `job_id`)."""
+
+    job_id: int
+    tasks: tuple[int, ...] | None = None
+
+    def __str__(self) -> str:
+        if self.tasks is None:
+            return str(self.job_id)
+        if len(self.tasks) == 1:
+            return f"{self.job_id}_{self.tasks[0]}"
+        return f"{self.job_id}_[{fold_ids(self.tasks)}]"
+
+
+def parse_job_ref(text: str, max_id: int | None = None) -> JobRef:
+    """`12`, `12_7` or `12_[3-5,9]` (squeue's notation), checked: ids positive (and at most
+    `max_id` when given), task ids as `--array` takes them (no %N)."""
+    head, underscore, tail = text.partition("_")
+    if not (head.isascii() and head.isdigit()) or int(head) < 1:
+        raise UserError(f"job id must be a positive number (or ARRAY_TASK, e.g. 12_7 or 12_[3-5]), got {text!r}")
+    if max_id is not None and int(head) > max_id:
+        raise UserError(f"no job {head}: job ids go up to {max_id}")
+    if not underscore:
+        return JobRef(int(head))
+    inner = tail[1:-1] if tail.startswith("[") and tail.endswith("]") else tail
+    if not inner or "%" in inner or (inner == tail and not (tail.isascii() and tail.isdigit())):
+        raise UserError(f"{text!r}: write one task as {head}_7 or several as {head}_[3-5,9]")
+    try:
+        spec = parse_array(inner)
+    except UserError as e:
+        raise UserError(f"{text!r}: {str(e).split(': ', 1)[-1]}") from None
+    return JobRef(int(head), spec.task_ids)
+
+
+def array_state(states) -> str | None:
+    """The state a dependency on a whole array sees, from its tasks' states: None (still live)
+    while any task is pending or running; then COMPLETED when every task completed, else
+    FAILED (some task did not), so afterok waits for all tasks, afterany for all to end."""
+    states = list(states)
+    if not states or any(s in ("PENDING", "RUNNING") for s in states):
+        return None
+    return "COMPLETED" if all(s == "COMPLETED" for s in states) else "FAILED"
+

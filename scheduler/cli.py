@@ -52,7 +52,10 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 def _add_submit(sub) -> None:
     s = sub.add_parser("submit", help="queue a command (after --) or an SAE training (--train run.toml)")
-    s.add_argument("--train", metavar="TOML", help="an SAE training config (the trainer's TOML keys)")
+    s.add_argument("--train", metavar="TOML", help="an SAE training config (the trainer's TOML keys; "
+                                                   "[[array]] tables: one task per table, with its overrides)")
+    s.add_argument("-a", "--array", help="a job array: task ids 0-99, 1,3,5 or 0-15:4, then %%N to run at most N "
+                                         "at once; each task gets SLURM_ARRAY_TASK_ID (and %%a in --output)")
     s.add_argument("-G", "--gpus", type=int, help="number of GPUs (default 1; with --exclusive, every device)")
     s.add_argument("--gpu-ids", help="exact devices, by index or UUID: 0,2")
     s.add_argument("--mem", help="memory needed per GPU: 20GiB, 512M (plain number: MB, as SLURM)")
@@ -70,7 +73,7 @@ def _add_submit(sub) -> None:
                         f"and runs on --gpus N of them (default: all; {NUM_GPUS_ENV}=N); not with --gpu-ids")
     s.add_argument("-D", "--chdir", help="working directory (default: the current one)")
     s.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment (repeatable)")
-    s.add_argument("-o", "--output", help="stdout file; %%j = job id, %%x = job name")
+    s.add_argument("-o", "--output", help="stdout file; %%j = job id, %%x = job name, %%A/%%a = array id/task id")
     s.add_argument("-e", "--error", help="stderr file (default: with stdout)")
     s.add_argument("--json", action="store_true")
     s.add_argument("--cluster", choices=["slurm"],
@@ -92,7 +95,8 @@ def _add_actions(sub) -> None:
                        ("hold", "keep pending jobs from starting"), ("release", "let held jobs start"),
                        ("requeue", "put jobs back in the queue")):
         c = sub.add_parser(name, help=what)
-        c.add_argument("job_ids", nargs="+", type=_job_id if name != "cancel" else _job_or_cluster_id)
+        c.add_argument("job_ids", nargs="+", type=_job_ref if name != "cancel" else _job_or_cluster_id,
+                       help="job ids; 12 is every task of array 12, 12_7 one task, 12_[3-5] some")
 
 
 def _add_info(sub) -> None:
@@ -107,7 +111,7 @@ def _add_info(sub) -> None:
 
 def _add_acct(sub) -> None:
     a = sub.add_parser("acct", help="finished and running jobs with their usage (sacct)")
-    a.add_argument("-j", "--jobs", help="only these job ids: 3,5")
+    a.add_argument("-j", "--jobs", help="only these jobs: 3,5 (an array's id: its tasks; 12_7: one task)")
     a.add_argument("--json", action="store_true")
 
 
@@ -151,7 +155,17 @@ def _job_or_cluster_id(text: str) -> int | str:
             return f"slurm:{parse_cluster_id(text)}"
         except UserError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
-    return _job_id(text)
+    return _job_ref(text)
+
+
+def _job_ref(text: str):
+    """A job (or a whole array) by id, or tasks of an array: 12, 12_7, 12_[3-5]."""
+    from scheduler.arrays import parse_job_ref
+
+    try:
+        return parse_job_ref(text, MAX_SQL_INT)
+    except UserError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _job_id(text: str) -> int:
@@ -275,17 +289,26 @@ def _iso(dt: datetime | None) -> str | None:
 
 def cmd_submit(args) -> int:
     from scheduler import spec as S
+    from scheduler.arrays import parse_array
 
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     now = datetime.now(timezone.utc)
-    train_config = None
+    train_config, overrides = None, None
+    array = _parsed("--array", parse_array, args.array) if args.array is not None else None
     if args.train:
         from sae_dist.config import build_config, load_toml
+        from scheduler.array_submit import ARRAY_TABLE, array_from_overrides
 
         if argv:
             raise UserError("give either --train run.toml or a command after --, not both")
+        values = load_toml(args.train)
+        overrides = values.pop(ARRAY_TABLE, None)
+        if overrides is not None:  # [[array]]: a task per table
+            if not isinstance(overrides, list):
+                raise UserError("--train: 'array' must be [[array]] tables, one per task")
+            array = array_from_overrides(overrides, array)
         # Built (validated) once here; JobSpec keeps it as it is. Its errors name the field alone.
-        train_config = build_config(load_toml(args.train))
+        train_config = build_config(values)
     elif not argv:
         raise UserError("empty command: put the program and its arguments after --, or use --train run.toml")
     job_spec = S.JobSpec(
@@ -303,22 +326,32 @@ def cmd_submit(args) -> int:
 
     # No job has an id past SQLite's integers (and SQLite could not even look one up).
     check_dependencies_found((d for _, d in job_spec.dependencies if d > MAX_SQL_INT), ())
+    for pattern, flag in ((job_spec.stdout, "--output"), (job_spec.stderr, "--error")):
+        if array is None and S.array_letters_used(pattern):
+            raise UserError(f"{flag}: {S.array_letters_used(pattern)} is a job array's; submit with --array")
     if args.cluster:
-        return _submit_to_cluster(args, job_spec)
+        if overrides is not None:
+            raise UserError("--cluster slurm: [[array]] tables are for this machine's queue; "
+                            "give SLURM a plain --array")
+        return _submit_to_cluster(args, job_spec, array)
     if args.nodes is not None or args.gpus_per_node is not None or args.cpu:
         raise UserError("--nodes, --gpus-per-node and --cpu are for --cluster slurm")
     from scheduler.quick_submit import submit_quick
 
-    job_id = submit_quick(job_spec)  # on this machine's devices; starts a daemon if none runs
+    # On this machine's devices; starts a daemon if none runs.
+    job_id = submit_quick(job_spec, array=array, overrides=overrides)
     if job_id is None:  # not a SQLite file at the head revision: the regular path migrates it
         from scheduler.submit import submit_spec
 
-        job_id = submit_spec(_engine(), job_spec)
-    print(json.dumps({"job_id": job_id, "state": SUBMITTED_STATE}) if args.json else f"Submitted job {job_id}")
+        job_id = submit_spec(_engine(), job_spec, array=array, overrides=overrides)
+    answer = {"job_id": job_id, "state": SUBMITTED_STATE}
+    if array is not None:
+        answer.update(array=str(array), tasks=len(array.task_ids))
+    print(json.dumps(answer) if args.json else f"Submitted batch job {job_id}" if array else f"Submitted job {job_id}")
     return 0
 
 
-def _submit_to_cluster(args, job_spec) -> int:
+def _submit_to_cluster(args, job_spec, array=None) -> int:
     from sae_dist.paths import default_db_url, state_home
     from scheduler import cluster
     from scheduler.sbatch import sbatch_script
@@ -329,8 +362,14 @@ def _submit_to_cluster(args, job_spec) -> int:
     if job_spec.gpus is None and args.gpus_per_node is None:  # --exclusive without a count
         raise UserError("--exclusive with --cluster slurm: give --gpus-per-node (or --gpus); the GPUs of "
                         "a cluster's node cannot be counted from here")
+    task_configs = None
+    if array is not None and job_spec.kind == "train":  # each task its own run name, as here
+        from scheduler.array_submit import task_configs as configs_of
+
+        task_configs = configs_of(job_spec, array)
     script = sbatch_script(cluster.script_job(job_spec), nodes=args.nodes or 1, gpus_per_node=args.gpus_per_node,
-                           cpu=args.cpu, db_url=default_db_url())
+                           cpu=args.cpu, db_url=default_db_url(), array=str(array) if array else None,
+                           task_configs=task_configs)
     slurm_id = cluster.submit(_engine(), job_spec, script, state_home() / "slurm")
     print(json.dumps({"job_id": f"slurm:{slurm_id}", "state": SUBMITTED_STATE}) if args.json
           else f"Submitted batch job slurm:{slurm_id}")
@@ -353,7 +392,8 @@ def _cluster_rows(final_too: bool, now: float) -> list[dict[str, Any]]:
             "start": _iso(j.started_at), "end": _iso(j.ended_at),
             "elapsed_s": (end or now) - start if start else None, "time_limit_s": None,
             "exit_code": j.exit_code, "signal": j.signal, "kind": j.kind, "held": False,
-            "exclusive": None, "cluster": j.cluster})  # SLURM's to know; not recorded here
+            "exclusive": None, "cluster": j.cluster, "array_job_id": None, "array_task_id": None,
+            "array_max_running": None})  # SLURM's to know; not recorded here
     return rows
 
 
@@ -367,6 +407,8 @@ def _job_row(job, now: float) -> dict[str, Any]:
         "end": _iso(job.ended_at), "elapsed_s": (end or now) - start if start else None,
         "time_limit_s": job.time_limit_s, "exit_code": job.exit_code, "signal": job.signal,
         "kind": job.kind, "held": job.held, "exclusive": job.exclusive,
+        "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
+        "array_max_running": job.array_max_running,
     }
 
 
@@ -385,12 +427,15 @@ def cmd_queue(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
+    from sae_dist.array_notation import fold_pending_tasks
+
+    rows = fold_pending_tasks(rows)
     for r in rows:
         r["st"] = SHORT.get(r["state"], r["state"])
         r["elapsed"] = _duration(r["elapsed_s"]) or "0:00"
         r["limit"] = _duration(r["time_limit_s"]) or "UNLIMITED"
         r["why"] = _running_devices(r) if r["state"] == "RUNNING" else (r["reason"] or "")
-    _print_table(rows, [("job_id", "JOBID"), ("name", "NAME"), ("user", "USER"), ("st", "ST"), ("gpus", "GPUS"),
+    _print_table(rows, [("label", "JOBID"), ("name", "NAME"), ("user", "USER"), ("st", "ST"), ("gpus", "GPUS"),
                         ("elapsed", "TIME"), ("limit", "TIME_LIMIT"), ("why", "DEVICES(REASON)")])
     return 0
 
@@ -417,16 +462,22 @@ def _running_devices(row: dict) -> str:
 
 
 def _each_job(args, action) -> int:
+    from scheduler.job_refs import act_on_tasks, resolve
+
     engine = _engine()
     failed = False
-    for job_id in args.job_ids:
+    for ref in args.job_ids:
         try:
-            if isinstance(job_id, str):  # slurm:N (cancel only)
+            if isinstance(ref, str):  # slurm:N (cancel only)
                 from scheduler import cluster
 
-                print(cluster.cancel(engine, job_id.split(":", 1)[1]))
+                print(cluster.cancel(engine, ref.split(":", 1)[1]))
                 continue
-            print(action(engine, job_id))
+            ids = resolve(ref, engine)
+            if ref.tasks is None and ids == [ref.job_id]:  # a job
+                print(action(engine, ref.job_id))
+            else:  # tasks of an array: at once
+                print(act_on_tasks(engine, args.command, ref, ids))
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             failed = True
@@ -525,17 +576,17 @@ def _latest_samples() -> dict[str, dict]:
 
 
 def cmd_acct(args) -> int:
+    from sae_dist.array_notation import task_label
     from sae_dist.format import fmt_bytes
     from sae_dist.job_listing import has_cluster_jobs, read_jobs
     from scheduler.usage import job_usage, summarize
 
-    wanted = None
+    wanted, arrays = None, None
     if args.jobs is not None:
-        parts = [x.strip() for x in args.jobs.split(",")]
-        if not all(x.isascii() and x.isdigit() for x in parts):
-            raise UserError(f"--jobs: {args.jobs!r} is not a list of job ids; write e.g. 3,5")
-        wanted = sorted({int(x) for x in parts})
-    jobs = read_jobs(job_ids=wanted)  # filtered by the database, read without SQLAlchemy
+        from scheduler.job_refs import listed_jobs
+
+        wanted, arrays = listed_jobs(args.jobs)
+    jobs = read_jobs(job_ids=wanted, array_ids=arrays)  # filtered by the database, without SQLAlchemy
     now = time.time()
     rows = []
     usage = job_usage(None, [j.id for j in jobs] if wanted is not None else None)
@@ -557,7 +608,9 @@ def cmd_acct(args) -> int:
                      if r.get("mean_util_pct") is not None else None)
         r["mem"] = fmt_bytes(r["peak_memory_bytes"]) if r.get("peak_memory_bytes") is not None else None
         r["wh"] = f"{r['energy_wh']:.2f}" if r.get("energy_wh") is not None else None
-    _print_table(rows, [("job_id", "JOBID"), ("name", "NAME"), ("state", "STATE"), ("exit", "EXITCODE"),
+    for r in rows:
+        r["label"] = task_label(r["job_id"], r["array_job_id"], r["array_task_id"])
+    _print_table(rows, [("label", "JOBID"), ("name", "NAME"), ("state", "STATE"), ("exit", "EXITCODE"),
                         ("start", "START"), ("end", "END"), ("elapsed", "ELAPSED"), ("gpus", "GPUS"),
                         ("util", "UTIL mean/peak"), ("mem", "PEAK MEM"), ("wh", "ENERGY Wh")])
     return 0
@@ -588,11 +641,18 @@ def cmd_recommend(args) -> int:
 
 
 def cmd_export_sbatch(args) -> int:
+    from scheduler.arrays import ArraySpec
     from scheduler.sbatch import sbatch_script
-    from scheduler.store import get_job
+    from scheduler.store import array_of, get_job
 
-    script = sbatch_script(get_job(_engine(), args.job_id), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                           cpu=args.cpu)
+    engine = _engine()
+    job = get_job(engine, args.job_id)
+    tasks = array_of(engine, args.job_id)  # an array's id: the whole array, as SLURM's
+    array = str(ArraySpec(tuple(t.array_task_id for t in tasks), job.array_max_running)) if tasks else None
+    configs = {t.array_task_id: json.loads(t.train_config_json) for t in tasks} \
+        if tasks and job.kind == "train" else None
+    script = sbatch_script(job, nodes=args.nodes, gpus_per_node=args.gpus_per_node, cpu=args.cpu,
+                           array=array, task_configs=configs)
     if args.out:
         with open(args.out, "w") as f:
             f.write(script)

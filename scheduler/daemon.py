@@ -194,7 +194,7 @@ class Daemon:
             self._follow_queue(conn, now)
             pending = [view for view, _ in self.queue.values()]
             deps = {d for j in pending for _, d in j.dependencies}
-            dep_states = store.job_states(conn, deps)
+            dep_states = store.dependency_states(conn, deps)
         finished = {i: s for i, s in dep_states.items() if s in FINAL_JOB_STATES}
         live = {i for i, s in dep_states.items() if s not in FINAL_JOB_STATES}
         held: dict[int, list[str]] = {}
@@ -429,7 +429,7 @@ def _job_view(job, held: Iterable[str] = ()) -> JobView:
         dependencies=tuple((k, int(i)) for k, i in json.loads(job.dependencies_json)),
         started_at=job.started_at.timestamp() if job.started_at else None,
         devices=runs_on + tuple(sorted(u for u in set(held) if u not in runs_on)),
-        exclusive=bool(job.exclusive))
+        exclusive=bool(job.exclusive), array_id=job.array_job_id, array_limit=job.array_max_running)
 
 
 def main() -> int:

@@ -6,6 +6,7 @@ Imports no database code: `submit` from the CLI must start in a fraction of a se
 
 from __future__ import annotations
 
+import functools
 import getpass
 import json
 from collections.abc import Iterable
@@ -38,6 +39,7 @@ class NewJob:
     env: dict[str, str] | None = None
     stdout: str | None = None
     stderr: str | None = None
+    array_max_running: int | None = None  # a job array's %N (its tasks share this NewJob or differ by config)
 
 
 def new_job(spec: JobSpec, devices: list[tuple[int, str]]) -> NewJob:
@@ -64,6 +66,7 @@ def job_row(job: NewJob, now: datetime) -> dict:
         "exclusive": job.exclusive, "requeue_on_failure": job.requeue, "requeue_count": 0, "workdir": job.workdir,
         "env_json": json.dumps(job.env or {}), "stdout_pattern": job.stdout, "stderr_pattern": job.stderr,
         "cancel_requested": False, "submitted_at": now,
+        "array_task_id": None, "array_max_running": job.array_max_running,
     }
 
 
@@ -74,6 +77,7 @@ def check_dependencies_found(wanted: Iterable[int], found: Iterable[int]) -> Non
         raise UserError(f"unknown dependency: job {missing[0]} does not exist (see `queue --all`)")
 
 
+@functools.cache
 def current_user() -> str:
     try:
         return getpass.getuser()

@@ -21,6 +21,9 @@ Unavailable devices (unreadable, or failed until a health check passes) come bac
 time: a job that needs one (it names it, or asks for more devices than the others) waits with
 SLURM's ReqNodeNotAvail naming them, and takes no reservation, so it holds nobody up.
 
+Tasks of a job array throttled by `%N` wait with SLURM's JobArrayTaskLimit while N of them run;
+they are passed over, never the head, so they hold no device back from other jobs.
+
 Exclusive jobs (SLURM's --exclusive: the whole node, here the whole machine) hold every device
 while they run and use `gpus` of them (the usual choice); they start only when every device is
 free and available and no other job of ours runs, 0-device jobs included (virtual devices share
@@ -32,11 +35,12 @@ only if its time limit ends it by the shadow time, whatever devices it asks for.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Literal
 
 from sae_dist.db.schema import (
-    BEGIN_TIME, DEPENDENCY, DEPENDENCY_NEVER, EXCLUSIVE_JOB, HELD, PRIORITY, REQ_NODE_NOT_AVAIL, RESOURCES,
+    ARRAY_TASK_LIMIT, BEGIN_TIME, DEPENDENCY, DEPENDENCY_NEVER, EXCLUSIVE_JOB, HELD, PRIORITY, REQ_NODE_NOT_AVAIL, RESOURCES,
     RUNNING_JOBS,
 )
 
@@ -63,6 +67,8 @@ class JobView:
     started_at: float | None = None  # running jobs only
     devices: tuple[str, ...] = ()  # running jobs only: uuids they hold (an exclusive job: every device)
     exclusive: bool = False  # holds the whole machine while it runs; uses `gpus` of its devices
+    array_id: int | None = None  # a task of this job array
+    array_limit: int | None = None  # its array's %N: at most this many of its tasks run at once
 
     def __post_init__(self) -> None:
         # Checked here so every helper can trust the shape (e.g. no duplicate uuids to double-book).
@@ -305,10 +311,15 @@ def plan(pending: list[JobView], running: list[JobView], devices: list[DeviceVie
             reasons[job.id] = reason
 
     walk = _Walk(running, devices, now, reasons)
+    # Tasks of each array running (or started by this plan), for its %N.
+    array_active = Counter(j.array_id for j in running if j.array_id is not None)
     # Until a job starts or the reservation changes, jobs of one shape meet the same fate: a long
     # queue of alike jobs costs a dictionary lookup each, not a device search each.
     fates: dict[tuple, str] = {}
     for job in eligible:
+        if job.array_limit is not None and array_active[job.array_id] >= job.array_limit:
+            reasons[job.id] = ARRAY_TASK_LIMIT  # waits for its own array, holds nobody else up
+            continue
         fate = fates.get(shape(job))
         if fate is not None:
             reasons[job.id] = fate
@@ -319,6 +330,8 @@ def plan(pending: list[JobView], running: list[JobView], devices: list[DeviceVie
             fates[shape(job)] = reasons[job.id]
         else:
             fates.clear()
+            if len(walk.starts) > before[0] and job.array_id is not None:
+                array_active[job.array_id] += 1
     return Plan(starts=walk.starts, reasons=reasons, reservation=walk.reservation, holds=walk.holds)
 
 

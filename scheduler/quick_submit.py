@@ -21,16 +21,20 @@ from urllib.parse import quote
 
 from sae_dist.job_listing import sqlite_file
 from sae_dist.state_db import HEAD_REVISION, busy_timeout_pragma, busy_timeout_s
-from scheduler.newjob import check_dependencies_found, job_row, new_job
+from scheduler.arrays import ArraySpec
+from scheduler.array_submit import jobs_to_store, task_rows
+from scheduler.newjob import check_dependencies_found
 from scheduler.spec import JobSpec
 
 SQLITE_TIME_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
 """How SQLAlchemy stores a DateTime in SQLite: naive UTC text with microseconds."""
 
 
-def submit_quick(spec: JobSpec, now: datetime | None = None) -> int | None:
-    """Queue `spec` on the SQLite state file and wake or start the daemon; the job id, or None
-    when this path cannot take it (the caller then uses `scheduler.submit.submit_spec`)."""
+def submit_quick(spec: JobSpec, now: datetime | None = None, array: ArraySpec | None = None,
+                 overrides: list[dict] | None = None) -> int | None:
+    """Queue `spec` (with `array`, one task per task id, see scheduler.array_submit) on the SQLite
+    state file and wake or start the daemon; the job id (an array's id), or None when this path
+    cannot take it (the caller then uses `scheduler.submit.submit_spec`)."""
     path = sqlite_file()
     if path is None or not path.is_file():
         return None
@@ -38,9 +42,9 @@ def submit_quick(spec: JobSpec, now: datetime | None = None) -> int | None:
     if con is None:
         return None
     try:
-        job = new_job(spec, machine_devices(con))
-        job_id = _insert(con, sqlite_values(job_row(job, now or datetime.now(UTC))),
-                         [dep_id for _, dep_id in job.dependencies])
+        tasks = jobs_to_store(spec, machine_devices(con), array, overrides)
+        job_id = _insert(con, task_rows(tasks, now or datetime.now(UTC), sqlite_values),
+                         [dep_id for _, dep_id in tasks[0][1].dependencies], array is not None)
     finally:
         con.close()
     from scheduler.control import ensure_daemon
@@ -100,10 +104,12 @@ def sqlite_values(row: dict) -> dict:
     return out
 
 
-def _insert(con: sqlite3.Connection, values: dict, dependency_ids: list[int]) -> int:
-    """Insert one job in a transaction holding the write lock; its dependencies must exist."""
-    columns = ", ".join(f'"{k}"' for k in values)
-    sql = f'INSERT INTO "jobs" ({columns}) VALUES ({", ".join(":" + k for k in values)})'
+def _insert(con: sqlite3.Connection, rows: list[dict], dependency_ids: list[int], as_array: bool) -> int:
+    """Insert jobs in one transaction holding the write lock (their dependencies must exist); the
+    first one's id. An array's tasks all get that id as their array's."""
+    rows = [{**row, "array_job_id": None} for row in rows]
+    columns = ", ".join(f'"{k}"' for k in rows[0])
+    sql = f'INSERT INTO "jobs" ({columns}) VALUES ({", ".join(":" + k for k in rows[0])})'
     con.execute("BEGIN IMMEDIATE")
     try:
         wanted = sorted(set(dependency_ids))
@@ -111,7 +117,12 @@ def _insert(con: sqlite3.Connection, values: dict, dependency_ids: list[int]) ->
             marks = ", ".join("?" for _ in wanted)
             check_dependencies_found(wanted, (r[0] for r in con.execute(
                 f'SELECT "id" FROM "jobs" WHERE "id" IN ({marks})', wanted)))
-        job_id = con.execute(sql, values).lastrowid
+        job_id = con.execute(sql, rows[0]).lastrowid
+        if as_array:
+            con.execute('UPDATE "jobs" SET "array_job_id" = ? WHERE "id" = ?', (job_id, job_id))
+            for row in rows[1:]:
+                row["array_job_id"] = job_id
+        con.executemany(sql, rows[1:])
         con.execute("COMMIT")
     except BaseException:
         if con.in_transaction:

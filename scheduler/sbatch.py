@@ -31,11 +31,20 @@ def _safe_line(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]+", "_", text)[:200] or "job"
 
 
+def _flags(flags: list[str], shared_db: bool) -> str:
+    """The trainer's flags, shell-quoted; without a shared database, metrics stay in the run directory."""
+    flags = [f for f in flags if f != "--db"] + ([] if shared_db else ["--no-db"])
+    return " ".join(shlex.quote(f) for f in flags)
+
+
 def sbatch_script(job, nodes: int = 1, gpus_per_node: int | None = None, cpu: bool = False,
-                  db_url: str | None = None) -> str:
+                  db_url: str | None = None, array: str | None = None,
+                  task_configs: dict[int, dict] | None = None) -> str:
     """The batch script. `cpu=True` runs gpus_per_node gloo ranks per node on CPUs (no GPU request):
     for CPU partitions, and for trying a job on a small cluster first. With `db_url` (a database
-    every node reaches, not SQLite) the training records its metrics there."""
+    every node reaches, not SQLite) the training records its metrics there. With `array` (the
+    `--array` text, e.g. 0-99%8) a job array; a training array's tasks each have their config in
+    `task_configs` (task id -> config), chosen by SLURM_ARRAY_TASK_ID."""
     from sae_dist.errors import UserError
 
     if nodes < 1:
@@ -51,8 +60,12 @@ def sbatch_script(job, nodes: int = 1, gpus_per_node: int | None = None, cpu: bo
         f"#SBATCH --job-name={name}",
         f"#SBATCH --nodes={nodes}",
         "#SBATCH --ntasks-per-node=1",
-        "#SBATCH --output=%x-%j.out",
+        "#SBATCH --output=%x-%A_%a.out" if array else "#SBATCH --output=%x-%j.out",
     ]
+    if array:
+        if not re.fullmatch(r"[0-9,:%-]+", array):  # ours (ArraySpec's text): digits and , - : %
+            raise ValueError(f"not an --array text: {array!r}")
+        lines.append(f"#SBATCH --array={array}")
     if not cpu:
         lines.insert(5, f"#SBATCH --gpus-per-node={ranks}")
     if getattr(job, "exclusive", False):
@@ -68,17 +81,27 @@ def sbatch_script(job, nodes: int = 1, gpus_per_node: int | None = None, cpu: bo
     if shared_db:
         lines.append(f"export SAE_DIST_DB_URL={shlex.quote(db_url)}")
     if job.kind == "train":  # a stored job's config, or a JobSpec's: validated at submit either way
-        flags = stored_train_argv(json.loads(job.train_config_json), f"{'cpu' if cpu else 'cuda'}:{ranks}")
+        devices = f"{'cpu' if cpu else 'cuda'}:{ranks}"
+        configs = task_configs or {None: json.loads(job.train_config_json)}
+        flags = {task: _flags(stored_train_argv(config, devices), shared_db) for task, config in configs.items()}
         if not shared_db:
-            flags = [*flags, "--no-db"]
             lines += ["# Metrics go to the run directory only: SQLite on a shared (NFS) home is refused. To record",
                       "# them in a shared database, export SAE_DIST_DB_URL=postgresql+psycopg://... and drop --no-db."]
+        # Tasks of an array may share a node: each its own rendezvous port.
+        port = f"$(({RDZV_PORT} + SLURM_ARRAY_TASK_ID % 500))" if array else str(RDZV_PORT)
+        lines += ['head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)']
+        if task_configs:
+            lines += ['case "$SLURM_ARRAY_TASK_ID" in']
+            lines += [f"  {task}) flags=({task_flags}) ;;" for task, task_flags in flags.items()]
+            lines += ['  *) echo "no config for array task $SLURM_ARRAY_TASK_ID" >&2; exit 1 ;;', "esac"]
+            train = '    -m sae_dist train "${flags[@]}"'
+        else:
+            train = "    -m sae_dist train " + flags[None]
         lines += [
-            'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
             "srun torchrun --nnodes \"$SLURM_JOB_NUM_NODES\" "
             f"--nproc-per-node {ranks} --rdzv-backend c10d "
-            f"--rdzv-endpoint \"$head_node:{RDZV_PORT}\" --rdzv-id \"$SLURM_JOB_ID\" \\",
-            "    -m sae_dist train " + " ".join(shlex.quote(f) for f in flags if f != "--db"),
+            f"--rdzv-endpoint \"$head_node:{port}\" --rdzv-id \"$SLURM_JOB_ID\" \\",
+            train,
         ]
     else:
         lines.append("srun " + " ".join(shlex.quote(a) for a in json.loads(job.argv_json)))

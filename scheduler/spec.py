@@ -49,11 +49,14 @@ MAX_TIME_LIMIT_S = 365 * 86400
 # %x in a file name is cut to this many bytes: a file name component may be at most 255,
 # and the pattern may add its own text (or a second %x) around it.
 MAX_NAME_IN_PATH_BYTES = 100
-# %j, %x and %% (with SLURM's optional zero-padding width for %j, e.g. %5j). Other letters
-# (%N, %u, %A, %a, ...) are refused at submit so a ported script never writes a file literally
-# named "%N.out"; a stored pattern with one is left literal by expand_output (it never raises).
+# %j, %x and %% (with SLURM's optional zero-padding width for %j, e.g. %5j), and for a job
+# array's tasks %A (the array's id) and %a (the task id). Other letters (%N, %u, ...) are refused
+# at submit so a ported script never writes a file literally named "%N.out"; a stored pattern
+# with one is left literal by expand_output (it never raises).
 _OUTPUT_TOKEN = re.compile(r"%([0-9]*)(.?)", re.DOTALL)
-OUTPUT_LETTERS = ("j", "x", "%")
+OUTPUT_LETTERS = ("j", "x", "%", "A", "a")
+ARRAY_LETTERS = ("A", "a")
+_PADDED_LETTERS = ("j", "A", "a")
 
 
 def _err(flag: str, message: str) -> UserError:
@@ -512,9 +515,17 @@ def check_output_pattern(pattern: str, flag: str = "--output") -> None:
         raise _err(flag, f"{pattern!r} names a directory; add a file name, e.g. {pattern.rstrip('/')}/%j.out")
     for m in _OUTPUT_TOKEN.finditer(pattern):
         width, letter = m.groups()
-        if letter not in OUTPUT_LETTERS or (width and letter != "j"):
+        if letter not in OUTPUT_LETTERS or (width and letter not in _PADDED_LETTERS):
             raise _err(flag, f"{m.group(0)!r} in {pattern!r} is not supported; use %j (job id), "
-                       "%x (job name) or %% (a literal %)")
+                       "%x (job name), %A and %a (an array's id and task id) or %% (a literal %)")
+
+
+def array_letters_used(pattern: str | None) -> str | None:
+    """The first of %A/%a in `pattern` (they need a job array), or None."""
+    for m in _OUTPUT_TOKEN.finditer(pattern or ""):
+        if m.group(2) in ARRAY_LETTERS:
+            return m.group(0)
+    return None
 
 
 def safe_name_for_path(name: str) -> str:
@@ -528,10 +539,11 @@ def safe_name_for_path(name: str) -> str:
 
 
 def expand_output(pattern: str | None, job_id: int, name: str, log_dir: Path, workdir: Path,
-                  default: str) -> Path:
+                  default: str, array: tuple[int, int] | None = None) -> Path:
     """The file a job's stdout/stderr goes to.
 
-    %j -> job id (%5j zero-pads), %x -> the job name made safe for a path, %% -> %. Other
+    %j -> job id (%5j zero-pads), %x -> the job name made safe for a path, %% -> %; for a task
+    of a job array (`array`: its array id and task id) %A and %a (padded as %j). Other
     %-letters stay literal here (submit refuses them; a stored pattern never makes this raise).
     A relative user pattern is relative to the job's workdir, as in SLURM; the default pattern
     (no --output given) lives in log_dir. Nothing is ever passed to a shell.
@@ -539,10 +551,12 @@ def expand_output(pattern: str | None, job_id: int, name: str, log_dir: Path, wo
     base, text = (Path(log_dir), default) if pattern is None else (Path(workdir), pattern)
     safe = safe_name_for_path(name)
 
+    numbers = {"j": job_id, **({"A": array[0], "a": array[1]} if array is not None else {})}
+
     def substitute(m: re.Match[str]) -> str:
         width, letter = m.groups()
-        if letter == "j":
-            return str(job_id).zfill(int(width)) if width else str(job_id)
+        if letter in numbers:
+            return str(numbers[letter]).zfill(int(width)) if width else str(numbers[letter])
         if letter == "x" and not width:
             return safe
         if letter == "%" and not width:

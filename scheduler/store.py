@@ -20,6 +20,8 @@ from sqlalchemy.engine import Connection, Engine
 from sae_dist.db import FINAL_JOB_STATES, Allocation, Job, immediate_transaction, utcnow
 from sae_dist.db.schema import JobChange
 from sae_dist.errors import UserError
+from scheduler.arrays import array_state
+from scheduler.array_submit import task_rows
 from scheduler.newjob import NewJob, check_dependencies_found, job_row  # NewJob: callers import it from here too
 
 JOBS = Job.__table__
@@ -43,11 +45,28 @@ def submit_many(engine: Engine, jobs: list[NewJob], now: datetime | None = None)
     """Queue several jobs in one transaction (all or none)."""
     now = now or utcnow()
     with immediate_transaction(engine) as conn:
-        wanted = {dep_id for job in jobs for _, dep_id in job.dependencies}
-        if wanted:
-            check_dependencies_found(wanted, conn.scalars(select(JOBS.c.id).where(JOBS.c.id.in_(wanted))))
+        _check_dependencies(conn, jobs)
         return [conn.execute(insert(JOBS).values(**job_row(job, now)).returning(JOBS.c.id)).scalar_one()
                 for job in jobs]
+
+
+def submit_array(engine: Engine, tasks: list[tuple[int, NewJob]], now: datetime | None = None) -> int:
+    """Queue an array's tasks, (task id, job), in one transaction (all or none); the array's id
+    (its first task's)."""
+    rows = task_rows(tasks, now or utcnow())
+    with immediate_transaction(engine) as conn:
+        _check_dependencies(conn, [job for _, job in tasks[:1]])
+        first = conn.execute(insert(JOBS).values(**rows[0]).returning(JOBS.c.id)).scalar_one()
+        conn.execute(update(JOBS).where(JOBS.c.id == first).values(array_job_id=first))
+        if len(rows) > 1:
+            conn.execute(insert(JOBS), [{**row, "array_job_id": first} for row in rows[1:]])
+        return first
+
+
+def _check_dependencies(conn: Connection, jobs: list[NewJob]) -> None:
+    wanted = {dep_id for job in jobs for _, dep_id in job.dependencies}
+    if wanted:
+        check_dependencies_found(wanted, conn.scalars(select(JOBS.c.id).where(JOBS.c.id.in_(wanted))))
 
 
 def get_job(engine_or_conn: Engine | Connection, job_id: int) -> Job:
@@ -213,6 +232,43 @@ def cancel(engine: Engine, job_id: int) -> str:
         return job.state
 
 
+def cancel_many(engine: Engine, ids: list[int]) -> dict[int, str]:
+    """`cancel` for many jobs in one transaction: id -> "cancelled", "requested" or its final state."""
+    now = utcnow()
+    with immediate_transaction(engine) as conn:
+        states = job_states(conn, ids)
+        for state, values in (("PENDING", {"state": "CANCELLED", "reason": "Cancelled by user", "ended_at": now}),
+                              ("RUNNING", {"cancel_requested": True})):
+            chosen = [i for i, s in states.items() if s == state]
+            for i in range(0, len(chosen), 500):
+                conn.execute(update(JOBS).where(JOBS.c.id.in_(chosen[i:i + 500])).values(**values))
+    return {i: {"PENDING": "cancelled", "RUNNING": "requested"}.get(s, s) for i, s in states.items()}
+
+
+def set_held_many(engine: Engine, ids: list[int], held: bool) -> dict[int, str]:
+    """Hold (or release) the pending ones of many jobs in one transaction: id -> "done" for
+    those changed, else the state that kept it as it was (a held job released, and so on)."""
+    with immediate_transaction(engine) as conn:
+        rows = {}
+        for i in range(0, len(ids), 500):
+            rows.update((r.id, r) for r in conn.execute(select(JOBS.c.id, JOBS.c.state, JOBS.c.held)
+                                                       .where(JOBS.c.id.in_(ids[i:i + 500]))))
+        chosen = [i for i, r in rows.items() if r.state == "PENDING" and bool(r.held) != held]
+        for i in range(0, len(chosen), 500):
+            conn.execute(update(JOBS).where(JOBS.c.id.in_(chosen[i:i + 500]))
+                         .values(held=held, reason="JobHeldUser" if held else None))
+    already = "held" if held else "not held"
+    return {i: "done" if i in chosen else (already if r.state == "PENDING" else r.state) for i, r in rows.items()}
+
+
+def jobs_by_id(engine: Engine, ids: list[int]) -> list[Job]:
+    found = []
+    with engine.connect() as conn:
+        for i in range(0, len(ids), 500):
+            found += [Job.model_validate(r._mapping) for r in conn.execute(select(JOBS).where(JOBS.c.id.in_(ids[i:i + 500])))]
+    return found
+
+
 def set_held(engine: Engine, job_id: int, held: bool) -> None:
     with immediate_transaction(engine) as conn:
         job = get_job(conn, job_id)
@@ -265,7 +321,8 @@ def running_jobs(conn: Connection) -> list[Job]:
 # and the reason stored now (written again only when it changes).
 QUEUE_COLUMNS = [JOBS.c[c] for c in (
     "id", "state", "held", "reason", "priority", "submitted_at", "gpus", "gpu_ids_json", "mem_per_gpu",
-    "time_limit_s", "begin_at", "dependencies_json", "started_at", "devices_json", "exclusive")]
+    "time_limit_s", "begin_at", "dependencies_json", "started_at", "devices_json", "exclusive",
+    "array_job_id", "array_max_running")]
 
 
 def queue_rows(conn: Connection, ids: Iterable[int] | None = None) -> list:
@@ -277,6 +334,39 @@ def queue_rows(conn: Connection, ids: Iterable[int] | None = None) -> list:
     for i in range(0, len(ids), 500):  # SQLite's bound-parameter limit
         found += conn.execute(select(*QUEUE_COLUMNS).where(JOBS.c.id.in_(ids[i:i + 500]))).all()
     return found
+
+
+def dependency_states(conn: Connection, ids: Iterable[int]) -> dict[int, str]:
+    """id -> the state a dependency on it sees, for those of `ids` that exist: a job's own, or
+    for an array's id the whole array's (scheduler.arrays.array_state: live until every task
+    ended). One grouped read per 500 ids, however many tasks the arrays have."""
+    found = job_states(conn, ids)
+    ids = sorted(found)
+    tasks: dict[int, set[str]] = {}
+    for i in range(0, len(ids), 500):
+        for array_id, state in conn.execute(select(JOBS.c.array_job_id, JOBS.c.state).where(
+                JOBS.c.array_job_id.in_(ids[i:i + 500])).group_by(JOBS.c.array_job_id, JOBS.c.state)):
+            tasks.setdefault(array_id, set()).add(state)
+    for array_id, states in tasks.items():
+        found[array_id] = array_state(states) or "PENDING"
+    return found
+
+
+def array_of(engine: Engine, array_id: int) -> list:
+    """The tasks of array `array_id` (its id, train config and %N), by task id; [] when it is none."""
+    with engine.connect() as conn:
+        return conn.execute(select(JOBS.c.id, JOBS.c.array_task_id, JOBS.c.train_config_json,
+                                   JOBS.c.array_max_running)
+                            .where(JOBS.c.array_job_id == array_id).order_by(JOBS.c.array_task_id)).all()
+
+
+def array_tasks(engine_or_conn: Engine | Connection, job) -> tuple[int, int, int] | None:
+    """For a task of a job array: its array's task count, lowest and highest task id."""
+    if job.array_job_id is None:
+        return None
+    row = _first(engine_or_conn, select(func.count(), func.min(JOBS.c.array_task_id), func.max(JOBS.c.array_task_id))
+                 .where(JOBS.c.array_job_id == job.array_job_id))
+    return tuple(row) if row is not None and row[0] else None
 
 
 def job_states(conn: Connection, ids: Iterable[int]) -> dict[int, str]:

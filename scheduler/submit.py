@@ -13,24 +13,28 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from scheduler.devices import DeviceInfo
-from scheduler.newjob import new_job
+from scheduler.arrays import ArraySpec
+from scheduler.array_submit import jobs_to_store
 from scheduler.spec import JobSpec
-from scheduler.store import submit
+from scheduler.store import submit, submit_array
 
 DEMO_DEVICES = 2
 """The demo trains on this many devices when they are free (else on 1)."""
 
 
-def submit_spec(engine: Engine, spec: JobSpec, devices: list[DeviceInfo] | None = None) -> int:
-    """Queue `spec` (its gpu_ids checked against `devices`, default the live inventory) and
-    make sure a daemon will act on it. Returns the job id."""
+def submit_spec(engine: Engine, spec: JobSpec, devices: list[DeviceInfo] | None = None,
+                array: ArraySpec | None = None, overrides: list[dict] | None = None) -> int:
+    """Queue `spec` (its gpu_ids checked against `devices`, default the live inventory; with
+    `array`, a task per task id) and make sure a daemon will act on it. Returns the job id (an
+    array's id)."""
     from scheduler.control import ensure_daemon
 
     if devices is None:
         from scheduler.devices import inventory
 
         devices = inventory({}, None)
-    job_id = submit(engine, new_job(spec, [(d.index, d.uuid) for d in devices]))
+    tasks = jobs_to_store(spec, [(d.index, d.uuid) for d in devices], array, overrides)
+    job_id = submit(engine, tasks[0][1]) if array is None else submit_array(engine, tasks)
     ensure_daemon()
     return job_id
 

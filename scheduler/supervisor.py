@@ -19,6 +19,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from sae_dist.contract import (
+    ARRAY_JOB_ID_ENV,
+    ARRAY_TASK_ID_ENV,
     DEVICES_ENV,
     JOB_ID_ENV,
     JOB_NAME_ENV,
@@ -33,7 +35,7 @@ from scheduler import procs
 from scheduler.devices import VIRTUAL_PREFIX
 from scheduler.final_state import FinalState, record_until_stored
 from scheduler.storage_errors import storage_problem
-from scheduler.store import claim_supervision, get_job, record_process
+from scheduler.store import array_tasks, claim_supervision, get_job, record_process
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +43,19 @@ KILL_GRACE_S = float(os.environ.get("SAE_DIST_KILL_GRACE_S", "30"))  # SIGTERM -
 POLL_S = 0.25  # how often the supervisor looks for a cancel request
 
 
-def job_environment(job, devices: list[str], base: dict[str, str]) -> dict[str, str]:
-    """The job's environment: ours without SLURM_* (other tools would think SLURM runs them)."""
+def job_environment(job, devices: list[str], base: dict[str, str],
+                    array_tasks: tuple[int, int, int] | None = None) -> dict[str, str]:
+    """The job's environment: ours without SLURM_* (other tools would think SLURM runs them).
+    A task of a job array (`array_tasks`: its array's task count, lowest and highest task id)
+    also gets SLURM's SLURM_ARRAY_* (a script written for SLURM runs unchanged; they alone do
+    not make a tool think SLURM runs it) and ours."""
     env = {k: v for k, v in base.items() if not k.startswith("SLURM_")}
+    if job.array_job_id is not None and array_tasks is not None:
+        count, lowest, highest = array_tasks
+        env.update({ARRAY_JOB_ID_ENV: str(job.array_job_id), ARRAY_TASK_ID_ENV: str(job.array_task_id),
+                    "SLURM_ARRAY_JOB_ID": str(job.array_job_id), "SLURM_ARRAY_TASK_ID": str(job.array_task_id),
+                    "SLURM_ARRAY_TASK_COUNT": str(count), "SLURM_ARRAY_TASK_MIN": str(lowest),
+                    "SLURM_ARRAY_TASK_MAX": str(highest)})
     virtual = all(d.startswith(VIRTUAL_PREFIX) for d in devices)
     env.update({
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
@@ -75,8 +87,10 @@ def output_paths(job) -> tuple[Path, Path]:
     log_dir = state_home() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(job.workdir)
-    out = expand_output(job.stdout_pattern, job.id, job.name, log_dir, workdir, default="%j-%x.out")
-    err = expand_output(job.stderr_pattern, job.id, job.name, log_dir, workdir, default="%j-%x.out") \
+    array = (job.array_job_id, job.array_task_id) if job.array_job_id is not None else None
+    default = "%A_%a-%x.out" if array else "%j-%x.out"  # SLURM's default for a task: slurm-%A_%a.out
+    out = expand_output(job.stdout_pattern, job.id, job.name, log_dir, workdir, default=default, array=array)
+    err = expand_output(job.stderr_pattern, job.id, job.name, log_dir, workdir, default=default, array=array) \
         if job.stderr_pattern else out
     return out, err
 
@@ -128,7 +142,7 @@ def supervise(job_id: int) -> int:
         stdout = open(out_path, "ab")
         stderr = stdout if err_path == out_path else open(err_path, "ab")
         proc = subprocess.Popen(job_argv(job, devices), cwd=job.workdir,
-                                env=job_environment(job, devices, dict(os.environ)),
+                                env=job_environment(job, devices, dict(os.environ), array_tasks(engine, job)),
                                 stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, start_new_session=True)
     except (OSError, ValueError) as e:  # program not found, workdir gone, bad pattern...
         record_until_stored(engine, job_id, FinalState("FAILED", 127, None, f"could not start: {e}", _now(),

@@ -57,3 +57,64 @@ def test_folding_reads_back_to_the_same_tasks():
     spec = parse_array("0-40:3,41,42,43,100-120%5")
     assert str(spec) == "0,3,6,9,12,15,18,21,24,27,30,33,36,39,41-43,100-120%5"
     assert parse_array(str(spec)) == spec
+
+
+# ---- naming tasks, array states, folding (pure) ------------------------------------------------
+
+from sae_dist.array_notation import fold_pending_tasks  # noqa: E402
+from scheduler.arrays import JobRef, array_state, parse_job_ref  # noqa: E402
+
+
+@pytest.mark.parametrize("text, ref", [
+    ("12", JobRef(12)),
+    ("12_7", JobRef(12, (7,))),
+    ("12_[3-5]", JobRef(12, (3, 4, 5))),
+    ("12_[9,1-2]", JobRef(12, (1, 2, 9))),
+])
+def test_jobs_are_named_as_squeue_names_them(text, ref):
+    assert parse_job_ref(text, 2**63 - 1) == ref
+    assert parse_job_ref(str(ref)) == ref  # written back as read
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "job id must be a positive number"),
+    ("0", "job id must be a positive number"),
+    ("x_1", "job id must be a positive number"),
+    ("12_", "write one task as 12_7"),
+    ("12_x", "write one task as 12_7"),
+    ("12_[]", "write one task as 12_7"),
+    ("12_[1-4%2]", "write one task as 12_7"),  # %N belongs to submit
+    ("12_[4-1]", "the range 4-1 ends before it starts"),
+    (str(2**63), "job ids go up to"),
+])
+def test_a_bad_job_name_is_one_clear_error(text, message):
+    with pytest.raises(UserError) as e:
+        parse_job_ref(text, 2**63 - 1)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("states, seen", [
+    (["COMPLETED", "RUNNING"], None),  # live until every task ended
+    (["PENDING"], None),
+    (["COMPLETED", "COMPLETED"], "COMPLETED"),
+    (["COMPLETED", "FAILED"], "FAILED"),  # afterok never, afternotok yes, afterany yes
+    (["CANCELLED"], "FAILED"),
+])
+def test_a_dependency_on_an_array_sees_all_its_tasks(states, seen):
+    assert array_state(states) == seen
+
+
+def _row(job_id, state, array=None, task=None, reason=None, held=False, limit=None):
+    return {"job_id": job_id, "state": state, "reason": reason, "held": held, "array_job_id": array,
+            "array_task_id": task, "array_max_running": limit}
+
+
+def test_pending_tasks_fold_into_one_row_per_array_and_reason():
+    rows = [_row(10, "RUNNING", 10, 0, limit=2), _row(11, "RUNNING", 10, 1, limit=2),
+            *[_row(10 + t, "PENDING", 10, t, "JobArrayTaskLimit", limit=2) for t in (2, 3, 4, 5, 9)],
+            _row(30, "PENDING", reason="Resources"),
+            _row(31, "PENDING", 31, 0, "Resources"), _row(32, "PENDING", 31, 1, "JobHeldUser", held=True)]
+    folded = fold_pending_tasks(rows)
+    assert [(r["label"], r["task_count"]) for r in folded] == [
+        ("10_0", 1), ("10_1", 1), ("10_[2-5,9%2]", 5), ("30", 1), ("31_0", 1), ("31_1", 1)]
+    assert rows[2]["array_task_id"] == 2 and "label" not in rows[0]  # the input is left as it was

@@ -554,3 +554,25 @@ def _check_invariants(p: Plan, pending, live, devices, finished, now) -> None:
                 assert exclusive_pick(by_id[jid], taken, active) is None
             else:
                 assert pick_devices(by_id[jid], left) is None
+
+
+# ---- job arrays: %N ---------------------------------------------------------------------------
+
+def test_an_array_runs_at_most_its_limit_and_holds_nobody_up():
+    from sae_dist.db.schema import ARRAY_TASK_LIMIT
+
+    devices = [DeviceView(f"d{i}", i, free=True) for i in range(4)]
+    running = [JobView(1, array_id=1, array_limit=2, started_at=0.0, devices=("d0",))]
+    tasks = [JobView(i, submitted_at=float(i), array_id=1, array_limit=2) for i in range(2, 6)]
+    later = JobView(9, submitted_at=9.0, gpus=2)  # behind the tasks, and bigger than what is left
+    p = plan(tasks + [later], running, [replace(devices[0], free=False)] + devices[1:], {}, now=10.0)
+    assert p.starts == [(2, ("d1",)), (9, ("d2", "d3"))]  # one more task (2 of 2), then the other job
+    assert {i: p.reasons[i] for i in (3, 4, 5)} == dict.fromkeys((3, 4, 5), ARRAY_TASK_LIMIT)
+    assert p.reservation is None  # a throttled task is never the head: it reserves nothing
+
+
+def test_an_array_without_a_limit_fills_every_free_device():
+    devices = [DeviceView(f"d{i}", i, free=True) for i in range(3)]
+    tasks = [JobView(i, submitted_at=float(i), array_id=1) for i in range(1, 6)]
+    p = plan(tasks, [], devices, {}, now=0.0)
+    assert [job for job, _ in p.starts] == [1, 2, 3]

@@ -168,7 +168,7 @@ def test_acct_filters_in_the_database_and_refuses_an_empty_list(migrated, tmp_pa
     code, out, _ = _main(capsys, "acct", "--json", "-j", f"{ids[2]},{ids[0]},{2**64}")
     assert code == 0 and [r["job_id"] for r in json.loads(out)] == [ids[0], ids[2]]
     code, out, err = _main(capsys, "acct", "-j", "")
-    assert (code, out) == (2, "") and err == "error: --jobs: '' is not a list of job ids; write e.g. 3,5\n"
+    assert (code, out) == (2, "") and err == "error: --jobs: '' is not a list of job ids; write e.g. 3,5 or 12_7 (task 7 of array 12)\n"
 
 
 def test_queue_into_a_reader_that_went_away_exits_quietly(migrated):
@@ -224,3 +224,21 @@ def test_info_reads_what_the_regular_path_reads(migrated, tmp_path):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_an_array_is_stored_alike_by_both_paths(migrated, tmp_path):
+    from scheduler.arrays import parse_array
+    from scheduler.submit import submit_spec
+
+    spec = dict(kind="command", argv=["python", "run.py"], name="sweep", workdir=str(tmp_path), stdout="%A_%a.out")
+    now = datetime(2026, 11, 24, 10, 0, tzinfo=UTC)
+    lean = quick_submit.submit_quick(JobSpec(**spec), now=now, array=parse_array("0-8:4%2"))
+    regular = submit_spec(migrated, JobSpec(**spec), array=parse_array("0-8:4%2"))
+    assert regular == lean + 3
+    for first in (lean, regular):
+        tasks = [get_job(migrated, first + i) for i in range(3)]
+        assert [(t.array_job_id, t.array_task_id, t.array_max_running) for t in tasks] == \
+            [(first, 0, 2), (first, 4, 2), (first, 8, 2)]
+    same = {"id", "submitted_at", "array_job_id"}
+    assert [{k: v for k, v in get_job(migrated, lean + i).model_dump().items() if k not in same} for i in range(3)] == \
+        [{k: v for k, v in get_job(migrated, regular + i).model_dump().items() if k not in same} for i in range(3)]

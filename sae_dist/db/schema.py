@@ -229,8 +229,9 @@ DEPENDENCY_NEVER = "DependencyNeverSatisfied"
 RESOURCES = "Resources"
 PRIORITY = "Priority"
 REQ_NODE_NOT_AVAIL = "ReqNodeNotAvail"  # given as "ReqNodeNotAvail, UnavailableNodes:<uuids>"
+ARRAY_TASK_LIMIT = "JobArrayTaskLimit"  # its array already runs its %N tasks
 PENDING_REASONS: frozenset[str] = frozenset({HELD, BEGIN_TIME, DEPENDENCY, DEPENDENCY_NEVER, RESOURCES, PRIORITY,
-                                             REQ_NODE_NOT_AVAIL})
+                                             REQ_NODE_NOT_AVAIL, ARRAY_TASK_LIMIT})
 # Exclusive jobs: "Resources, ExclusiveJob:<id>" (the machine is held by that job) and
 # "Resources, RunningJobs:<ids>" (an exclusive job waiting for those to end): the code stays
 # SLURM's Resources, the detail says who is in the way.
@@ -244,6 +245,7 @@ REASON_WORDS = {
     DEPENDENCY_NEVER: "a job it depends on ended in a way that never satisfies it",
     HELD: "held: release it to let it start",
     BEGIN_TIME: "its start time has not come yet",
+    ARRAY_TASK_LIMIT: "its array already runs as many tasks at once as its %N allows",
 }
 """The codes people read alone, in words (ReqNodeNotAvail always comes with the devices it names)."""
 REASON_DETAIL_WORDS = {
@@ -304,6 +306,11 @@ class Job(Base, table=True):
     submitted_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     ended_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # A task of a job array (SLURM's 12_7): the array's id (its first task's job id), the task's
+    # id, and the array's %N (at most N of its tasks run at once). None for a plain job.
+    array_job_id: int | None = Field(default=None, index=True)
+    array_task_id: int | None = None
+    array_max_running: int | None = None
 
 
 class ClusterJob(Base, table=True):
