@@ -39,7 +39,8 @@ TIME_COLUMN = {"format": "YYYY-MM-DD HH:mm:ss", "timezone": "UTC", "width": 150}
 
 def job_option(job_id: int) -> str:
     job = choices[job_id]
-    return f"{job_id} · {job['name']} · {job['state']}"
+    task = f" (array task {job['label']})" if job.get("array_job_id") is not None and job.get("label") else ""
+    return f"{job_id}{task} · {job['name']} · {job['state']}"
 
 
 def sync_url() -> None:
@@ -101,13 +102,30 @@ def queue_tables(known: frozenset[int]) -> None:
         st.rerun()  # a new job: redraw the page so that it can be selected
     with st.container(horizontal=True):
         st.metric("Running", len(queue["running"]), border=True)
-        st.metric("Pending", len(queue["pending"]), border=True)
-        st.metric("Held", sum(j["held"] for j in queue["pending"]), border=True)
+        st.metric("Pending", sum(j["task_count"] for j in queue["pending"]), border=True)
+        st.metric("Held", sum(j["task_count"] for j in queue["pending"] if j["held"]), border=True)
         st.metric("Finished (shown)", len(queue["finished"]), border=True)
+    array_table()
     running_table(queue["running"], now)
     pending_table(queue["pending"], now)
     finished_table(queue["finished"], now)
     cluster_table()
+
+
+def array_table() -> None:
+    arrays = jobs.array_progress(engine)
+    if not arrays:
+        return
+    st.subheader("Arrays", anchor=False)
+    st.dataframe(
+        tables.array_rows(arrays), hide_index=True, key="array_table",
+        alt="Job arrays with how many of their tasks are pending, running, completed or not",
+        column_config={
+            "Array": st.column_config.NumberColumn(format="%d", width=60),
+            "Progress": st.column_config.ProgressColumn("Ended", min_value=0.0, max_value=1.0,
+                                                        format="percent", width=100)})
+    st.caption("A task is a job of its own (ARRAY_TASK below); `python -m scheduler cancel ARRAY` "
+               "cancels every task.")
 
 
 def running_table(running: list[dict], now: datetime) -> None:

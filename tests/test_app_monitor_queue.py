@@ -308,3 +308,28 @@ def test_monitor_a_cancelled_training_says_its_run_stopped_with_the_job(busy):
     assert "stopped with the job (CANCELLED)" in page
     assert "before the training recorded its end" in page
     assert metrics(at)["Latest FVU"] == "0.001667"
+
+
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
+def test_queue_folds_an_array_and_shows_its_progress(state_home):
+    from scheduler.arrays import parse_array
+    from scheduler.spec import JobSpec
+    from scheduler.submit import submit_spec
+
+    engine = get_engine()
+    with engine.begin() as conn:
+        add_virtual_devices(conn, VIRTUAL, utcnow())
+    array = submit_spec(engine, JobSpec(argv=["true"], name="sweep", workdir="/tmp"), array=parse_array("0-99%4"))
+    start_jobs(engine, [(array, ("virtual-0",)), (array + 1, ("virtual-1",))], {})
+    finish_job(engine, array, "COMPLETED", exit_code=0)
+    finish_job(engine, array + 1, "FAILED", exit_code=1)
+    start_jobs(engine, [(array + 2, ("virtual-0",))], {})
+    at = open_page(QUEUE)
+    assert metrics(at)["Pending"] == "97" and metrics(at)["Running"] == "1"
+    arrays, running, pending, finished = (df.value for df in at.dataframe)
+    assert arrays.iloc[0].to_dict() == {
+        "Array": array, "Name": "sweep", "Tasks": 100, "At once": "at most 4", "Progress": pytest.approx(0.02),
+        "Pending": 97, "Running": 1, "Completed": 1, "Not completed": 1}
+    assert list(running["Task"]) == [f"{array}_2"]
+    assert list(pending["Task"]) == [f"{array}_[3-99%4]"] and list(pending["Tasks"]) == [97]
+    assert list(finished["Task"]) == [f"{array}_1", f"{array}_0"]

@@ -18,7 +18,8 @@ from sqlalchemy.engine import Engine
 from sae_dist.db.schema import (
     FINAL_JOB_STATES, REASON_DETAIL_WORDS, REASON_WORDS, Device, TrainingRun,
 )
-from sae_dist.job_listing import read_job, read_jobs
+from sae_dist.array_notation import fold_pending_tasks
+from sae_dist.job_listing import query as _query, read_job, read_jobs
 
 STATE_COLORS = {"PENDING": "gray", "RUNNING": "blue", "COMPLETED": "green", "FAILED": "red",
                 "CANCELLED": "orange", "TIMEOUT": "orange", "NODE_FAIL": "red",
@@ -53,7 +54,27 @@ def queue(engine: Engine, finished_limit: int = 100) -> dict[str, list[dict[str,
                      key=lambda j: (-j["priority"], j["submitted_at"], j["id"]))
     running = sorted((j for j in active if j["state"] == "RUNNING"),
                      key=lambda j: (j["started_at"] or j["submitted_at"], j["id"]))
-    return {"pending": pending, "running": running, "finished": finished}
+    # An array's pending tasks are one row (12_[3-999%8]), as squeue shows them; every row a label.
+    return {"pending": fold_pending_tasks(pending, id_key="id"),
+            "running": fold_pending_tasks(running, id_key="id"),
+            "finished": fold_pending_tasks(finished, id_key="id")}
+
+
+def array_progress(engine: Engine, finished_shown: int = 10) -> list[dict[str, Any]]:
+    """Each job array with tasks still pending or running, and the last `finished_shown` that
+    ended, newest first: its id, name, %N and how many tasks are in each state (one grouped
+    read, however many tasks)."""
+    rows = _query('SELECT "array_job_id", MIN("name"), MAX("array_max_running"), "state", COUNT(*) '
+                          'FROM "jobs" WHERE "array_job_id" IS NOT NULL GROUP BY "array_job_id", "state"', {}, engine)
+    arrays: dict[int, dict[str, Any]] = {}
+    for array_id, name, limit, state, count in rows:
+        entry = arrays.setdefault(array_id, {"array_id": array_id, "name": name, "max_running": limit,
+                                             "states": {}})
+        entry["states"][state] = count
+    live = [a for a in arrays.values() if a["states"].keys() & {"PENDING", "RUNNING"}]
+    ended = [a for a in arrays.values() if not a["states"].keys() & {"PENDING", "RUNNING"}]
+    by_newest = lambda a: -a["array_id"]  # noqa: E731
+    return sorted(live, key=by_newest) + sorted(ended, key=by_newest)[:finished_shown]
 
 
 def monitor_jobs(engine: Engine, limit: int = 50) -> list[dict[str, Any]]:

@@ -82,7 +82,7 @@ def running_rows(running: list[Row], runs: dict[int, Row], now: datetime) -> lis
     for j in running:
         run = runs.get(j["id"])
         rows.append({
-            "Job": j["id"], "Name": j["name"], "User": j["user"], "GPUs": j["gpus"],
+            "Job": j["id"], "Task": _task(j), "Name": j["name"], "User": j["user"], "GPUs": j["gpus"],
             "Devices": short_devices(j["devices"]),
             "Progress": (min(run["last_step"] / run["total_steps"], 1.0)
                          if run is not None and run["total_steps"] else None),
@@ -98,7 +98,8 @@ def running_rows(running: list[Row], runs: dict[int, Row], now: datetime) -> lis
 def pending_rows(pending: list[Row], now: datetime) -> list[Row]:
     """The pending jobs in the order they would start, with why each waits, in words."""
     return [{
-        "Job": j["id"], "Name": j["name"], "User": j["user"], "GPUs": j["gpus"],
+        "Job": j["id"], "Task": _task(j), "Name": j["name"], "User": j["user"], "GPUs": j["gpus"],
+        "Tasks": j.get("task_count", 1),
         "Priority": j["priority"], "Reason": jobs.explain_reason(j["reason"]),
         "Waiting": fmt_duration((now - j["submitted_at"]).total_seconds()),
         "Submitted": j["submitted_at"],
@@ -108,11 +109,38 @@ def pending_rows(pending: list[Row], now: datetime) -> list[Row]:
 def finished_rows(finished: list[Row], now: datetime) -> list[Row]:
     """The finished jobs, newest first, with their final state and exit code."""
     return [{
-        "Job": j["id"], "Name": j["name"], "State": j["state"],
+        "Job": j["id"], "Task": _task(j), "Name": j["name"], "State": j["state"],
         "Exit": exit_cell(j["exit_code"], j["signal"]),
         "GPUs": j["gpus"], "Elapsed": fmt_duration(jobs.elapsed_s(j, now)),
         "Ended": j["ended_at"], "Reason": j["reason"] or "",
     } for j in finished]
+
+
+def _task(job: Row) -> str:
+    """An array task's name (12_7, or the folded 12_[3-999%8] of pending ones); "" for a plain job."""
+    return job.get("label", "") if job.get("array_job_id") is not None else ""
+
+
+ARRAY_COUNTED = ("PENDING", "RUNNING", "COMPLETED")
+
+
+def array_rows(arrays: list[Row]) -> list[Row]:
+    """Job arrays (`jobs.array_progress`) with their progress: the share of tasks ended, and
+    how many are pending, running, completed and ended otherwise (failed, cancelled...)."""
+    rows = []
+    for a in arrays:
+        states = a["states"]
+        total = sum(states.values())
+        ended = total - states.get("PENDING", 0) - states.get("RUNNING", 0)
+        rows.append({
+            "Array": a["array_id"], "Name": a["name"], "Tasks": total,
+            "At once": f"at most {a['max_running']}" if a["max_running"] else "no limit",
+            "Progress": ended / total if total else None,
+            "Pending": states.get("PENDING", 0), "Running": states.get("RUNNING", 0),
+            "Completed": states.get("COMPLETED", 0),
+            "Not completed": sum(n for state, n in states.items() if state not in ARRAY_COUNTED),
+        })
+    return rows
 
 
 def cluster_rows(cluster_jobs: list[Any]) -> list[Row]:
