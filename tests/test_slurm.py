@@ -240,3 +240,29 @@ def test_cluster_flags_without_a_cluster_are_one_error(tmp_path, monkeypatch):
     assert result.returncode == 2 and "are for --cluster slurm" in result.stderr
     result = run_cli("submit", "--cluster", "slurm", "-H", "--", "true", module="scheduler")
     assert result.returncode == 2 and "SLURM decides when and where" in result.stderr
+
+
+def test_an_exported_array_runs_as_slurms_array(slurm, tmp_path, monkeypatch):
+    """A local array exported with export-sbatch is one SLURM array: each task gets its own
+    SLURM_ARRAY_TASK_ID, the same SLURM_ARRAY_JOB_ID, and its own %A_%a output file."""
+    monkeypatch.setenv("SAE_DIST_AUTOSTART", "0")
+    sub = run_cli("submit", "--json", "--array", "0-4:2", "-J", "arr", "-D", str(tmp_path), "--", "sh", "-c",
+                  'echo "$SLURM_ARRAY_JOB_ID $SLURM_ARRAY_TASK_ID $SLURM_ARRAY_TASK_COUNT" > "task-$SLURM_ARRAY_TASK_ID"',
+                  module="scheduler")
+    assert sub.returncode == 0, sub.stderr
+    script = tmp_path / "array.sbatch"
+    exp = run_cli("export-sbatch", str(json.loads(sub.stdout)["job_id"]), "--cpu", "-o", str(script), module="scheduler")
+    assert exp.returncode == 0 and "#SBATCH --array=0,2,4" in script.read_text().splitlines(), exp.stderr
+    env = slurm_env(slurm)
+    submitted = subprocess.run(["sbatch", "--parsable", str(script)], cwd=tmp_path, env={**slurm, **env},
+                               capture_output=True, text=True)
+    assert submitted.returncode == 0, submitted.stderr
+    slurm_id = submitted.stdout.strip().split(";")[0]
+    deadline = time.time() + 180
+    while time.time() < deadline and subprocess.run(["squeue", "-h", "-j", slurm_id], env={**slurm, **env},
+                                                    capture_output=True, text=True).stdout.strip():
+        time.sleep(0.5)
+    for task in (0, 2, 4):
+        assert (tmp_path / f"task-{task}").read_text().split() == [slurm_id, str(task), "3"]
+        assert (tmp_path / f"arr-{slurm_id}_{task}.out").exists()
+    assert not (tmp_path / "task-1").exists()
