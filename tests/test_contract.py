@@ -16,6 +16,7 @@ import pytest
 from sae_dist.cli import _parser
 from sae_dist.config import TrainConfig, config_fields
 from sae_dist.contract import (
+    ARRAY_JOB_ID_ENV,
     JOB_ID_ENV,
     MASTER_PORT_ENV,
     RESERVED_JOB_ENV,
@@ -139,10 +140,16 @@ def test_supervisor_sets_every_reserved_name():
     """The names a user's --env may not set are exactly those the supervisor sets for a job."""
     from scheduler.supervisor import job_environment
 
-    job = SimpleNamespace(id=7, name="j", port=29601, env_json="{}")
-    env = job_environment(job, ["GPU-a", "GPU-b"], {"SLURM_JOB_ID": "1", "PATH": "/bin"})
-    assert RESERVED_JOB_ENV <= set(env) and set(env) - RESERVED_JOB_ENV == {"PATH"}
+    task = SimpleNamespace(id=7, name="j", port=29601, env_json="{}", array_job_id=5, array_task_id=2)
+    env = job_environment(task, ["GPU-a", "GPU-b"], {"SLURM_JOB_ID": "1", "PATH": "/bin"}, array_tasks=(3, 0, 2))
+    slurm_array = {"SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN",
+                   "SLURM_ARRAY_TASK_MAX"}  # SLURM's own names, for scripts written for SLURM
+    assert RESERVED_JOB_ENV <= set(env) and set(env) - RESERVED_JOB_ENV == {"PATH"} | slurm_array
     assert (env[JOB_ID_ENV], env[MASTER_PORT_ENV]) == ("7", "29601")
+    assert (env[ARRAY_JOB_ID_ENV], env["SLURM_ARRAY_TASK_ID"], env["SLURM_ARRAY_TASK_COUNT"]) == ("5", "2", "3")
+    plain = job_environment(SimpleNamespace(id=8, name="j", port=None, env_json="{}", array_job_id=None,
+                                            array_task_id=None), ["GPU-a"], {"SLURM_JOB_ID": "1"})
+    assert not {k for k in plain if "ARRAY" in k}  # a plain job: no array names at all
 
 
 def test_import_is_light():
