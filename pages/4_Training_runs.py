@@ -252,6 +252,7 @@ def compared_curves(picked: list[int], weight: float, log: bool, x: str) -> None
     chosen = [fresh[i] for i in picked if i in fresh]
     series = [(r, load_compared(db_url, r["id"], r["last_step"], r["last_update"])) for r in chosen]
     colors = run_compare.color_scale(chosen)
+    st.markdown(run_compare.key_html(chosen), unsafe_allow_html=True)
     grid = st.columns(2)
     for i, metric in enumerate(run_compare.COMPARE_METRICS):
         overlay = run_compare.overlay_frame(series, metric, x, weight, log)
@@ -274,7 +275,8 @@ def config_section(picked: list[int]) -> None:
     if not rows:
         st.caption("The runs compared have the same configuration.")
         return
-    st.dataframe(rows, hide_index=True, alt="The configuration keys whose values differ, by run")
+    st.dataframe(rows, hide_index=True, column_config={"key": "Config key"},
+                 alt="The configuration keys whose values differ, by run")
 
 
 def pareto_section(picked: list[int]) -> None:

@@ -115,6 +115,9 @@ def test_comparing_two_runs_colours_each_alike_on_every_chart_and_diffs_configs(
         scale = layers(spec)[0]["encoding"]["color"]["scale"]
         assert scale == {"domain": domain, "range": [PALETTE[0], PALETTE[1]]}, title
         assert set(frame(spec)["label"]) == set(domain)
+    key = next(m.value for m in at.markdown if "&#9632;" in m.value)  # the charts' one colour key
+    assert f'color:{PALETTE[0]}">&#9632;</span> {domain[0]}' in key
+    assert f'color:{PALETTE[1]}">&#9632;</span> {domain[1]}' in key
     diff = at.dataframe[0].value
     assert list(diff["key"]) == ["k", "steps"]
     assert list(diff[domain[0]]) == ["4", "200"] and list(diff[domain[1]]) == ["8", "300"]

@@ -15,7 +15,7 @@ from sae_dist.analytics.config_diff import NOT_SET, config_diff, flatten
 from sae_dist.analytics.downsample import MAX_ROWS_PER_CHART
 from sae_dist.analytics.pareto import (FROM_EVALUATION, FROM_TRAINING, SELECTION, pareto_frontier,
                                        picked_run, run_points)
-from sae_dist.analytics.run_compare import (PALETTE, color_scale, compare_default, default_run,
+from sae_dist.analytics.run_compare import (PALETTE, color_scale, compare_default, default_run, key_html,
                                             log_visible, overlay_frame, run_colors, x_values)
 from sae_dist.analytics.smoothing import ema_debiased
 from sae_dist.db import create_run, get_engine
@@ -132,6 +132,9 @@ def test_each_run_keeps_one_colour_in_run_id_order():
     assert run_colors(range(12))[10] == PALETTE[0]  # more runs than colours: the palette again
     domain, palette = color_scale([run(9), run(3)])
     assert domain == ["3 · run-3", "9 · run-9"] and palette == [PALETTE[0], PALETTE[1]]
+    key = key_html([run(9, name="<b>x</b>"), run(3)])  # the charts' one key, same colours
+    assert key.index(f"color:{PALETTE[0]}") < key.index("3 · run-3") < key.index(f"color:{PALETTE[1]}")
+    assert "9 · &lt;b&gt;x&lt;/b&gt;" in key and "<b>" not in key
 
 
 def test_x_values_by_step_samples_or_seconds_since_start():

@@ -3,7 +3,8 @@ against FVU over all runs with its Pareto frontier.
 
 The rows come from `run_compare.overlay_frame` and `pareto`; titles and formats from `units`.
 Every chart colours a run alike: one scale whose domain is the compared runs' labels in run id
-order (`run_compare.color_scale`), so a run is the same colour in each chart and its legend.
+order (`run_compare.color_scale`), so a run is the same colour in each chart and in the one key
+the page shows above them (`run_compare.key_html`).
 """
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ def overlay_chart(overlay: Overlay, metric: str, x: str, colors: tuple[list[str]
         return None
     unit = units.training_unit(metric)
     domain, palette = colors
+    # No legend on each chart: the page draws one key above them all (`run_compare.key_html`).
     color = alt.Color("label:N", title="Run", scale=alt.Scale(domain=domain, range=palette),
-                      legend=alt.Legend(orient="bottom", columns=2, labelLimit=220))
+                      legend=None)
     smoothed = weight > 0
     tooltip = [alt.Tooltip("label:N", title="Run"), alt.Tooltip("step:Q", title="Step", format=","),
                alt.Tooltip("x:Q", title=X_AXES[x].title, format=X_AXES[x].format),

@@ -9,6 +9,7 @@ smoothed line does not depend on which points were kept.
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -87,6 +88,14 @@ def color_scale(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[str]]:
     colors = run_colors([r["id"] for r in runs])
     ordered = sorted(runs, key=lambda r: r["id"])
     return [run_label(r) for r in ordered], [colors[r["id"]] for r in ordered]
+
+
+def key_html(runs: Sequence[dict[str, Any]]) -> str:
+    """The one colour key of the compared runs' charts, in run id order: a swatch in the run's
+    colour and its label (names escaped: a run's name is the user's text)."""
+    domain, palette = color_scale(runs)
+    return " &nbsp; ".join(f'<span style="color:{color}">&#9632;</span> {html.escape(label)}'
+                           for label, color in zip(domain, palette))
 
 
 def x_values(columns: dict[str, list], x: str, started_at: datetime | None) -> list[Any]:
