@@ -22,6 +22,7 @@ STALE_AFTER_S = 600  # a RUNNING run silent this long may have died without sayi
 TRAIN_CURVES = ("loss", "fvu", "l0", "dead_fraction", "samples_per_s")
 RECOVERY_CURVES = ("recovery_frac", "recovery_mean_cos")  # synthetic data, at checkpoints
 RUN_TAB, COMPARE_TAB = "Run", "Compare runs"
+RUNS_READ = 200  # the newest runs offered and drawn on the L0-FVU chart
 
 
 # Keyed by what changes when new rows land, so a finished run is read once and a live one
@@ -46,7 +47,7 @@ def sync_url() -> None:
 
 
 st.title("Training runs", anchor=False)
-runs = queries.list_runs(engine)
+runs = queries.list_runs(engine, RUNS_READ)
 if not runs:
     st.info("Start one from a terminal in the repository; it appears here as it starts.",
             title="No training run yet")
@@ -246,10 +247,12 @@ def compare_controls() -> tuple[list[int], float, bool, str]:
     return picked, weight, log, x or "step"
 
 
-@st.fragment(run_every=REFRESH_SECONDS if any(r["status"] == "RUNNING" for r in runs) else None)
-def compared_curves(picked: list[int], weight: float, log: bool, x: str) -> None:
-    fresh = {r["id"]: r for r in queries.list_runs(engine) if r["id"] in picked}
+def compared_curves(picked: list[int], weight: float, log: bool, x: str, live: bool) -> None:
+    """The overlaid curves; a fragment of its own, refreshed while a compared run is RUNNING."""
+    fresh = {r["id"]: r for r in queries.list_runs(engine, RUNS_READ) if r["id"] in picked}
     chosen = [fresh[i] for i in picked if i in fresh]
+    if live and not any(r["status"] == "RUNNING" for r in chosen):
+        st.rerun()  # the last live one just ended: redraw the page once, without the timer
     series = [(r, load_compared(db_url, r["id"], r["last_step"], r["last_update"])) for r in chosen]
     colors = run_compare.color_scale(chosen)
     st.markdown(run_compare.key_html(chosen), unsafe_allow_html=True)
@@ -287,10 +290,7 @@ def pareto_section(picked: list[int]) -> None:
     if chart is None:
         st.info("No run has measured both L0 and FVU yet.")
         return
-    sources = {p["source"] for p in points}
-    st.caption("Each run's point: its latest evaluation where it measured both (rows never trained "
-               "on), else its last logged training step; the marker's shape says which"
-               + (", and the two are not measured on the same rows." if len(sources) > 1 else "."))
+    st.caption(pareto.caption(points, len(runs), RUNS_READ))
     st.altair_chart(chart, key="pareto", on_select=open_picked_run, selection_mode=pareto.SELECTION,
                     alt="Each run's final L0 against its FVU, with the Pareto frontier")
 
@@ -302,7 +302,9 @@ if compare_tab.open:
     with compare_tab:
         compared, smoothing, log_y, x_axis = compare_controls()
         if compared:
-            compared_curves(compared, smoothing, log_y, x_axis)
+            live_compared = any(by_id[i]["status"] == "RUNNING" for i in compared)
+            st.fragment(compared_curves, run_every=REFRESH_SECONDS if live_compared else None)(
+                compared, smoothing, log_y, x_axis, live_compared)
         else:
             st.info("Pick one or more runs above to draw their curves together.")
         config_section(compared)

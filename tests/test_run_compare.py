@@ -13,8 +13,8 @@ import pytest
 from sae_dist.analytics import compare_charts, queries
 from sae_dist.analytics.config_diff import NOT_SET, config_diff, flatten
 from sae_dist.analytics.downsample import MAX_ROWS_PER_CHART
-from sae_dist.analytics.pareto import (FROM_EVALUATION, FROM_TRAINING, SELECTION, pareto_frontier,
-                                       picked_run, run_points)
+from sae_dist.analytics.pareto import (FROM_EVALUATION, FROM_TRAINING, SELECTION, caption,
+                                       pareto_frontier, picked_run, run_points)
 from sae_dist.analytics.run_compare import (PALETTE, color_scale, compare_default, default_run, key_html,
                                             log_visible, overlay_frame, run_colors, x_values)
 from sae_dist.analytics.smoothing import ema_debiased
@@ -92,6 +92,16 @@ def test_run_points_take_the_evaluation_else_the_last_step_and_say_which():
     assert points[2]["measured_on"] == "training, latest logged step (40)"
     assert (points[4]["l0"], points[4]["source"]) == (8.0, FROM_TRAINING)
     assert points[4]["measured_on"] == "training, final step (100)"
+
+
+def test_the_caption_says_where_points_come_from_which_runs_lack_one_and_the_limit():
+    training = {"source": FROM_TRAINING}
+    one_source = caption([training, training], 2, 200)
+    assert one_source.endswith("says which.") and "no point" not in one_source
+    mixed = caption([training, {"source": FROM_EVALUATION}], 5, 5)
+    assert "not measured on the same rows" in mixed
+    assert "3 runs have no point (L0 or FVU never measured)" in mixed and "The newest 5 runs only." in mixed
+    assert "1 run has no point" in caption([training], 2, 200)
 
 
 def test_picked_run_reads_the_selection_state():
@@ -215,6 +225,9 @@ def test_chart_spec_draws_the_smoothed_line_over_a_faint_raw_one():
     xs = spec["datasets"][spec["data"]["name"]]
     assert [r["x"] for r in xs] == [1.0, 2.0, 3.0, 1.0, 2.0]  # the steps' seconds after T0
     assert "EMA 0.6" in spec["title"]["subtitle"]
+    titles = [t["title"] for t in raw["encoding"]["tooltip"]]
+    assert titles == ["Run", "Step", "Seconds since the run started", "Loss", "Smoothed"]
+    assert [t["title"] for t in chart_spec(0.0, False)["encoding"]["tooltip"]] == ["Run", "Step", "Loss"]
 
 
 def test_pareto_chart_draws_the_frontier_and_a_click_selection():

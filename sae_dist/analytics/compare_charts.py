@@ -75,9 +75,10 @@ def overlay_chart(overlay: Overlay, metric: str, x: str, colors: tuple[list[str]
     color = alt.Color("label:N", title="Run", scale=alt.Scale(domain=domain, range=palette),
                       legend=None)
     smoothed = weight > 0
-    tooltip = [alt.Tooltip("label:N", title="Run"), alt.Tooltip("step:Q", title="Step", format=","),
-               alt.Tooltip("x:Q", title=X_AXES[x].title, format=X_AXES[x].format),
-               alt.Tooltip("raw:Q", title=unit.title, format=unit.value)]
+    tooltip = [alt.Tooltip("label:N", title="Run"), alt.Tooltip("step:Q", title="Step", format=",")]
+    if x != "step":  # against step, x is the step already shown
+        tooltip.append(alt.Tooltip("x:Q", title=X_AXES[x].title, format=X_AXES[x].format))
+    tooltip.append(alt.Tooltip("raw:Q", title=unit.title, format=unit.value))
     if smoothed:
         tooltip.append(alt.Tooltip("smoothed:Q", title="Smoothed", format=unit.value))
     base = alt.Chart(data).encode(x=_x(x), color=color, detail="label:N")

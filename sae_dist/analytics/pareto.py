@@ -57,6 +57,21 @@ def run_points(runs: Sequence[dict[str, Any]],
     return points
 
 
+def caption(points: Sequence[dict[str, Any]], runs_read: int, limit: int) -> str:
+    """What the chart shows, said plainly: where the points were measured, which runs have none,
+    and that only the newest `limit` runs were read when there may be more."""
+    text = ("Each run's point: its latest evaluation where it measured both L0 and FVU (rows never "
+            "trained on), else its last logged training step; the marker's shape says which")
+    sources = {p["source"] for p in points}
+    text += ", and the two are not measured on the same rows." if len(sources) > 1 else "."
+    missing = runs_read - len(points)
+    if missing:
+        text += f" {missing:,} run{'s have' if missing > 1 else ' has'} no point (L0 or FVU never measured)."
+    if runs_read >= limit:
+        text += f" The newest {limit:,} runs only."
+    return text
+
+
 def pareto_frontier(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The points no other point beats (another with L0 and FVU both no higher and one of them
     lower), by increasing L0. Identical points are all on it; points missing a figure are not."""
