@@ -37,6 +37,14 @@ def load_compared(db_url: str, run_id: int, last_step: int, last_update: datetim
     return queries.run_step_metrics(get_engine(db_url), run_id, run_compare.STEP_COLUMNS)
 
 
+# The rows of the six overlaid charts: summaries in the key carry each run's last step, so a
+# rerun that changes nothing they draw (a click, a live run without a new step) reads no row.
+@st.cache_data(max_entries=16, show_spinner=False)
+def load_overlays(db_url: str, chosen: list[dict], x: str, weight: float, log: bool):
+    series = [(r, load_compared(db_url, r["id"], r["last_step"], r["last_update"])) for r in chosen]
+    return {m: run_compare.overlay_frame(series, m, x, weight, log) for m in run_compare.COMPARE_METRICS}
+
+
 @st.cache_data(max_entries=32, show_spinner=False)
 def load_rank_stats(db_url: str, run_id: int, last_step: int, last_update: datetime | None):
     return queries.run_rank_stats(get_engine(db_url), run_id)
@@ -253,12 +261,11 @@ def compared_curves(picked: list[int], weight: float, log: bool, x: str, live: b
     chosen = [fresh[i] for i in picked if i in fresh]
     if live and not any(r["status"] == "RUNNING" for r in chosen):
         st.rerun()  # the last live one just ended: redraw the page once, without the timer
-    series = [(r, load_compared(db_url, r["id"], r["last_step"], r["last_update"])) for r in chosen]
+    overlays = load_overlays(db_url, chosen, x, weight, log)
     colors = run_compare.color_scale(chosen)
     st.markdown(run_compare.key_html(chosen), unsafe_allow_html=True)
     grid = st.columns(2)
-    for i, metric in enumerate(run_compare.COMPARE_METRICS):
-        overlay = run_compare.overlay_frame(series, metric, x, weight, log)
+    for i, (metric, overlay) in enumerate(overlays.items()):
         chart = compare_charts.overlay_chart(overlay, metric, x, colors, weight, log)
         with grid[i % 2]:
             if chart is None:

@@ -85,6 +85,7 @@ def captions(at: AppTest) -> str:
     return "\n".join(c.value for c in at.caption)
 
 
+@pytest.mark.slow  # 1 s or more (several AppTest runs of the page)
 def test_the_run_tab_opens_on_the_latest_run_with_steps_not_an_empty_cancelled_one(runs):
     at = open_page()
     assert at.selectbox(key="run_pick").value == runs["live"]
@@ -106,6 +107,7 @@ def test_compare_tab_defaults_to_the_latest_run_with_steps_and_draws_its_curves(
     assert "Pick two or more runs" in captions(at)
 
 
+@pytest.mark.slow  # 1 s or more (several AppTest runs of the page)
 def test_comparing_two_runs_colours_each_alike_on_every_chart_and_diffs_configs(runs):
     at = open_page(view=COMPARE)
     at.multiselect(key="compare_pick").set_value([runs["live"], runs["done"]]).run()
@@ -123,6 +125,7 @@ def test_comparing_two_runs_colours_each_alike_on_every_chart_and_diffs_configs(
     assert list(diff[domain[0]]) == ["4", "200"] and list(diff[domain[1]]) == ["8", "300"]
 
 
+@pytest.mark.slow  # 1 s or more (several AppTest runs of the page)
 def test_smoothing_log_scale_and_x_axis_change_every_curve(runs):
     at = open_page(view=COMPARE)
     at.slider(key="smoothing").set_value(0.5).run()
@@ -162,6 +165,7 @@ def click(at: AppTest, key: str, run_id: int) -> AppTest:
     return at
 
 
+@pytest.mark.slow  # 1 s or more (several AppTest runs of the page)
 def test_the_l0_fvu_chart_marks_sources_and_a_click_opens_the_run(runs):
     at = open_page(view=COMPARE)
     pareto = charts(at)["L0 against FVU, every run"]
