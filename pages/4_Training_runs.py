@@ -1,13 +1,17 @@
-"""One training run: its config, final (or latest) metrics, training curves, per-rank stats.
+"""Training runs: one run in detail (its config, final or latest metrics, curves, evaluation,
+per-rank stats), or several compared (overlaid curves, smoothing, config diff, L0 against FVU).
 
-`?run=<id>` opens a given run; without it, the latest. A RUNNING run refreshes live.
+`?run=<id>` opens a given run; without it, the latest run that logged a step. `?view=Compare runs`
+opens the comparison. A RUNNING run refreshes live.
 """
 
 from datetime import datetime, timezone
 
 import streamlit as st
 
-from sae_dist.analytics import cards, charts, evaluation_view, queries, tables
+from sae_dist.analytics import (cards, charts, compare_charts, config_diff, evaluation_view, pareto,
+                                queries, run_compare, tables)
+from sae_dist.analytics.smoothing import MAX_WEIGHT
 from sae_dist import format as fmt
 from sae_dist.db import get_engine
 from webui.widgets import card_row, events_toggle
@@ -17,6 +21,8 @@ engine = page_frame("Training runs", ":material/monitoring:")
 STALE_AFTER_S = 600  # a RUNNING run silent this long may have died without saying so
 TRAIN_CURVES = ("loss", "fvu", "l0", "dead_fraction", "samples_per_s")
 RECOVERY_CURVES = ("recovery_frac", "recovery_mean_cos")  # synthetic data, at checkpoints
+RUN_TAB, COMPARE_TAB = "Run", "Compare runs"
+RUNS_READ = 200  # the newest runs offered and drawn on the L0-FVU chart
 
 
 # Keyed by what changes when new rows land, so a finished run is read once and a live one
@@ -24,6 +30,19 @@ RECOVERY_CURVES = ("recovery_frac", "recovery_mean_cos")  # synthetic data, at c
 @st.cache_data(max_entries=32, show_spinner=False)
 def load_metrics(db_url: str, run_id: int, last_step: int, last_update: datetime | None):
     return queries.run_step_metrics(get_engine(db_url), run_id, (*TRAIN_CURVES, *RECOVERY_CURVES))
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def load_compared(db_url: str, run_id: int, last_step: int, last_update: datetime | None):
+    return queries.run_step_metrics(get_engine(db_url), run_id, run_compare.STEP_COLUMNS)
+
+
+# The rows of the six overlaid charts: summaries in the key carry each run's last step, so a
+# rerun that changes nothing they draw (a click, a live run without a new step) reads no row.
+@st.cache_data(max_entries=16, show_spinner=False)
+def load_overlays(db_url: str, chosen: list[dict], x: str, weight: float, log: bool):
+    series = [(r, load_compared(db_url, r["id"], r["last_step"], r["last_update"])) for r in chosen]
+    return {m: run_compare.overlay_frame(series, m, x, weight, log) for m in run_compare.COMPARE_METRICS}
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
@@ -36,7 +55,7 @@ def sync_url() -> None:
 
 
 st.title("Training runs", anchor=False)
-runs = queries.list_runs(engine)
+runs = queries.list_runs(engine, RUNS_READ)
 if not runs:
     st.info("Start one from a terminal in the repository; it appears here as it starts.",
             title="No training run yet")
@@ -44,18 +63,28 @@ if not runs:
     st.stop()
 
 by_id = {run["id"]: run for run in runs}
-# A run named in the URL (a link, a bookmark) wins over the previous pick; the widget then
-# keeps the URL in step, so a page can be shared. Not `bind="query-params"`: that puts the
-# option's label in the URL (and the label holds the status, which changes).
+db_url = engine.url.render_as_string(hide_password=False)
+# Only the open tab runs; the tab is in the URL (`?view=`), so a comparison can be shared.
+run_tab, compare_tab = st.tabs([RUN_TAB, COMPARE_TAB], key="view", bind="query-params")
+# A run named in the URL (a link, a bookmark, a click on the L0-FVU chart) wins over the
+# previous pick; the widget then keeps the URL in step, so a page can be shared. Not
+# `bind="query-params"`: that puts the option's label in the URL (and the label holds the
+# status, which changes). Without either, the latest run that logged a step.
 requested = st.query_params.get("run", "")
-if requested.isdigit() and int(requested) in by_id:
-    if st.session_state.get("run_pick") != int(requested):
-        st.session_state["run_pick"] = int(requested)
-run_id = st.selectbox(
-    "Run", list(by_id), key="run_pick", on_change=sync_url,
-    format_func=lambda i: f"{i} · {by_id[i]['name']} · {by_id[i]['status']}",
-)
-st.query_params["run"] = str(run_id)
+opened = int(requested) if requested.isdigit() and int(requested) in by_id else None
+run_id = None
+if run_tab.open:
+    if opened is not None and st.session_state.get("run_pick") != opened:
+        st.session_state["run_pick"] = opened
+    elif st.session_state.get("run_pick") not in by_id:
+        st.session_state["run_pick"] = run_compare.default_run(runs)
+    with run_tab:
+        run_id = st.selectbox(
+            "Run", list(by_id), key="run_pick", on_change=sync_url,
+            format_func=lambda i: f"{i} · {by_id[i]['name']} · {by_id[i]['status']}",
+        )
+    st.query_params["run"] = str(run_id)
+live = run_id is not None and by_id[run_id]["status"] == "RUNNING"
 
 
 def evaluation_section(run_id: int) -> None:
@@ -86,7 +115,7 @@ def evaluation_section(run_id: int) -> None:
         st.altair_chart(chart, alt="Latents per bin of log10 firing frequency, never-firing latents apart")
 
 
-@st.fragment(run_every=REFRESH_SECONDS if by_id[run_id]["status"] == "RUNNING" else None)
+@st.fragment(run_every=REFRESH_SECONDS if live else None)
 def run_view(run_id: int, live: bool) -> None:
     run = queries.get_run_summary(engine, run_id)
     if run is None:
@@ -95,7 +124,6 @@ def run_view(run_id: int, live: bool) -> None:
     if live and run["status"] != "RUNNING":
         st.rerun()  # it just ended: redraw the page once, without the timer
     run_header(run)
-    db_url = engine.url.render_as_string(hide_password=False)
     metrics = load_metrics(db_url, run_id, run["last_step"], run["last_update"])
     events = queries.run_events(engine, run_id)  # a few indexed rows: not cached
     show = events_toggle("runs_show_events", events)
@@ -195,4 +223,96 @@ def ranks_section(run: dict, db_url: str, drawn: list[dict] | None) -> None:
             st.altair_chart(chart, alt="Peak memory of each rank")
 
 
-run_view(run_id, by_id[run_id]["status"] == "RUNNING")
+
+
+def open_picked_run() -> None:
+    """A click on the L0-FVU chart: open that run in the Run tab and keep it compared."""
+    picked = pareto.picked_run(st.session_state.get("pareto"))
+    if picked is None:
+        return
+    st.query_params["run"] = str(picked)
+    compared = st.session_state.get("compare_pick") or []
+    if picked not in compared:
+        st.session_state["compare_pick"] = [*compared, picked]
+    st.session_state["view"] = RUN_TAB
+
+
+def compare_controls() -> tuple[list[int], float, bool, str]:
+    """The runs compared and how their curves are drawn: smoothing, log scale, x axis."""
+    picked = st.multiselect(
+        "Runs to compare", list(by_id), default=run_compare.compare_default(runs, opened),
+        key="compare_pick", persist_state="page", placeholder="Pick runs",
+        format_func=lambda i: f"{run_compare.run_label(by_id[i])} · {by_id[i]['status']}")
+    with st.container(horizontal=True, vertical_alignment="bottom"):
+        weight = st.slider("Smoothing", 0.0, MAX_WEIGHT, 0.0, step=0.01, key="smoothing",
+                           persist_state="page", width=260,
+                           help="An exponential moving average, debiased as TensorBoard does "
+                                "(0: none); the raw curve stays faint beneath.")
+        x = st.segmented_control("X axis", list(run_compare.X_AXES), default="step", key="x_axis",
+                                 required=True, persist_state="page",
+                                 format_func=lambda k: run_compare.X_AXES[k].title)
+        log = st.toggle("Log scale (y)", key="log_y", persist_state="page")
+    return picked, weight, log, x or "step"
+
+
+def compared_curves(picked: list[int], weight: float, log: bool, x: str, live: bool) -> None:
+    """The overlaid curves; a fragment of its own, refreshed while a compared run is RUNNING."""
+    fresh = {r["id"]: r for r in queries.list_runs(engine, RUNS_READ) if r["id"] in picked}
+    chosen = [fresh[i] for i in picked if i in fresh]
+    if live and not any(r["status"] == "RUNNING" for r in chosen):
+        st.rerun()  # the last live one just ended: redraw the page once, without the timer
+    overlays = load_overlays(db_url, chosen, x, weight, log)
+    colors = run_compare.color_scale(chosen)
+    st.markdown(run_compare.key_html(chosen), unsafe_allow_html=True)
+    grid = st.columns(2)
+    for i, (metric, overlay) in enumerate(overlays.items()):
+        chart = compare_charts.overlay_chart(overlay, metric, x, colors, weight, log)
+        with grid[i % 2]:
+            if chart is None:
+                st.caption(compare_charts.empty_text(overlay, metric))
+            else:
+                st.altair_chart(chart, alt=f"{compare_charts.compare_title(metric)} against "
+                                           f"{run_compare.X_AXES[x].title.lower()}")
+
+
+def config_section(picked: list[int]) -> None:
+    st.subheader("Configuration differences", anchor=False)
+    if len(picked) < 2:
+        st.caption("Pick two or more runs to see the configuration keys whose values differ.")
+        return
+    summaries = [queries.get_run_summary(engine, i) for i in sorted(picked)]
+    rows = config_diff.config_diff({run_compare.run_label(s): s["config"] for s in summaries if s})
+    if not rows:
+        st.caption("The runs compared have the same configuration.")
+        return
+    st.dataframe(rows, hide_index=True, column_config={"key": "Config key"},
+                 alt="The configuration keys whose values differ, by run")
+
+
+def pareto_section(picked: list[int]) -> None:
+    st.subheader("L0 against FVU", anchor=False)
+    points = pareto.run_points(runs, queries.latest_evaluations(engine))
+    chart = compare_charts.pareto_chart(points, pareto.pareto_frontier(points),
+                                        run_compare.run_colors(picked))
+    if chart is None:
+        st.info("No run has measured both L0 and FVU yet.")
+        return
+    st.caption(pareto.caption(points, len(runs), RUNS_READ))
+    st.altair_chart(chart, key="pareto", on_select=open_picked_run, selection_mode=pareto.SELECTION,
+                    alt="Each run's final L0 against its FVU, with the Pareto frontier")
+
+
+if run_id is not None:
+    with run_tab:
+        run_view(run_id, live)
+if compare_tab.open:
+    with compare_tab:
+        compared, smoothing, log_y, x_axis = compare_controls()
+        if compared:
+            live_compared = any(by_id[i]["status"] == "RUNNING" for i in compared)
+            st.fragment(compared_curves, run_every=REFRESH_SECONDS if live_compared else None)(
+                compared, smoothing, log_y, x_axis, live_compared)
+        else:
+            st.info("Pick one or more runs above to draw their curves together.")
+        config_section(compared)
+        pareto_section(compared)

@@ -15,7 +15,8 @@ from sqlalchemy import and_, case, func, select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from sae_dist.db.schema import BenchmarkPoint, BenchmarkRun, RankStat, RunEvent, StepMetric, TrainingRun
+from sae_dist.db.schema import (BenchmarkPoint, BenchmarkRun, RankStat, RunEvent, SaeEvaluation, StepMetric,
+                                TrainingRun)
 from sae_dist.errors import UserError
 
 CURVE_METRICS = ("loss", "fvu", "l0", "dead_fraction")
@@ -147,6 +148,19 @@ def balanced_runs(engine: Engine, limit: int = 200) -> list[dict[str, Any]]:
              .order_by(TrainingRun.id.desc()).limit(limit))
     with engine.connect() as conn:
         return [dict(row) for row in conn.execute(query).mappings()]
+
+
+def latest_evaluations(engine: Engine) -> dict[int, dict[str, Any]]:
+    """Each run's latest evaluation (the highest id), by run id: {"fvu", "l0", "origin",
+    "rows"}; None where a value was not measured. Runs without an evaluation are absent."""
+    latest = (select(func.max(SaeEvaluation.id)).where(SaeEvaluation.run_id.is_not(None))
+              .group_by(SaeEvaluation.run_id))
+    query = (select(SaeEvaluation.run_id, SaeEvaluation.fvu, SaeEvaluation.l0,
+                    SaeEvaluation.origin, SaeEvaluation.rows)
+             .where(SaeEvaluation.id.in_(latest)))
+    with engine.connect() as conn:
+        return {row.run_id: {"fvu": row.fvu, "l0": row.l0, "origin": row.origin, "rows": row.rows}
+                for row in conn.execute(query)}
 
 
 def list_benchmarks(engine: Engine) -> list[dict[str, Any]]:
