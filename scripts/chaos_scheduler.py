@@ -3,17 +3,19 @@
     .venv/bin/python scripts/chaos_scheduler.py [--jobs 400] [--submitters 4] [--seed 1]
 
 N short jobs come from concurrent submitters (Python API processes, and every --cli-every'th job
-through a `python -m scheduler submit` process) while a chaos thread SIGKILLs and restarts the
-daemon, SIGKILLs supervisors and jobs, cancels jobs (CLI and API) and gives some jobs a time
-limit shorter than their work, on 4 virtual devices in a throwaway SAE_DIST_HOME. Each job
-appends its id to a file when it starts, so a job that ran twice shows.
+through a `python -m scheduler submit` process), with job arrays beside them (one `submit
+--array 0-4%2` per 50 jobs), while a chaos thread SIGKILLs and restarts the daemon, SIGKILLs
+supervisors and jobs, cancels jobs (CLI and API) and array tasks (`cancel A_[x-y]`) and gives
+some jobs a time limit shorter than their work, on 4 virtual devices in a throwaway
+SAE_DIST_HOME. Each job appends its id to a file when it starts, so a job that ran twice shows.
 
 At the end it prints, and exits 1 if any is not 0:
 - jobs lost: submitted but missing from the database, or never final (PENDING/RUNNING at the end);
 - jobs duplicated: more rows than submits, or a job that started more than once;
 - devices double-booked: two allocations of one device overlapping in time (allocations table);
 - healthy jobs killed: a job no chaos action targeted that did not end COMPLETED;
-- tracebacks: "Traceback" in any output or log (daemon, supervisors, submitters, jobs).
+- tracebacks: "Traceback" in any output or log (daemon, supervisors, submitters, jobs);
+- array limits broken: an array with more tasks holding devices at one moment than its %N.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
-KINDS = ["daemon", "supervisor", "job", "cancel", "cancel-cli"]
+KINDS = ["daemon", "supervisor", "job", "cancel", "cancel-cli", "cancel-array"]
+ARRAY_TASKS, ARRAY_LIMIT, JOBS_PER_ARRAY = 5, 2, 50  # an array of 5 tasks, 2 at once, per 50 jobs
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 
 # A submitter: one job spec a line on stdin (JSON), one `id` a line on stdout.
@@ -66,6 +69,8 @@ class Chaos:
         self.engine = None
         self.daemons = 0
         self.counts: Counter = Counter()
+        self.arrays: dict[int, list[int]] = {}  # array id -> its tasks' job ids
+        self.expected = jobs + ARRAY_TASKS * max(1, jobs // JOBS_PER_ARRAY)  # jobs and array tasks
         self.done = threading.Event()
         self.lock = threading.Lock()
 
@@ -97,6 +102,7 @@ class Chaos:
         threads = [threading.Thread(target=self.api_submitter, args=(api[i::self.submitters], i))
                    for i in range(self.submitters)]
         threads += [threading.Thread(target=self.cli_submitter, args=(cli[i::2], i)) for i in range(2)]
+        threads.append(threading.Thread(target=self.array_submitter, args=(max(1, self.jobs // JOBS_PER_ARRAY),)))
         for t in threads:
             t.start()
         for t in threads:
@@ -124,6 +130,29 @@ class Chaos:
             out = self.cli(*args, "--", *s["argv"], name=f"cli-submit-{n}")
             found = re.search(r"(\d+)", out)
             self.record(s["key"], int(found.group(1)) if found else None)
+
+    def array_submitter(self, arrays: int) -> None:
+        """`submit --array` through the command line, its tasks' ids read back from the database."""
+        marker = self.home / "starts"
+        for n in range(arrays):
+            out = self.cli("submit", "--array", f"0-{ARRAY_TASKS - 1}%{ARRAY_LIMIT}", "-J", "chaos", "-D",
+                           str(self.home), "--", "sh", "-c", f'echo "$SAE_DIST_JOB_ID" >> "{marker}"; sleep 0.3',
+                           name="cli-submit-array")
+            found = re.search(r"(\d+)", out)
+            if not found:
+                continue
+            array_id = int(found.group(1))
+            tasks = [j.id for j in self.array_tasks(array_id)]
+            with self.lock:
+                self.arrays[array_id] = tasks
+            for i, job_id in enumerate(tasks):
+                self.record(self.jobs + n * ARRAY_TASKS + i, job_id)
+            time.sleep(self.rng.uniform(0, 0.3))
+
+    def array_tasks(self, array_id: int) -> list:
+        from scheduler.store import list_jobs
+
+        return sorted((j for j in list_jobs(self.engine) if j.array_job_id == array_id), key=lambda j: j.array_task_id)
 
     def cli(self, *args: str, name: str) -> str:
         done = subprocess.run([PY, "-m", "scheduler", *args], cwd=REPO, capture_output=True, text=True)
@@ -153,7 +182,7 @@ class Chaos:
         from scheduler import procs
 
         # Every kind once first (retried until it finds a target), then at random.
-        kind = next((k for k in KINDS if not self.counts[k]), None) or self.rng.choices(KINDS, [3, 2, 2, 3, 1])[0]
+        kind = next((k for k in KINDS if not self.counts[k]), None) or self.rng.choices(KINDS, [3, 2, 2, 3, 1, 1])[0]
         if kind == "daemon":
             self.daemon.send_signal(signal.SIGKILL)
             self.daemon.wait()
@@ -170,6 +199,15 @@ class Chaos:
                 return
             self.targeted.add(job.id)  # before the kill: its end is ours to cause
             os.kill(pid, signal.SIGKILL)
+        elif kind == "cancel-array":  # two tasks of an array, by their names (A_[x-y])
+            with self.lock:
+                arrays = dict(self.arrays)
+            if not arrays:
+                return
+            array_id = self.rng.choice(sorted(arrays))
+            first = self.rng.randrange(ARRAY_TASKS - 1)
+            self.targeted.update(arrays[array_id][first:first + 2])  # before the cancel, as below
+            self.cli("cancel", f"{array_id}_[{first}-{first + 1}]", name="cli-cancel-array")
         else:
             with self.lock:
                 known = list(self.ids.values())
@@ -232,7 +270,7 @@ class Chaos:
     def judge(self, jobs: list) -> dict[str, int]:
         by_id = {j.id: j for j in jobs}
         submitted = set(self.ids.values())
-        lost = (self.jobs - len(self.ids)) + sum(1 for i in submitted if i not in by_id or by_id[i].state not in FINAL)
+        lost = (self.expected - len(self.ids)) + sum(1 for i in submitted if i not in by_id or by_id[i].state not in FINAL)
         starts = Counter(int(x) for x in (self.home / "starts").read_text().split()) \
             if (self.home / "starts").exists() else Counter()
         duplicated = max(0, len(jobs) - len(submitted)) + sum(1 for n in starts.values() if n > 1)
@@ -240,7 +278,8 @@ class Chaos:
                              and by_id[i].state != "COMPLETED")
         tracebacks = sum(p.read_text(errors="replace").count("Traceback") for p in self.all_outputs())
         return {"jobs lost": lost, "jobs duplicated": duplicated, "devices double-booked": double_booked(self.engine),
-                "healthy jobs killed": healthy_killed, "tracebacks": tracebacks}
+                "healthy jobs killed": healthy_killed, "tracebacks": tracebacks,
+                "array limits broken": limits_broken(self.engine, self.arrays, ARRAY_LIMIT)}
 
     def all_outputs(self) -> list[Path]:
         logs = self.home / "logs"
@@ -264,6 +303,30 @@ def double_booked(engine) -> int:
         device.sort()
         overlaps += sum(1 for a, b in zip(device, device[1:]) if b[0] < a[1])
     return overlaps
+
+
+def limits_broken(engine, arrays: dict[int, list[int]], limit: int) -> int:
+    """Arrays that ever had more than `limit` tasks holding devices at once (from every allocation
+    made, released or not: a task run twice counts each time)."""
+    from sae_dist.db import utcnow
+    from scheduler.store import ALLOCATIONS
+    from sqlalchemy import select
+
+    with engine.connect() as conn:
+        rows = conn.execute(select(ALLOCATIONS.c.job_id, ALLOCATIONS.c.allocated_at, ALLOCATIONS.c.released_at)).all()
+    array_of = {task: array_id for array_id, tasks in arrays.items() for task in tasks}
+    edges = defaultdict(list)
+    for r in rows:
+        if r.job_id in array_of:
+            edges[array_of[r.job_id]] += [(r.allocated_at, 1), (r.released_at or utcnow(), -1)]
+    broken = 0
+    for points in edges.values():
+        held = most = 0
+        for _, step in sorted(points, key=lambda e: (e[0], e[1])):  # a release before a start at one instant
+            held += step
+            most = max(most, held)
+        broken += most > limit
+    return broken
 
 
 def bad_arguments(args) -> str | None:
@@ -296,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     chaos = Chaos(home, args.jobs, args.submitters, args.cli_every, args.seed)
     figures = chaos.run(args.timeout)
-    print(f"{args.jobs} jobs, {args.submitters} API submitters + 2 CLI submitters, state home {home}")
+    print(f"{args.jobs} jobs and {len(chaos.arrays)} arrays of {ARRAY_TASKS} tasks (%{ARRAY_LIMIT}), "
+          f"{args.submitters} API submitters + 2 CLI submitters + 1 array submitter, state home {home}")
     print("chaos: " + ", ".join(f"{n} {k}" for k, n in sorted(chaos.counts.items())) +
           f"; {len(chaos.targeted)} jobs targeted; {time.perf_counter() - start:.0f} s")
     for name, value in figures.items():

@@ -22,10 +22,11 @@ def test_a_small_chaos_run_loses_nothing(tmp_path):
     done = run_chaos("--jobs", "30", "--submitters", "2", "--seed", "3", "--home", str(tmp_path / "home"))
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
-    for figure in ("jobs lost", "jobs duplicated", "devices double-booked", "healthy jobs killed", "tracebacks"):
+    for figure in ("jobs lost", "jobs duplicated", "devices double-booked", "healthy jobs killed", "tracebacks",
+                   "array limits broken"):
         assert f"{figure}: 0" in lines, done.stdout
-    chaos = lines[1]  # e.g. "chaos: 2 cancel, 1 cancel-cli, 3 daemon, 1 job, 1 supervisor; ..."
-    for kind in (" cancel,", " cancel-cli,", " daemon,", " job,", " supervisor;"):
+    chaos = lines[1]  # e.g. "chaos: 2 cancel, 1 cancel-array, 1 cancel-cli, 3 daemon, 1 job, 1 supervisor; ..."
+    for kind in (" cancel,", " cancel-array,", " cancel-cli,", " daemon,", " job,", " supervisor;"):
         assert kind in chaos, done.stdout  # every kind of chaos happened at least once
     assert done.stderr == ""
 
