@@ -248,7 +248,7 @@ def per_gpu(devices: list[dict], latest: dict, start: datetime, end: datetime,
                             text=f"Memory {held}")
                 st.progress(min(busy / 100, 1.0) if busy is not None else 0.0,
                             text=f"Utilisation {util.text(busy)}")
-                with st.container(horizontal=True):
+                with st.grid(2, gap="small"):  # each sparkline wide enough for its time axis
                     for field, label in (("memory_used", "Memory"), ("utilization_pct", "Utilisation"),
                                          ("temperature_c", "Temperature"), ("power_w", "Power")):
                         with st.container():

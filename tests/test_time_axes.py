@@ -38,12 +38,34 @@ def assert_utc_clock_axis(x: dict, label_format: str = "%H:%M") -> None:
     assert x["axis"]["format"] == label_format and "formatType" not in x["axis"]
 
 
-def test_label_format_is_the_clock_within_a_day_and_dated_beyond():
+def test_label_format_is_the_clock_within_a_day_with_seconds_or_date_beyond():
     day = [START, START + timedelta(hours=23)]
     assert time_axis.label_format(day) == "%H:%M"
     assert time_axis.label_format([START, START + timedelta(hours=25)]) == "%b %d, %H:%M"
     assert time_axis.label_format([]) == "%H:%M" and time_axis.label_format([None, START]) == "%H:%M"
     assert time_axis.label_format(pd.Series(pd.to_datetime([START, pd.NaT], utc=True))) == "%H:%M"
+    # A minute on 3 ticks (every 15-30 s): "13:51" three times would say nothing.
+    minute = [START, START + timedelta(seconds=60)]
+    assert time_axis.label_format(minute, 3) == "%H:%M:%S"
+    assert time_axis.label_format([START, START + timedelta(minutes=5)], 5) == "%H:%M"  # 1-minute ticks
+    assert time_axis.label_format([START, START + timedelta(minutes=2)], 3) == "%H:%M:%S"
+    assert time_axis.label_format([START, START + timedelta(minutes=3)], 3) == "%H:%M"
+
+
+@pytest.mark.parametrize("seconds, ticks", [(60, 3), (60, 5), (120, 3), (150, 5), (200, 5), (300, 5),
+                                            (130, 3), (1200, 3)])
+def test_drawn_clock_labels_never_repeat(seconds, ticks):
+    """Whatever the span, the labels Vega draws with the chosen format are distinct."""
+    import vl_convert
+
+    times = [START + timedelta(seconds=s) for s in range(0, seconds + 1, 5)]
+    chart = sparklines.sparkline_chart({"time": times, "temperature_c": [40.0] * len(times)}, "temperature_c", 5)
+    spec = chart.to_dict()
+    spec["encoding"]["x"]["axis"]["tickCount"] = ticks
+    spec["encoding"]["x"]["axis"]["format"] = time_axis.label_format(times, ticks)
+    spec["width"] = 600  # wide enough that no label is dropped for overlapping
+    texts = re.findall(r"<text[^>]*>(\d\d:\d\d(?::\d\d)?)</text>", vl_convert.vegalite_to_svg(spec))
+    assert len(texts) >= 2 and len(set(texts)) == len(texts), texts
 
 
 def test_device_charts_have_a_24_hour_utc_axis():

@@ -12,7 +12,7 @@ from sae_dist.analytics import units
 from sae_dist.analytics.charts import device_frame
 from sae_dist.analytics.time_axis import time_tooltip, time_x
 
-HEIGHT = 64
+HEIGHT = 120  # the whole chart, time axis included: Streamlit fits the plot inside it
 AREA_FIELDS = ("memory_used", "utilization_pct")  # a share of something: filled to zero
 
 

@@ -18,16 +18,24 @@ import altair as alt
 
 TITLE = "time (UTC)"
 CLOCK = "%H:%M"
+SECONDS = "%H:%M:%S"
 DATED = "%b %d, %H:%M"
 DAY = timedelta(days=1)
+# Vega (d3) spaces time ticks by the nice interval nearest span / tick count: below ~42 s it
+# picks 30 s or less, and "%H:%M" would repeat one minute under several ticks.
+SUB_MINUTE_TICKS = timedelta(seconds=42)
 
 
-def label_format(times: Iterable[datetime | None]) -> str:
-    """"%H:%M" for times within a day of each other (the clock time is unambiguous), the
-    date too for a longer span."""
+def label_format(times: Iterable[datetime | None], tick_count: int = 5) -> str:
+    """"%H:%M" for times within a day of each other (the clock time is unambiguous); with the
+    seconds when the ticks come closer than a minute (a short span); with the date when the
+    span is longer than a day."""
     present = [t for t in times if t is not None and t == t]  # NaT is not equal to itself
-    if len(present) > 1 and max(present) - min(present) > DAY:
+    span = max(present) - min(present) if len(present) > 1 else timedelta(0)
+    if span > DAY:
         return DATED
+    if timedelta(0) < span / tick_count < SUB_MINUTE_TICKS:
+        return SECONDS
     return CLOCK
 
 
@@ -36,7 +44,8 @@ def time_x(times: Iterable[datetime | None] = (), field: str = "time", *, title:
     """The x encoding of `field` (timezone-aware datetimes) on a UTC scale with 24-hour UTC
     labels; `times` (the plotted ones) choose whether the labels need the date."""
     return alt.X(f"{field}:T", title=title, scale=alt.Scale(type="utc"),
-                 axis=alt.Axis(format=label_format(times), labelOverlap=True, tickCount=tick_count))
+                 axis=alt.Axis(format=label_format(times, tick_count), labelOverlap=True,
+                               tickCount=tick_count))
 
 
 def time_tooltip(field: str = "time", title: str = "Time (UTC)") -> alt.Tooltip:
