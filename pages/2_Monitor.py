@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 
 import streamlit as st
 
-from sae_dist.analytics import cards, charts, jobs, queries, samples, tables, units
+from sae_dist.analytics import cards, charts, jobs, queries, samples, sparklines, tables, units
 from sae_dist import format as fmt
 from sae_dist.db import get_engine
 from webui.widgets import card_row, events_toggle
@@ -248,17 +248,18 @@ def per_gpu(devices: list[dict], latest: dict, start: datetime, end: datetime,
                             text=f"Memory {held}")
                 st.progress(min(busy / 100, 1.0) if busy is not None else 0.0,
                             text=f"Utilisation {util.text(busy)}")
-                with st.container(horizontal=True):
+                with st.grid(2, gap="small"):  # each sparkline wide enough for its time axis
                     for field, label in (("memory_used", "Memory"), ("utilization_pct", "Utilisation"),
                                          ("temperature_c", "Temperature"), ("power_w", "Power")):
-                        unit = units.DEVICE[field]
-                        st.metric(label, cards.sparkline_text(columns[field], unit),
-                                  chart_type="area" if field in ("memory_used", "utilization_pct")
-                                  else "line",
-                                  chart_data=cards.sparkline(columns[field], unit.factor))
+                        with st.container():
+                            st.metric(label, cards.sparkline_text(columns[field], unit=units.DEVICE[field]))
+                            # Streamlit's own metric sparkline has no time axis: this one has.
+                            line = sparklines.sparkline_chart(columns, field, series[uuid].width_s)
+                            if line is not None:
+                                st.altair_chart(line, alt=f"{label} of {number} over time")
     width = next((s.width_s for s in series.values()), 1)
-    st.caption(f"Sparklines: {window_name} window, {charts.span_label(width)} a point; each "
-               f"figure is its sparkline's last point. {fmt.MISSING}: not measured.")
+    st.caption(f"Sparklines: {window_name} window, {charts.span_label(width)} a point, times in "
+               f"UTC; each figure is its sparkline's last point. {fmt.MISSING}: not measured.")
 
 
 def training(job: dict) -> None:

@@ -4,8 +4,17 @@ installs the `chromium` package; never `playwright install`).
 
 A person's path through the app: the Overview, a training job submitted from the Train page,
 its Monitor charts growing on their own (the fragment refreshes without a page load), the job
-cancelled from the Queue page. A screenshot of each page is kept under test-artifacts/e2e/ (or
-$SAE_DIST_E2E_ARTIFACTS) to be looked at.
+cancelled from the Queue page, the run and the (empty) benchmarks pages. A screenshot of each
+page is kept under test-artifacts/e2e/ (or $SAE_DIST_E2E_ARTIFACTS) to be looked at.
+
+Every request the browser makes on the way is recorded, and a step fails naming any to a host
+other than the app's own (the app must work on a machine with no network: icons, fonts and
+favicons are served by the app, `webui/icons/`), or any request the app answers with an error,
+but one: opening a page's URL directly (/Train), Streamlit's browser side first tries that path
+as the app's base path (/Train/_stcore/health and /_stcore/host-config answer 404, by design:
+streamlit/streamlit#7074), then the root. Moving between pages by the sidebar's links loads
+nothing and probes nothing. The browser runs in New York time: the app writes UTC whatever the
+browser's zone.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -34,6 +44,24 @@ ARTIFACTS = Path(os.environ.get("SAE_DIST_E2E_ARTIFACTS", REPO / "test-artifacts
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 UI_TIMEOUT_MS = 60_000  # a loaded 2-core machine trains, serves and renders at once
+LOCAL_SCHEMES = ("data", "blob", "about")  # nothing leaves the browser for these
+# Streamlit's base-path discovery on a direct load of a page URL (the module's docstring).
+BASE_PATH_PROBE = re.compile(r"^/[^/]+/_stcore/(health|host-config)$")
+
+
+def foreign_requests(requests: list[tuple[str, str]], origin: str) -> list[str]:
+    """The requests ((page URL, request URL) pairs) to anywhere but `origin`
+    ("http://127.0.0.1:8501"), as "page -> URL" lines."""
+    own = urlsplit(origin).netloc
+    return [f"{page} -> {url}" for page, url in requests
+            if urlsplit(url).scheme not in LOCAL_SCHEMES and urlsplit(url).netloc != own]
+
+
+def failed_requests(responses: list[tuple[str, str, int]]) -> list[str]:
+    """The responses ((page URL, request URL, status)) that are errors, but for Streamlit's
+    base-path probe."""
+    return [f"{page} -> {url} ({status})" for page, url, status in responses
+            if status >= 400 and not (status == 404 and BASE_PATH_PROBE.match(urlsplit(url).path))]
 
 
 def free_port() -> int:
@@ -95,28 +123,40 @@ def served(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser_page():
-    """One headless Chromium page for the whole path, and the JavaScript errors it saw."""
+    """One headless Chromium page for the whole path (in New York time), the JavaScript errors
+    it saw, every request it made ((page URL, URL)) and every answer ((page URL, URL, status))."""
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=UI_TIMEOUT_MS)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1400, "height": 2000})
+        context = browser.new_context(viewport={"width": 1400, "height": 2000}, timezone_id="America/New_York")
         context.set_default_timeout(UI_TIMEOUT_MS)
         page = context.new_page()
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        yield page, errors
+        seen = {"errors": [], "requests": [], "responses": []}
+        page.on("pageerror", lambda e: seen["errors"].append(str(e)))
+        # On the context: requests of workers and other frames count too.
+        context.on("request", lambda r: seen["requests"].append((page.url, r.url)))
+        context.on("response", lambda r: seen["responses"].append((page.url, r.url, r.status)))
+        page.on("websocket", lambda ws: seen["requests"].append((page.url, ws.url)))
+        yield page, seen
         browser.close()
 
 
 @pytest.fixture
-def page(browser_page):
-    """The shared page; no JavaScript error may happen during a step."""
-    page, errors = browser_page
+def page(served, browser_page):
+    """The shared page; no JavaScript error may happen during a step, nor a request to another
+    host, nor an error answer (but Streamlit's base-path probe: the module's docstring)."""
+    page, seen = browser_page
+    for found in seen.values():
+        found.clear()
     yield page
-    assert not errors, f"JavaScript errors in the page: {errors}"
+    assert not seen["errors"], f"JavaScript errors in the page: {seen['errors']}"
+    elsewhere = foreign_requests(seen["requests"], served[0])
+    assert not elsewhere, "requests to another host than the app's:\n" + "\n".join(elsewhere)
+    failed = failed_requests(seen["responses"])
+    assert not failed, "requests the app answered with an error:\n" + "\n".join(failed)
 
 
 def shoot(page, name: str) -> None:
@@ -151,7 +191,9 @@ def test_1_overview_shows_the_virtual_devices(served, page):
     from playwright.sync_api import expect
 
     url, _ = served
-    page.goto(url)
+    with page.expect_request(f"{url}/") as loaded:  # the recording sees what the page loads
+        page.goto(url)
+    assert loaded.value.url == f"{url}/"
     expect(page.get_by_role("heading", name="Overview")).to_be_visible()
     expect(page.get_by_text("virtual", exact=False).first).to_be_visible()
     expect(page.get_by_text("Start a demo training")).to_be_visible()  # an empty database
@@ -210,6 +252,10 @@ def test_3_monitor_charts_fill_without_a_page_load(served, page):
     page.get_by_text("Per-GPU", exact=True).click()
     expect(page.get_by_text("GPU 0", exact=False).first).to_be_visible()
     expect(page.get_by_text("GPU 1", exact=False).first).to_be_visible()
+    # Each device's sparklines are charts with a time axis (memory and utilisation: a virtual
+    # device measures no temperature nor power).
+    sparklines = page.locator('[class*="st-key-gpu_panel_"] [data-testid="stVegaLiteChart"]')
+    expect(sparklines.nth(3)).to_be_visible()
     no_exception(page)
     shoot(page, "4-monitor-per-gpu")
 
@@ -233,3 +279,35 @@ def test_4_queue_cancels_the_running_job(served, page):
     assert cancelled.state == "CANCELLED", cancelled.state
     no_exception(page)
     shoot(page, "5-queue-cancelled")
+
+
+def test_5_runs_and_benchmarks_pages_load_nothing_from_elsewhere(served, page):
+    """The Training runs page (the cancelled job's run) and the Benchmarks page (none yet):
+    shown, with no request to another host (checked by the `page` fixture)."""
+    from playwright.sync_api import expect
+
+    url, _ = served
+    page.goto(f"{url}/Training_runs?run=1")
+    expect(page.get_by_role("heading", name="Training runs")).to_be_visible()
+    expect(page.get_by_text("e2e-topk").first).to_be_visible()
+    no_exception(page)
+    shoot(page, "6-training-run")
+    page.goto(f"{url}/Benchmarks")
+    expect(page.get_by_role("heading", name="Benchmarks")).to_be_visible()
+    no_exception(page)
+    shoot(page, "7-benchmarks")
+
+
+def test_request_checks_on_plain_data():
+    """The two checks the steps make, on hand-made requests."""
+    origin = "http://127.0.0.1:8501"
+    requests = [("p", f"{origin}/"), ("p", "ws://127.0.0.1:8501/_stcore/stream"), ("p", "data:image/svg+xml;base64,AA"),
+                ("p", "https://fonts.gstatic.com/s/i/x.svg"), ("p", "http://127.0.0.1:9999/other"),
+                ("p", "http://localhost:8501/")]
+    assert foreign_requests(requests, origin) == [
+        "p -> https://fonts.gstatic.com/s/i/x.svg", "p -> http://127.0.0.1:9999/other", "p -> http://localhost:8501/"]
+    responses = [("p", f"{origin}/Train/_stcore/health", 404), ("p", f"{origin}/Train/_stcore/host-config", 404),
+                 ("p", f"{origin}/_stcore/health", 404), ("p", f"{origin}/Train/_stcore/stream", 404),
+                 ("p", f"{origin}/media/x.png", 500), ("p", f"{origin}/", 200)]
+    assert failed_requests(responses) == [f"p -> {origin}/_stcore/health (404)", f"p -> {origin}/Train/_stcore/stream (404)",
+                                          f"p -> {origin}/media/x.png (500)"]

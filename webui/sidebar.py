@@ -3,6 +3,10 @@
 The sidebar is drawn here with `st.page_link`, once for all pages, and Streamlit's own
 page list is hidden (`[client] showSidebarNavigation = false`): `st.navigation` with a
 `pages/` folder makes the sidebar depend on which URL was hit first after a restart.
+
+The favicon is the page's Material icon from a local SVG (webui/icons/): given as
+":material/name:", Streamlit's browser side would fetch it from fonts.gstatic.com, and the
+app reaches no host but its own.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ PAGES = (
     ("pages/5_Benchmarks.py", "Benchmarks", ":material/bar_chart:"),
 )
 APP_ROOT = Path(__file__).resolve().parents[1]
+ICONS = Path(__file__).resolve().parent / "icons"
 
 REFRESH_SECONDS = 3
 """How often the live parts of a page (fragments) re-read the database."""
@@ -36,7 +41,7 @@ def page_frame(title: str, icon: str) -> Engine:
 
     Stops the page with one clear error when the database cannot be opened.
     """
-    st.set_page_config(page_title=f"{title} · sae-dist", page_icon=icon, layout="wide")
+    st.set_page_config(page_title=f"{title} · sae-dist", page_icon=favicon(icon), layout="wide")
     url = default_db_url()
     sidebar(url)
     try:
@@ -44,6 +49,17 @@ def page_frame(title: str, icon: str) -> Engine:
     except UserError as error:
         st.error(str(error), title="The state database cannot be opened")
         st.stop()
+
+
+def favicon(icon: str) -> str:
+    """The local SVG file (a path) drawing the Material icon ":material/name:"; an emoji or
+    a path is kept as it is (Streamlit serves neither from another host)."""
+    if not icon.startswith(":material/"):
+        return icon
+    path = ICONS / f"{icon.removeprefix(':material/').rstrip(':')}.svg"
+    if not path.is_file():
+        raise ValueError(f"no local favicon for {icon}: add {path.relative_to(APP_ROOT)}")
+    return str(path)
 
 
 def sidebar(db_url: str) -> None:

@@ -3,8 +3,10 @@
 md: tables (measured, projected, environment, each point's other load) and the speedup chart as
 an embedded Vega-Lite spec in a fenced block; csv: one row per device count, with `reliable`
 (true/false) and `reason`; html: a standalone page with the tables and the charts (Vega-Lite,
-embedded). md and html put a warning above the measured table naming every unreliable device
-count and why (sae_dist.bench.reliability). The tables and charts are the Benchmarks page's
+drawn by JavaScript inlined in the page, so it needs no network: `offline_vega`), a wide table
+scrolling sideways in its own box rather than widening the page. md and html put a warning
+above the measured table naming every unreliable device count and why
+(sae_dist.bench.reliability). The tables and charts are the Benchmarks page's
 (`sae_dist.analytics.bench_tables`, `sae_dist.analytics.bench_charts`): this module only lays
 them out in a file.
 """
@@ -43,8 +45,8 @@ def _html_table(rows: list[dict[str, str]]) -> str:
         return "<p><em>none</em></p>"
     head = list(rows[0])
     cells = "".join("<tr>" + "".join(f"<td>{html.escape(r[h])}</td>" for h in head) + "</tr>" for r in rows)
-    return ("<table><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head)
-            + f"</tr></thead><tbody>{cells}</tbody></table>")
+    return ('<div class="table-wrap"><table><thead><tr>' + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+            + f"</tr></thead><tbody>{cells}</tbody></table></div>")
 
 
 def render(run: dict, points: list[dict], fmt: str, link: str = "pcie4") -> str:
@@ -106,8 +108,17 @@ def _markdown(run: dict, points: list[dict], rows: list[dict], projection: list[
     return "\n".join(parts)
 
 
+# Readable at 1,280 px: the text keeps a line length one can read, a table or a chart wider
+# than the page scrolls sideways in its own box (the page itself never does).
+STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
+         ".table-wrap,.chart{max-width:100%;overflow-x:auto;margin:0.5em 0 1em}"
+         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right;"
+         "white-space:nowrap}th{background:#f6f8fa}")
+
+
 def _html(run: dict, points: list[dict], rows: list[dict], projection: list[dict], link_label: str) -> str:
     from sae_dist.analytics.bench_charts import efficiency_chart
+    from sae_dist.analytics.offline_vega import charts_script
 
     warning = R.warning_text(rows)
     no_projection = T.projection_note(rows)
@@ -119,22 +130,16 @@ def _html(run: dict, points: list[dict], rows: list[dict], projection: list[dict
                  f"<strong>Warning:</strong> {html.escape(warning)}</p>" if warning else "")
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<script src="https://cdn.jsdelivr.net/npm/vega@5"></script>
-<script src="https://cdn.jsdelivr.net/npm/vega-lite@5"></script>
-<script src="https://cdn.jsdelivr.net/npm/vega-embed@6"></script>
-<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}</style></head><body>
+<style>{STYLE}</style></head><body>
 <h1>{html.escape(title)}</h1><ul>{env}</ul>
 <h2>Measured</h2>{warn_html}<p><strong>{html.escape(T.headline_text(rows))}</strong></p>
 {_html_table(T.measured_table(rows))}<p>{html.escape(R.RULES_TEXT)}</p>
-<h2>Charts</h2><div id="speedup"></div><div id="efficiency"></div>
+<h2>Charts</h2><div id="speedup" class="chart"></div><div id="efficiency" class="chart"></div>
 <h2>Other load, point by point (in the order measured)</h2>{_html_table(T.other_load_table(points))}
 <h2>Projected for {html.escape(link_label)}</h2><p>{html.escape(T.MODEL_TEXT)}</p>
 {f"<p><em>{html.escape(no_projection)}</em></p>" if no_projection else _html_table(T.projection_table(projection))}
-<script>
-vegaEmbed("#speedup", {speed.to_json(indent=None)});
-vegaEmbed("#efficiency", {eff.to_json(indent=None)});
-</script></body></html>
+{charts_script({"speedup": speed.to_dict(), "efficiency": eff.to_dict()})}
+</body></html>
 """
 
 

@@ -28,6 +28,7 @@ from sae_dist.analytics.downsample import (
 from sae_dist.analytics import units
 from sae_dist.analytics.cards import Card, card_text, last_plotted_row, memory_text
 from sae_dist.analytics.events import MAX_EVENT_MARKS, group_events, kinds_text
+from sae_dist.analytics.time_axis import time_tooltip, time_x
 
 METRIC_LABELS = {metric: unit.title for metric, unit in units.TRAINING.items()}
 """A step metric's chart title (units.TRAINING holds its formats too)."""
@@ -206,9 +207,9 @@ def _with_gaps(times: list, values: list, width_s: int) -> tuple[list, list]:
     return out_t, out_v
 
 
-def _time_axis() -> alt.X:
-    return alt.X("time:T", title=None, scale=alt.Scale(type="utc"),
-                 axis=alt.Axis(labelOverlap=True, tickCount=5))
+def _time_axis(times) -> alt.X:
+    # 24-hour UTC labels, titled "time (UTC)", whatever the browser's zone (time_axis).
+    return time_x(times)
 
 
 def device_frame(columns: dict[str, list], field: str, width_s: int) -> pd.DataFrame:
@@ -249,10 +250,10 @@ def device_panel(columns: dict[str, list], field: str, width_s: int, *, title: s
         return Panel(data, None, unit, every)
     name = title or (TOTAL_TITLES[field] if total else unit.title)
     scale = alt.Scale(domain=list(domain)) if domain else alt.Scale(zero=False, nice=True)
-    when = alt.Tooltip("time:T", title="Time (UTC)", format="%Y-%m-%d %H:%M:%S", formatType="utc")
+    when = time_tooltip()
     tooltip = [when, alt.Tooltip("value:Q", title=f"{unit.title} ({unit.axis_title})",
                                  format=unit.value)]
-    x = _time_axis()
+    x = _time_axis(data["time"])
     y = alt.Y("value:Q", title=unit.axis_title, scale=scale, axis=alt.Axis(format=unit.axis))
     line = alt.Chart(data).mark_line(interpolate="monotone", invalid=None,
                                      point=len(data) <= 2).encode(x=x, y=y, tooltip=tooltip)
