@@ -52,8 +52,15 @@ def fold_pending_tasks(rows: list[dict], id_key: str = "job_id") -> list[dict]:
     for row in out:
         tasks = row.pop("folded", None)
         if tasks is not None:
-            limit = f"%{row['array_max_running']}" if row.get("array_max_running") else ""
-            row["label"] = f"{row['array_job_id']}_{tasks[0]}" if len(tasks) == 1 and not limit \
-                else f"{row['array_job_id']}_[{fold_ids(tasks)}{limit}]"
+            row["label"] = folded_label(row["array_job_id"], tasks, row.get("array_max_running"))
             row["task_count"] = len(tasks)
     return out
+
+
+def folded_label(array_id: int, tasks: list[int], max_running: int | None) -> str:
+    """Pending tasks of an array as squeue names them together: 12_[3-999%8] (12_3 for one task
+    of an array without a limit)."""
+    limit = f"%{max_running}" if max_running else ""
+    if len(tasks) == 1 and not limit:
+        return f"{array_id}_{tasks[0]}"
+    return f"{array_id}_[{fold_ids(tasks)}{limit}]"

@@ -392,7 +392,8 @@ def _cluster_rows(final_too: bool, now: float) -> list[dict[str, Any]]:
             "start": _iso(j.started_at), "end": _iso(j.ended_at),
             "elapsed_s": (end or now) - start if start else None, "time_limit_s": None,
             "exit_code": j.exit_code, "signal": j.signal, "kind": j.kind, "held": False,
-            "exclusive": None, "cluster": j.cluster, "array_job_id": None, "array_task_id": None,
+            "exclusive": None, "cluster": j.cluster, "label": f"slurm:{j.cluster_job_id}",
+            "array_job_id": None, "array_task_id": None,
             "array_max_running": None})  # SLURM's to know; not recorded here
     return rows
 
@@ -413,12 +414,22 @@ def _job_row(job, now: float) -> dict[str, Any]:
 
 
 def cmd_queue(args) -> int:
-    from sae_dist.job_listing import has_cluster_jobs, read_jobs
+    from sae_dist.array_notation import folded_label, task_label
+    from sae_dist.job_listing import has_cluster_jobs, pending_task_groups, read_jobs
 
     now = time.time()
-    jobs = read_jobs(states=None if args.all else ("PENDING", "RUNNING"))
+    states = None if args.all else ("PENDING", "RUNNING")
+    if args.json:  # every task, as it is
+        jobs, groups = read_jobs(states=states), {}
+    else:  # an array's pending tasks as one row (12_[3-999%8]): one decoded row for each group
+        groups = pending_task_groups()
+        jobs = read_jobs(states=states, pending_tasks=False) + (read_jobs(job_ids=groups) if groups else [])
     jobs.sort(key=lambda j: (STATE_ORDER.get(j.state, 2), -j.priority if j.state == "PENDING" else 0, j.id))
     rows = [_job_row(j, now) for j in jobs]
+    for r in rows:
+        tasks = groups.get(r["job_id"]) if r["state"] == "PENDING" else None
+        r["label"] = folded_label(r["array_job_id"], tasks, r["array_max_running"]) if tasks else \
+            task_label(r["job_id"], r["array_job_id"], r["array_task_id"])
     if has_cluster_jobs() is not False:
         rows += _cluster_rows(args.all, now)
     held = _exclusive_allocations(rows)
@@ -427,9 +438,6 @@ def cmd_queue(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    from sae_dist.array_notation import fold_pending_tasks
-
-    rows = fold_pending_tasks(rows)
     for r in rows:
         r["st"] = SHORT.get(r["state"], r["state"])
         r["elapsed"] = _duration(r["elapsed_s"]) or "0:00"
