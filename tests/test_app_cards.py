@@ -111,6 +111,19 @@ def chart_data(at: AppTest) -> dict[str, list[tuple[dict, object]]]:
     return found
 
 
+def chart_data_in_order(at: AppTest) -> list[tuple[str | None, list[tuple[dict, object]]]]:
+    """Every chart on the page in page order: (title, its layers with their rows)."""
+    found = []
+    for element in at.get("vega_lite_chart"):
+        spec = json.loads(element.proto.spec)
+        frames = {d.name: convert_arrow_bytes_to_pandas_df(d.data.data) for d in element.proto.datasets}
+        title = spec.get("title")
+        title = title.get("text") if isinstance(title, dict) else title
+        found.append((title, [(layer, frames[(layer.get("data") or spec["data"])["name"]])
+                              for layer in spec.get("layer", [spec])]))
+    return found
+
+
 def last_point_text(layers, field: str = "value", suffix: str = "") -> str:
     """The chart's last non-null `field` value in its line layer, written with the format of
     the line's tooltip for that field: what the card beside the chart must read."""
@@ -165,12 +178,18 @@ def test_monitor_cards_are_their_charts_last_points(training):
 
     at.segmented_control(key="monitor_view").set_value("Per-GPU").run()
     assert not at.exception
-    for metric in at.metric:
-        if metric.label in ("Memory", "Utilisation", "Temperature", "Power"):
-            unit = units.DEVICE[{"Memory": "memory_used", "Utilisation": "utilization_pct",
-                                 "Temperature": "temperature_c", "Power": "power_w"}[metric.label]]
-            points = list(metric.proto.chart_data)
-            assert metric.value == (unit.text(points[-1]) if points else MISSING), metric.label
+    # Each device figure sits above its sparkline (a chart with a time axis, no title), in page
+    # order; a figure nothing measured (a virtual device's temperature and power) has none.
+    sparklines = [layers for title, layers in chart_data_in_order(at) if title is None]
+    measured = [m for m in at.metric if m.label in ("Memory", "Utilisation")]
+    assert len(measured) == len(sparklines) == 4  # 2 devices x memory and utilisation
+    for metric, layers in zip(measured, sparklines):
+        (layer, frame), = layers
+        tooltip = next(t for t in layer["encoding"]["tooltip"] if t["field"] == "value")
+        values = frame["value"].dropna()
+        suffix = {"Memory": " GiB", "Utilisation": "%"}[metric.label]
+        assert metric.value == fmt_d3(float(values.iloc[-1]), tooltip["format"]) + suffix, metric.label
+    assert {m.value for m in at.metric if m.label in ("Temperature", "Power")} == {MISSING}
     assert assert_training_cards_match(at) == 7
 
 
