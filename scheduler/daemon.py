@@ -101,16 +101,18 @@ class Daemon:
 
     # ---- the loop ----
     def run(self) -> None:
+        # Handlers first: the moment the pid file names us, anyone may send us SIGUSR1 (a
+        # supervisor that finished wakes the daemon), and its default action would kill us.
+        signal.signal(signal.SIGUSR1, lambda *_: setattr(self, "poked", True))
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
+        signal.signal(signal.SIGINT, lambda *_: setattr(self, "stopping", True))
         lock = control.take_daemon_lock()
         wake_r, wake_w = os.pipe()
         try:
-            me = control.write_pid_file()
             os.set_blocking(wake_r, False)
             os.set_blocking(wake_w, False)
             signal.set_wakeup_fd(wake_w)  # any signal wakes the select below, even one just before it
-            signal.signal(signal.SIGUSR1, lambda *_: setattr(self, "poked", True))
-            signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
-            signal.signal(signal.SIGINT, lambda *_: setattr(self, "stopping", True))
+            me = control.write_pid_file()
             log.info("daemon %d started for %s", me, state_home())
             while not self.stopping:
                 started = time.monotonic()

@@ -38,12 +38,38 @@ def fork_daemon(home) -> int:
             fd = os.open(home / "daemon-test.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             os.dup2(fd, 1)
             os.dup2(fd, 2)
+            import logging
+
+            # pytest's capture replaced sys.stderr and the root logger's handlers: the daemon's
+            # log goes to the file instead.
+            sys.stdout = sys.stderr = open(fd, "w", buffering=1, closefd=False)
+            logging.root.handlers.clear()
             from scheduler.daemon import main
 
             code = main()
+        except BaseException:  # said in the log: os._exit below would swallow it
+            import traceback
+
+            traceback.print_exc()
         finally:
             os._exit(code)
     return pid
+
+
+def lock_holders(home) -> list[str]:
+    """Every process with the daemon's lock file open: pid, state and command line."""
+    target = str((home / "daemon.lock").resolve())
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == target for fd in fds):
+                stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+                wchan = open(f"/proc/{pid}/wchan").read()
+                found.append(f"{pid} ppid {stat[1]} state {stat[0]} wchan {wchan}")
+        except OSError:
+            pass
+    return found
 
 
 def counting_job(home) -> NewJob:
@@ -70,7 +96,10 @@ def test_a_daemon_sigkilled_0_to_20_ms_after_running_loses_no_job(home):
         daemon = fork_daemon(home)
         deadline = time.monotonic() + 30
         while db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()[0] == "PENDING":
-            assert time.monotonic() < deadline, "the daemon never started the job"
+            assert time.monotonic() < deadline, \
+                f"the daemon never started the job; its wait status {os.waitpid(daemon, os.WNOHANG)}; " \
+                f"daemon.lock open in {lock_holders(home)}; its log: " \
+                f"{(home / 'daemon-test.log').read_text()[-3000:]}"
             time.sleep(0.0005)
         # A third at once (mostly before the fork), a third within 2 ms (the supervisor not yet
         # registered), a third up to 20 ms (registered, or the job already done).
