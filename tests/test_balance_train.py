@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 
 import pytest
@@ -27,10 +28,15 @@ def test_unequal_shares_give_the_whole_batch_result(tmp_path, one_rank_reference
     out = ok(run_cli("train", *REFERENCE, "--devices", "cpu:2", "--batch-size", "128", "--balance", "speed",
                      "--out-dir", str(tmp_path / "speed"), env={SLOW_RANKS_ENV: "1:4"}))
     (first, micro_steps), = shares_in(out.stdout)
-    # The shares follow speeds measured on a shared machine: rank 1 is slower, by how much is the
-    # machine's (proportionality is initial_weights', tests/test_balance.py).
-    assert sum(first) == 256 and micro_steps == 1 and first[0] > first[1], out.stdout
-    assert "in proportion to measured speed" in out.stdout
+    # The shares follow the speeds measured here and printed (rank 1 computes 4x slower, but on a
+    # machine crowded by other processes a measurement can still put it ahead: the test holds the
+    # shares to what was measured, not to what the machine should have given; proportionality is
+    # initial_weights', tests/test_balance.py).
+    speeds = re.search(r"in proportion to measured speed \(([\d,]+), ([\d,]+) samples/s\)", out.stdout)
+    assert speeds is not None, out.stdout
+    fast, slow = (float(x.replace(",", "")) for x in speeds.groups())
+    assert sum(first) == 256 and micro_steps == 1 and first[0] != first[1], out.stdout
+    assert (first[0] > first[1]) == (fast > slow), out.stdout
     assert rel_diff(final_weights(tmp_path / "speed"), final_weights(one_rank_reference)) < 1e-5
 
 
