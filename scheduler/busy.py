@@ -30,7 +30,9 @@ class DeviceState:
 
 
 def _pids(pids: list[int]) -> str:
-    return ("external process " if len(pids) == 1 else "external processes ") + ", ".join(map(str, pids))
+    listed = ", ".join(map(str, pids))
+    return f"used by pid {listed}, not a scheduler job" if len(pids) == 1 else \
+        f"used by pids {listed}, not scheduler jobs"
 
 
 def classify_one(device: DeviceInfo, job_id: int | None, job_started_at: float | None, our_pids: set[int],

@@ -1,0 +1,191 @@
+"""The product's NVML code against the real nvidia-ml-py and an emulated driver (tests/fake_nvml).
+
+Every process here finds libnvidia-ml.so.1 through LD_LIBRARY_PATH, as on a GPU machine, and
+reads a scenario file; nothing in pynvml or the product is patched. The readings, the error
+paths (a sensor the card lacks, a call an old driver lacks, a lost GPU, a bad scenario, no
+library at all) and the benchmark's link probe are checked in fresh processes, since a process
+loads the library once.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fake_nvml
+from conftest import REPO
+
+INVENTORY = """
+import json, sys
+from scheduler.devices import inventory
+for path in sys.argv[1:]:
+    if path != "-":
+        import shutil, os
+        shutil.copy(path, os.environ["FAKE_NVML_SCENARIO"] + ".next")
+        os.replace(os.environ["FAKE_NVML_SCENARIO"] + ".next", os.environ["FAKE_NVML_SCENARIO"])
+    print(json.dumps([d.__dict__ | {"fault": None} for d in inventory()]), flush=True)
+"""
+
+
+def run_python(code: str, env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.fixture
+def scenario(tmp_path) -> Path:
+    return fake_nvml.write(tmp_path / "scenario.json", fake_nvml.eight_a100s())
+
+
+@pytest.fixture
+def nvml_env(fake_nvml_lib, scenario) -> dict:
+    return fake_nvml.environment(fake_nvml_lib, scenario)
+
+
+def reads(env: dict, *then: dict | str, tmp_path: Path | None = None) -> tuple[list[list[dict]], str]:
+    """The inventories one process reads: now, then after each scenario of `then` replaces the
+    file (in the same process, so what it remembers between reads counts); and its stderr."""
+    files = []
+    for i, nxt in enumerate(then):
+        files.append(str(fake_nvml.write(Path(env["FAKE_NVML_SCENARIO"]).with_name(f"then{i}.json"), nxt)))
+    out = run_python(INVENTORY, env, "-", *files)
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()], out.stderr
+
+
+def test_eight_a100s_are_read_through_the_real_bindings_in_pci_bus_order(nvml_env):
+    [devices], stderr = reads(nvml_env)
+    expected = fake_nvml.in_bus_order(fake_nvml.eight_a100s())
+    assert [d["uuid"] for d in devices] == [e["uuid"] for e in expected]  # not the enumeration order
+    assert [d["index"] for d in devices] == list(range(8))
+    assert [d["pci_bus_id"] for d in devices] == [e["pci_bus_id"] for e in expected]
+    for d, e in zip(devices, expected):
+        assert (d["name"], d["virtual"], d["available"], d["error"]) == (fake_nvml.A100, False, True, None)
+        assert (d["memory_total"], d["memory_used"], d["memory_free"]) == (80 * fake_nvml.GIB, 0, 80 * fake_nvml.GIB)
+        assert (d["temperature_c"], d["power_w"], d["power_limit_w"]) == (e["temperature"], e["power_w"], 400.0)
+        assert d["utilization_pct"] == 0.0 and d["processes"] == [] and d["lost"] is False
+    assert stderr == ""
+
+
+def test_readings_processes_and_unsupported_sensors(nvml_env, scenario):
+    s = fake_nvml.eight_a100s()
+    first = s["devices"][1]  # bus 07: index 0
+    first.update(memory_used=3 * fake_nvml.GIB, utilization=87, temperature=71, power_w=312.5,
+                 processes=[{"pid": 4242, "used_memory": 2 * fake_nvml.GIB}, {"pid": 4343, "used_memory": None}])
+    s["devices"][3]["errors"] = {"temperature": "NOT_SUPPORTED", "power": "NOT_SUPPORTED"}  # bus 0F: index 1
+    for key in ("temperature", "power_w", "power_limit_w"):
+        del s["devices"][5][key]  # bus 47, index 2: a card without those sensors at all
+    fake_nvml.write(scenario, s)
+    [devices], stderr = reads(nvml_env)
+    zero, one, two = devices[:3]
+    assert (zero["memory_used"], zero["memory_free"]) == (3 * fake_nvml.GIB, 77 * fake_nvml.GIB)
+    assert (zero["utilization_pct"], zero["temperature_c"], zero["power_w"]) == (87.0, 71.0, 312.5)
+    assert zero["processes"] == [[4242, 2 * fake_nvml.GIB], [4343, None]]  # NVML's "not available"
+    for d in (one, two):  # unknown, never 0, and the device is not made unavailable by it
+        assert (d["temperature_c"], d["power_w"], d["available"], d["error"]) == (None, None, True, None)
+    assert one["power_limit_w"] == 400.0 and two["power_limit_w"] is None
+    assert stderr == ""
+
+
+def test_an_old_driver_without_the_newest_calls_uses_the_older_ones(fake_nvml_lib, scenario, tmp_path):
+    """nvmlDeviceGetComputeRunningProcesses_v3 and nvmlDeviceGetTemperatureV missing (drivers
+    before 525 and 565): the bindings raise, and the product falls back to _v2 and the
+    deprecated nvmlDeviceGetTemperature."""
+    old = fake_nvml.build(tmp_path / "old", old_driver=True)
+    s = fake_nvml.eight_a100s()
+    s["devices"][1]["processes"] = [{"pid": 777, "used_memory": 1024}]
+    fake_nvml.write(scenario, s)
+    [devices], stderr = reads(fake_nvml.environment(old, scenario))
+    assert devices[0]["processes"] == [[777, 1024]] and devices[0]["temperature_c"] == 31.0
+    assert all(d["available"] for d in devices) and stderr == ""
+    missing = run_python("import pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0)\n"
+                         "try: pynvml.nvmlDeviceGetComputeRunningProcesses(h)\n"
+                         "except pynvml.NVMLLibraryMismatchError: print('mismatch')",
+                         fake_nvml.environment(old, scenario))
+    assert missing.stdout.strip() == "mismatch", missing.stderr  # what the fallback exists for
+
+
+def test_a_lost_gpu_keeps_its_identity_and_is_marked_lost(nvml_env, scenario):
+    s = fake_nvml.eight_a100s()
+    lost = json.loads(json.dumps(s))
+    lost["devices"][3]["errors"] = {"all": "GPU_IS_LOST"}  # bus 0F: index 1; fails already at its handle
+    flaky = json.loads(json.dumps(s))
+    flaky["devices"][3]["errors"] = {"power": "UNKNOWN"}
+    (before, after, blip, well), _ = reads(nvml_env, lost, flaky, s)
+    assert [d["uuid"] for d in after] == [d["uuid"] for d in before]  # the same device, same place
+    one = after[1]
+    assert (one["uuid"], one["pci_bus_id"], one["name"]) == (before[1]["uuid"], "00000000:0F:00.0", fake_nvml.A100)
+    assert (one["available"], one["lost"], one["error"]) == (False, True, "handle: GPU is lost")
+    assert (blip[1]["available"], blip[1]["lost"], blip[1]["error"]) == (False, False, "power: Unknown Error")
+    assert well == before
+
+
+def test_a_gpu_lost_before_the_process_first_looked_is_unknown_not_invented(nvml_env, scenario):
+    s = fake_nvml.eight_a100s()
+    s["devices"][3]["errors"] = {"handle": "GPU_IS_LOST"}
+    fake_nvml.write(scenario, s)
+    [devices], _ = reads(nvml_env)
+    assert devices[-1]["uuid"] == "unknown-gpu-3" and devices[-1]["lost"]  # NVML index 3, no bus id: last
+    assert devices[-1]["available"] is False and devices[-1]["pci_bus_id"] is None
+
+
+def test_nvml_breaking_after_it_worked_leaves_the_gpus_unavailable_not_virtual(nvml_env, scenario):
+    s = fake_nvml.eight_a100s()
+    broken = dict(s, init_error="UNKNOWN")
+    (before, after, back), stderr = reads(nvml_env, broken, s)
+    assert [d["uuid"] for d in after] == [d["uuid"] for d in before]
+    assert all(not d["available"] and d["error"] == "NVML did not start: Unknown Error" for d in after)
+    assert all(d["memory_free"] is None and d["temperature_c"] is None for d in after)  # no stale reading
+    assert back == before
+    assert stderr.count("\n") == 1 and "the GPUs are unavailable: NVML did not start: Unknown Error" in stderr
+
+
+@pytest.mark.parametrize("text, says", [
+    ('{"devices": [', "not valid JSON at line 1"),
+    (json.dumps({"devices": [fake_nvml.a100(7, 0), fake_nvml.a100(7, 0)]}), "a device named twice"),
+    (json.dumps({"devices": [fake_nvml.a100(7, 0, processes=[{"pid": "abc"}])]}), "Linux pid"),
+    (json.dumps({"devices": [fake_nvml.a100(7, 0, processes=[{"pid": -3}])]}), "Linux pid"),
+    (json.dumps({"devices": [fake_nvml.a100(7, 0, temprature=3)]}), 'unknown key "temprature"'),
+    (json.dumps({"devices": [fake_nvml.a100(7, 0, errors={"power": "ON_FIRE"})]}), "NVML error name"),
+])
+def test_a_bad_scenario_is_one_line_and_the_product_falls_back(nvml_env, scenario, text, says):
+    fake_nvml.write(scenario, text)
+    [devices], stderr = reads(nvml_env)
+    assert all(d["virtual"] for d in devices)  # the process never saw a GPU: virtual devices
+    lines = stderr.splitlines()
+    assert len(lines) == 2, stderr
+    assert lines[0].startswith(f"fake NVML: {scenario}: ") and says in lines[0]
+    assert lines[1] == ("no NVIDIA GPU in use (NVML did not start: Unknown Error): 2 virtual CPU-backed GPUs "
+                        "instead (SAE_DIST_VIRTUAL_GPUS=N chooses how many and skips NVML)")
+
+
+def test_no_nvml_library_at_all_is_the_virtual_fallback_with_one_line(tmp_path):
+    env = fake_nvml.environment(tmp_path / "empty", tmp_path / "none.json")  # nothing to load there
+    [devices], stderr = reads(env)
+    assert [d["uuid"] for d in devices] == ["virtual-0", "virtual-1"]
+    assert stderr == ("no NVIDIA GPU in use (NVML did not start: NVML Shared Library Not Found): 2 virtual "
+                      "CPU-backed GPUs instead (SAE_DIST_VIRTUAL_GPUS=N chooses how many and skips NVML)\n")
+
+
+def test_the_benchmark_reads_the_link_and_other_processes(nvml_env, scenario):
+    code = ("import json; from sae_dist.bench.run import _nvml_link; from sae_dist.bench.load import _GpuWatch\n"
+            "w = _GpuWatch(); w.sample(set(), True); w.close()\n"
+            "print(json.dumps([_nvml_link(), w.result()]))")
+    s = fake_nvml.eight_a100s()
+    s["devices"][0]["processes"] = [{"pid": 999999, "used_memory": 5 * fake_nvml.GIB, "sm_util": 40}]
+    s["devices"][0]["utilization"] = 40
+    fake_nvml.write(scenario, s)
+    out = run_python(code, nvml_env)
+    link, watch = json.loads(out.stdout)
+    assert link == "NVLink"
+    assert watch["gpus"] == 8 and watch["mean_utilization_pct"] == 5.0 and "error" not in watch
+    assert watch["other_processes"] == [{"gpu": 0, "pid": 999999, "name": None, "attributable": False,
+                                         "used_memory": 5 * fake_nvml.GIB, "sm_pct": 40.0}]
+    for d in s["devices"]:
+        del d["nvlink"]  # a PCIe-only machine: NVLink calls NOT_SUPPORTED
+    fake_nvml.write(scenario, s)
+    assert json.loads(run_python(code, nvml_env).stdout)[0] == "PCIe 4.0 x16"
