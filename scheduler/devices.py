@@ -11,6 +11,7 @@ pynvml is imported inside functions so that `python -m scheduler queue` starts f
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field, replace
@@ -197,20 +198,71 @@ class _NvmlMemory:
     `keep_identity`; in bus order, for `all_unavailable`), and the last reason told for using
     virtual devices (said once, not once a second)."""
 
-    def __init__(self) -> None:
+    def __init__(self, persist: bool = False) -> None:
+        self.persist = persist  # kept in the state home for the next process (pynvml's, not a stand-in's)
+        self.saved: dict[int, DeviceInfo] = {}
         self.by_nvml_index: dict[int, DeviceInfo] = {}
         self.listed: list[DeviceInfo] = []
         self.fallback_told: str | None = None
         self.last_reason: str | None = None  # why the last read found no GPU
 
 
-_memory = _NvmlMemory()
+_memory = _NvmlMemory(persist=True)
+
+
+def trusted_identities(read: list[DeviceInfo], cached: dict[int, DeviceInfo]) -> dict[int, DeviceInfo]:
+    """`cached` (identities by NVML index, from an earlier process), if every GPU readable now
+    sits at the index it had then (the same machine, enumerated the same way); else nothing."""
+    same = all(d.uuid == cached[i].uuid for i, d in enumerate(read)
+               if not d.uuid.startswith(UNKNOWN_PREFIX) and i in cached)
+    return cached if same and len(cached) == len(read) else {}
+
+
+IDENTITIES_FILE = "nvml_devices.json"  # in the state home: each NVML index's GPU, as last seen
+
+
+def _identity_file() -> Any:
+    from sae_dist.paths import state_home
+
+    return state_home() / IDENTITIES_FILE
+
+
+def _load_identities() -> dict[int, DeviceInfo]:
+    """What an earlier process saw at each NVML index, for a process that starts while a GPU
+    is lost (`info`, `submit --gpu-ids`, the app): without it the lost GPU would have no uuid,
+    no bus id, and shift the numbering of every GPU after it."""
+    try:
+        rows = json.loads(_identity_file().read_text())
+        return {int(i): DeviceInfo(index=int(i), uuid=r["uuid"], name=r["name"], pci_bus_id=r["pci_bus_id"])
+                for i, r in rows.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def _save_identities(by_index: dict[int, DeviceInfo]) -> None:
+    rows = {str(i): {"uuid": d.uuid, "name": d.name, "pci_bus_id": d.pci_bus_id} for i, d in sorted(by_index.items())}
+    try:
+        path = _identity_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}")
+        partial.write_text(json.dumps(rows))
+        partial.replace(path)
+    except OSError as exc:  # a read-only state home: the next process starting may not know a lost GPU
+        _log().debug("could not keep the GPUs' identities: %s", exc)
 
 
 def _read_all(nvml: Any, memory: _NvmlMemory) -> list[DeviceInfo]:
     count = nvml.nvmlDeviceGetCount()
-    read = keep_identity([read_device(nvml, i) for i in range(count)], memory.by_nvml_index)
+    read = [read_device(nvml, i) for i in range(count)]
+    if memory.persist and not memory.by_nvml_index:  # a process's first read: what others saw
+        memory.by_nvml_index = trusted_identities(read, _load_identities())
+        memory.saved = dict(memory.by_nvml_index)
+    read = keep_identity(read, memory.by_nvml_index)
     memory.by_nvml_index.update((i, d) for i, d in enumerate(read) if not d.uuid.startswith(UNKNOWN_PREFIX))
+    known = {i: (d.uuid, d.name, d.pci_bus_id) for i, d in memory.by_nvml_index.items()}
+    if memory.persist and known != {i: (d.uuid, d.name, d.pci_bus_id) for i, d in memory.saved.items()}:
+        _save_identities(memory.by_nvml_index)
+        memory.saved = dict(memory.by_nvml_index)
     return in_bus_order(read)
 
 

@@ -12,12 +12,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 import fake_nvml
 from conftest import REPO
+from scheduler.devices import DeviceInfo, in_bus_order, keep_identity, trusted_identities
+from scheduler.faults import Fault
+from scheduler.health import lost_to_record, verdict
 
 INVENTORY = """
 import json, sys
@@ -189,3 +194,68 @@ def test_the_benchmark_reads_the_link_and_other_processes(nvml_env, scenario):
         del d["nvlink"]  # a PCIe-only machine: NVLink calls NOT_SUPPORTED
     fake_nvml.write(scenario, s)
     assert json.loads(run_python(code, nvml_env).stdout)[0] == "PCIe 4.0 x16"
+
+
+def test_a_process_starting_while_a_gpu_is_lost_knows_it_from_an_earlier_one(nvml_env, scenario):
+    [before], _ = reads(nvml_env)  # a process that saw every GPU (the daemon, an `info`)
+    s = fake_nvml.eight_a100s()
+    s["devices"][3]["errors"] = {"all": "GPU_IS_LOST"}
+    fake_nvml.write(scenario, s)
+    [after], _ = reads(nvml_env)  # a new process: `info`, `submit --gpu-ids 3`, the app
+    assert [(d["index"], d["uuid"], d["pci_bus_id"]) for d in after] == \
+        [(d["index"], d["uuid"], d["pci_bus_id"]) for d in before]  # nobody renumbered
+    assert after[1]["lost"] and not after[1]["available"]
+
+
+# ---- the decisions, on plain data ----
+
+def gpu(i: int, uuid: str, bus: str | None) -> DeviceInfo:
+    return DeviceInfo(index=i, uuid=uuid, name="A100", pci_bus_id=bus)
+
+
+def test_gpus_are_numbered_by_bus_id_and_an_unknown_one_goes_last():
+    read = [gpu(0, "c", "00000000:B7:00.0"), gpu(1, "unknown-gpu-1", None), gpu(2, "a", "00000000:07:00.0"),
+            gpu(3, "b", "00000000:0f:00.0")]
+    assert [(d.index, d.uuid) for d in in_bus_order(read)] == [(0, "a"), (1, "b"), (2, "c"), (3, "unknown-gpu-1")]
+
+
+def test_identity_is_kept_by_nvml_index_and_only_from_a_matching_machine():
+    known = {0: gpu(0, "a", "00000000:07:00.0"), 1: gpu(1, "b", "00000000:0F:00.0")}
+    read = [gpu(0, "a", "00000000:07:00.0"), gpu(1, "unknown-gpu-1", None)]
+    kept = keep_identity(read, known)
+    assert (kept[1].uuid, kept[1].pci_bus_id) == ("b", "00000000:0F:00.0")
+    assert trusted_identities(read, known) == known
+    assert trusted_identities([gpu(0, "z", None), read[1]], known) == {}  # another machine, or re-enumerated
+    assert trusted_identities(read[:1], known) == {}  # a GPU fewer: not the same enumeration
+
+
+def test_a_lost_gpu_is_recorded_once_and_never_without_a_uuid():
+    lost = replace(gpu(0, "a", None), available=False, error="handle: GPU is lost", lost=True)
+    unknown = replace(gpu(1, "unknown-gpu-1", None), available=False, error="handle: GPU is lost", lost=True)
+    flaky = replace(gpu(2, "c", None), available=False, error="power: Unknown Error")
+    assert lost_to_record([lost, unknown, flaky], {}, {"a": 7}) == [("a", "NVML: handle: GPU is lost", 7)]
+    open_fault = Fault(device_uuid="a", reason="x", since=datetime.now(timezone.utc), latest=datetime.now(timezone.utc))
+    assert lost_to_record([lost], {"a": open_fault}, {}) == []
+
+
+def test_the_probe_verdict_keeps_what_was_checked():
+    note = "checked: NVML only (torch 2.13.0+cpu has no CUDA here)"
+    assert verdict("GPU-a", f"{note}\nHEALTHY\n").detail == f"health check passed ({note})"
+    assert verdict("virtual-0", "HEALTHY\n").detail == "health check passed"
+    failed = verdict("GPU-a", "GPU-a failed its health check: NVMLError_GpuIsLost: GPU is lost\n")
+    assert not failed.healthy and failed.detail.endswith("GPU is lost")
+
+
+def test_the_probe_checks_nvml_alone_without_cuda_and_fails_a_lost_gpu(nvml_env, scenario):
+    uuid = fake_nvml.eight_a100s()["devices"][2]["uuid"]
+    ok = subprocess.run([sys.executable, "-m", "scheduler.probe", uuid], cwd=REPO, env=nvml_env,
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and ok.stdout.splitlines()[-1] == "HEALTHY", ok.stderr
+    assert ok.stdout.splitlines()[0].startswith("checked: NVML only (torch ")
+    s = fake_nvml.eight_a100s()
+    s["devices"][2]["errors"] = {"all": "GPU_IS_LOST"}
+    fake_nvml.write(scenario, s)
+    bad = subprocess.run([sys.executable, "-m", "scheduler.probe", uuid], cwd=REPO, env=nvml_env,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1
+    assert bad.stdout == f"{uuid} failed its health check: NVMLError_GpuIsLost: GPU is lost\n"
