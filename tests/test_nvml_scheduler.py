@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import fake_nvml
-from conftest import kill_running_jobs, run_cli, start_daemon, stop_process, wait_for
+from conftest import REPO, kill_running_jobs, run_cli, start_daemon, stop_process, wait_for
 from sae_dist.db import active_faults, get_engine
 from scheduler.faults import RECHECK_ENV_VAR
 from scheduler.store import get_job
@@ -237,3 +238,48 @@ def _daemon_log() -> str:
 
     path = state_home() / "daemon-test.log"
     return path.read_text() if path.exists() else ""
+
+
+def test_the_app_shows_the_emulated_temperatures_power_and_memory(machine, daemon):
+    def readings(d):
+        d[0].update(memory_used=10 * GIB, utilization=55, temperature=64, power_w=250.0)
+        d[5]["errors"] = {"temperature": "NOT_SUPPORTED", "power": "NOT_SUPPORTED"}
+    machine(readings)
+    daemon()
+    wait_for(lambda: _samples_per_device() >= 2, 60, "two samples of each device")
+    out = subprocess.run([sys.executable, str(REPO / "tests" / "fake_nvml" / "app_pages.py"), str(REPO)],
+                         cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr
+    shown = json.loads(out.stdout)
+    # The per-device figures, in index (PCI bus) order: temperature 30 + i and power 60 + i W of
+    # the scenario's i-th enumerated device, device 0 changed, device 5 without the sensors.
+    temps = [64, 33, 35, 32, 36, None, 30, 34]
+    power = [250, 63, 65, 62, 66, None, 60, 64]
+    overview = [m for m in shown["overview_markdown"] if m.startswith(":small[Temperature")]
+    assert overview == [f":small[Temperature **{t} °C** · Power **{p} / 400 W**]" if t is not None
+                        else ":small[Temperature **—** · Power **—**]" for t, p in zip(temps, power)]
+    assert not any("virtual devices" in c for c in shown["overview_caption"]) and not shown["overview_exception"]
+
+    aggregated = shown["Aggregated"]
+    assert not aggregated["exception"] and not aggregated["warning"]
+    assert dict(aggregated["metrics"]) == {"Memory used": "10.0 GiB of 640.0 GiB", "Mean utilisation": "7%",
+                                           "Total power": f"{sum(p for p in power if p)} W", "Hottest": "64 °C"}
+    per_gpu = shown["Per-GPU"]
+    assert not per_gpu["exception"] and not per_gpu["warning"]
+    titles = [m for m in per_gpu["markdown"] if m.startswith("**GPU ")]
+    assert titles == [f"**GPU {i}** · {fake_nvml.A100}" for i in range(8)]
+    metrics = per_gpu["metrics"]
+    assert [v for label, v in metrics if label == "Temperature"] == [f"{t} °C" if t else "—" for t in temps]
+    assert [v for label, v in metrics if label == "Power"] == [f"{p} W" if p else "—" for p in power]
+    assert [v for label, v in metrics if label == "Memory"] == ["10.0 GiB"] + ["0.0 GiB"] * 7
+    assert [v for label, v in metrics if label == "Utilisation"] == ["55%"] + ["0%"] * 7
+
+
+def _samples_per_device() -> int:
+    from sqlalchemy import func, select
+
+    from sae_dist.db import GpuSample
+
+    with get_engine().connect() as conn:
+        counts = [n for _, n in conn.execute(select(GpuSample.device_uuid, func.count()).group_by(GpuSample.device_uuid))]
+    return min(counts) if len(counts) == 8 else 0
