@@ -243,6 +243,7 @@ def _daemon_log() -> str:
 def test_the_app_shows_the_emulated_temperatures_power_and_memory(machine, daemon):
     def readings(d):
         d[0].update(memory_used=10 * GIB, utilization=55, temperature=64, power_w=250.0)
+        d[1].update(memory_used=400 * 2**20)  # idle (under the 512 MiB of driver noise), less free
         d[5]["errors"] = {"temperature": "NOT_SUPPORTED", "power": "NOT_SUPPORTED"}
     machine(readings)
     daemon()
@@ -262,7 +263,7 @@ def test_the_app_shows_the_emulated_temperatures_power_and_memory(machine, daemo
 
     aggregated = shown["Aggregated"]
     assert not aggregated["exception"] and not aggregated["warning"]
-    assert dict(aggregated["metrics"]) == {"Memory used": "10.0 GiB of 640.0 GiB", "Mean utilisation": "7%",
+    assert dict(aggregated["metrics"]) == {"Memory used": "10.4 GiB of 640.0 GiB", "Mean utilisation": "7%",
                                            "Total power": f"{sum(p for p in power if p)} W", "Hottest": "64 °C"}
     per_gpu = shown["Per-GPU"]
     assert not per_gpu["exception"] and not per_gpu["warning"]
@@ -271,8 +272,10 @@ def test_the_app_shows_the_emulated_temperatures_power_and_memory(machine, daemo
     metrics = per_gpu["metrics"]
     assert [v for label, v in metrics if label == "Temperature"] == [f"{t} °C" if t else "—" for t in temps]
     assert [v for label, v in metrics if label == "Power"] == [f"{p} W" if p else "—" for p in power]
-    assert [v for label, v in metrics if label == "Memory"] == ["10.0 GiB"] + ["0.0 GiB"] * 7
+    assert [v for label, v in metrics if label == "Memory"] == ["10.0 GiB", "0.4 GiB"] + ["0.0 GiB"] * 6
     assert [v for label, v in metrics if label == "Utilisation"] == ["55%"] + ["0%"] * 7
+    # The Train page recommends by the free memory NVML reports: not 0 (busy), nor 1 (less free).
+    assert shown["train"] == {"exception": [], "checked": [UUIDS[2], UUIDS[3]]}
 
 
 def _samples_per_device() -> int:
