@@ -202,6 +202,7 @@ class _NvmlMemory:
         self.persist = persist  # kept in the state home for the next process (pynvml's, not a stand-in's)
         self.saved: dict[int, DeviceInfo] = {}
         self.by_nvml_index: dict[int, DeviceInfo] = {}
+        self.open = False  # an NVML session of this process is open (nvmlInit without its shutdown)
         self.listed: list[DeviceInfo] = []
         self.fallback_told: str | None = None
         self.last_reason: str | None = None  # why the last read found no GPU
@@ -281,24 +282,32 @@ def nvml_inventory(nvml: ModuleType | Any | None = None, memory: _NvmlMemory | N
             import pynvml as nvml
         except ImportError:
             return _no_nvml("nvidia-ml-py is not installed", memory)
-    try:
-        nvml.nvmlInit()
-    except Exception as exc:  # no driver library, driver not loaded, no permission...
-        return _no_nvml(f"NVML did not start: {exc}", memory)
+    if not memory.open:
+        try:
+            nvml.nvmlInit()
+        except Exception as exc:  # no driver library, driver not loaded, no permission...
+            return _no_nvml(f"NVML did not start: {exc}", memory)
     os.environ["CUDA_DEVICE_ORDER"] = CUDA_DEVICE_ORDER
+    # The process's own NVML session stays open while it reads GPUs (as NVIDIA's device plugin
+    # keeps its): without persistence mode each nvmlInit sets the GPUs up again, which at the
+    # daemon's one read a second would be most of its work. A stand-in's closes after each read.
+    memory.open, keep = True, False
     try:
         gpus = _read_all(nvml, memory)
         if not gpus:
             return _no_nvml("NVML found no GPU", memory)
         memory.listed, memory.fallback_told, memory.last_reason = gpus, None, None
+        keep = memory.persist
         return gpus
     except Exception as exc:
         return _no_nvml(f"NVML started but could not count GPUs: {exc}", memory)
     finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception as exc:
-            _log().debug("nvmlShutdown failed: %s", exc)
+        if not keep:
+            memory.open = False
+            try:
+                nvml.nvmlShutdown()
+            except Exception as exc:
+                _log().debug("nvmlShutdown failed: %s", exc)
 
 
 def _no_nvml(why: str, memory: _NvmlMemory) -> list[DeviceInfo] | None:

@@ -139,14 +139,27 @@ def test_a_gpu_lost_before_the_process_first_looked_is_unknown_not_invented(nvml
 
 
 def test_nvml_breaking_after_it_worked_leaves_the_gpus_unavailable_not_virtual(nvml_env, scenario):
+    """The driver answering nothing but errors (here: its scenario broken), then failing to
+    start again (the session is reopened after a failure), then well."""
     s = fake_nvml.eight_a100s()
-    broken = dict(s, init_error="UNKNOWN")
-    (before, after, back), stderr = reads(nvml_env, broken, s)
+    (before, after, again, back), stderr = reads(nvml_env, "{", dict(s, init_error="DRIVER_NOT_LOADED"), s)
     assert [d["uuid"] for d in after] == [d["uuid"] for d in before]
-    assert all(not d["available"] and d["error"] == "NVML did not start: Unknown Error" for d in after)
+    why = "NVML started but could not count GPUs: Unknown Error"
+    assert all(not d["available"] and d["error"] == why for d in after)
     assert all(d["memory_free"] is None and d["temperature_c"] is None for d in after)  # no stale reading
+    assert all(not d["available"] and d["error"] == "NVML did not start: Driver Not Loaded" for d in again)
     assert back == before
-    assert stderr.count("\n") == 1 and "the GPUs are unavailable: NVML did not start: Unknown Error" in stderr
+    lines = stderr.splitlines()
+    assert len(lines) == 3 and lines[0].startswith("fake NVML: ") and "not valid JSON" in lines[0]
+    assert lines[1:] == [f"the GPUs are unavailable: {why}",
+                         "the GPUs are unavailable: NVML did not start: Driver Not Loaded"]
+
+
+def test_one_nvml_session_serves_every_read_of_a_process(nvml_env):
+    code = ("import pynvml\nfrom scheduler.devices import inventory\n"
+            "for _ in range(5): inventory()\nprint(pynvml._nvmlLib_refcount)")  # nvmlInit's count
+    out = run_python(code, nvml_env)
+    assert out.stdout.strip() == "1", out.stderr  # opened once, kept open
 
 
 @pytest.mark.parametrize("text, says", [
