@@ -1,7 +1,7 @@
 """The daemon's device sampling on an emulated 8-GPU machine: prints figures measured in one run
 (a script, not a timed test).
 
-    .venv/bin/python scripts/bench_nvml_sampler.py [--window 30] [--devices 8]
+    .venv/bin/python scripts/bench_nvml_sampler.py [--window 30] [--devices 8] [--real]
 
 Starts a real scheduler daemon (no job) in a throwaway state home, once on `--devices` A100s
 emulated by tests/fake_nvml (the real nvidia-ml-py, the product's NVML reads, one pass and one
@@ -12,7 +12,7 @@ inventory read in a process of its own (median of 200).
 
 What this cannot measure: a real driver's cost per call (each is an ioctl into the kernel
 module; the emulated one answers from memory), so the NVML share on a GPU machine is higher by
-what its driver takes; scripts/gpu_check.sh measures it there.
+what its driver takes; `--real` (run by scripts/gpu_check.sh) measures it there.
 """
 
 from __future__ import annotations
@@ -82,6 +82,8 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=30.0, help="seconds over which CPU is measured")
     ap.add_argument("--warmup", type=float, default=8.0)
     ap.add_argument("--devices", type=int, default=8)
+    ap.add_argument("--real", action="store_true",
+                    help="this machine's NVIDIA driver instead of the emulated one (a GPU machine)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-nvml-") as tmp:
         tmp = Path(tmp)
@@ -91,20 +93,26 @@ def main() -> None:
         base = {**os.environ, "PYTHONPATH": str(REPO), "SAE_DIST_AUTOSTART": "0"}
         base.pop("SAE_DIST_DB_URL", None)
         emulated = fake_nvml.environment(lib, scenario, {**base, "SAE_DIST_HOME": str(tmp / "nvml")})
+        if args.real:
+            emulated = {k: v for k, v in base.items() if k != "SAE_DIST_VIRTUAL_GPUS"}
+            emulated["SAE_DIST_HOME"] = str(tmp / "nvml")
         virtual = {**base, "SAE_DIST_HOME": str(tmp / "virtual"), "SAE_DIST_VIRTUAL_GPUS": str(args.devices)}
 
+        kind = "real" if args.real else "emulated"
         n, nv, cpu = read_cost(emulated)
-        assert n == args.devices and nv == 0, f"expected {args.devices} emulated GPUs, read {n} ({nv} virtual)"
-        print(f"one inventory read of {n} emulated GPUs (NVML, in-process): {cpu * 1e3:.2f} ms CPU (median of 200)")
+        if args.real:
+            args.devices = n
+        assert n == args.devices and nv == 0, f"expected {args.devices} {kind} GPUs, read {n} ({nv} virtual)"
+        print(f"one inventory read of {n} {kind} GPUs (NVML, in-process): {cpu * 1e3:.2f} ms CPU (median of 200)")
         n, nv, cpu = read_cost(virtual)
         print(f"one inventory read of {n} virtual devices (/proc):          {cpu * 1e3:.2f} ms CPU (median of 200)")
-        for label, env in ((f"{args.devices} emulated A100s (NVML)", emulated),
+        for label, env in ((f"{args.devices} {kind} GPUs (NVML)", emulated),
                            (f"{args.devices} virtual devices", virtual)):
             share, samples = daemon_share(env, args.window, args.warmup)
             print(f"idle daemon sampling {label} at 1 Hz: {share:.2f}% of one core over {args.window:g} s "
                   f"({samples} samples written)")
-        print("goal: under 1% of a core for 8 GPUs at 1 Hz. A real driver's per-call cost is not "
-              "emulated; scripts/gpu_check.sh measures it on a GPU machine.")
+        print("goal: under 1% of a core for 8 GPUs at 1 Hz." + ("" if args.real else " A real driver's per-call "
+              "cost is not emulated: --real (scripts/gpu_check.sh) measures it on a GPU machine."))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import fake_nvml
+from fake_nvml import CPU_TORCH
 from conftest import REPO
 from scheduler.devices import DeviceInfo, in_bus_order, keep_identity, trusted_identities
 from scheduler.faults import Fault
@@ -259,6 +260,7 @@ def test_the_probe_verdict_keeps_what_was_checked():
     assert not failed.healthy and failed.detail.endswith("GPU is lost")
 
 
+@CPU_TORCH
 def test_the_probe_checks_nvml_alone_without_cuda_and_fails_a_lost_gpu(nvml_env, scenario):
     uuid = fake_nvml.eight_a100s()["devices"][2]["uuid"]
     ok = subprocess.run([sys.executable, "-m", "scheduler.probe", uuid], cwd=REPO, env=nvml_env,

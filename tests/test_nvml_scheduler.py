@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import fake_nvml
+from fake_nvml import CPU_TORCH
 from conftest import REPO, kill_running_jobs, run_cli, start_daemon, stop_process, wait_for
 from sae_dist.db import active_faults, get_engine
 from scheduler.faults import RECHECK_ENV_VAR
@@ -168,6 +169,7 @@ def test_recommend_uses_the_free_memory_nvml_reports(machine):
     assert lines[0].startswith(f"use    3  {fake_nvml.A100}  (80.0 GiB free)")
 
 
+@CPU_TORCH
 def test_a_gpu_lost_under_a_job_is_failed_until_the_probe_sees_it_back(machine, daemon, monkeypatch):
     machine()
     monkeypatch.setenv(RECHECK_ENV_VAR, "1")

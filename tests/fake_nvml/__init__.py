@@ -14,11 +14,19 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).resolve().parent
 SOURCES = ["fake_nvml.c", "scenario.c", "json.c"]
 LIBRARY = "libnvidia-ml.so.1"
 SCENARIO_ENV = "FAKE_NVML_SCENARIO"
 GIB = 2**30
+
+
+# The health probe checks NVML alone where torch has no CUDA (here); with CUDA it also needs
+# CUDA to find the GPU, which an emulated one never is: those tests run on CPU-only torch.
+CPU_TORCH = pytest.mark.skipif("__import__('torch').version.cuda is not None",  # evaluated when run
+                               reason="torch has CUDA here: the probe's CUDA path cannot find an emulated GPU")
 
 A100 = "NVIDIA A100-SXM4-80GB"
 # PCI bus numbers of an 8-GPU A100 server (as on a DGX A100), listed here in the order the
