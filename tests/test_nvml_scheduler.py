@@ -105,6 +105,7 @@ def test_info_lists_the_eight_a100s_in_pci_bus_order_with_their_readings(machine
     assert text[6] == ["5", fake_nvml.A100, "gpu", "idle", "0 B / 80.0 GiB", "0%", "—", "—"]  # unknown, never 0
 
 
+@pytest.mark.slow
 def test_jobs_get_the_gpus_by_the_index_info_shows_in_cuda_pci_order(machine, daemon, tmp_path):
     machine()
     daemon()
@@ -120,6 +121,7 @@ def test_jobs_get_the_gpus_by_the_index_info_shows_in_cuda_pci_order(machine, da
     assert seen["all"] == ("PCI_BUS_ID", UUIDS, UUIDS)
 
 
+@pytest.mark.slow
 def test_a_foreign_process_makes_a_gpu_busy_until_it_leaves(machine, daemon, tmp_path):
     stranger = subprocess.Popen(["sleep", "600"])
     try:
@@ -169,6 +171,7 @@ def test_recommend_uses_the_free_memory_nvml_reports(machine):
     assert lines[0].startswith(f"use    3  {fake_nvml.A100}  (80.0 GiB free)")
 
 
+@pytest.mark.slow
 @CPU_TORCH
 def test_a_gpu_lost_under_a_job_is_failed_until_the_probe_sees_it_back(machine, daemon, monkeypatch):
     machine()
@@ -198,6 +201,7 @@ def test_a_gpu_lost_under_a_job_is_failed_until_the_probe_sees_it_back(machine, 
     wait_state(waiting, "COMPLETED")
 
 
+@pytest.mark.slow
 def test_nvml_failing_under_the_daemon_leaves_gpus_unavailable_never_virtual(machine, daemon):
     machine()
     daemon()
@@ -242,6 +246,7 @@ def _daemon_log() -> str:
     return path.read_text() if path.exists() else ""
 
 
+@pytest.mark.slow
 def test_the_app_shows_the_emulated_temperatures_power_and_memory(machine, daemon):
     def readings(d):
         d[0].update(memory_used=10 * GIB, utilization=55, temperature=64, power_w=250.0)
