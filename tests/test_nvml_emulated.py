@@ -22,6 +22,7 @@ import fake_nvml
 from fake_nvml import CPU_TORCH
 from conftest import REPO
 from scheduler.devices import DeviceInfo, in_bus_order, keep_identity, trusted_identities
+from scheduler.busy import classify
 from scheduler.faults import Fault
 from scheduler.health import lost_to_record, verdict
 
@@ -274,3 +275,13 @@ def test_the_probe_checks_nvml_alone_without_cuda_and_fails_a_lost_gpu(nvml_env,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1
     assert bad.stdout == f"{uuid} failed its health check: NVMLError_GpuIsLost: GPU is lost\n"
+
+
+def test_a_jobs_process_on_a_gpu_no_job_holds_makes_it_busy():
+    stray = DeviceInfo(index=4, uuid="GPU-4", name="A100", processes=[(321, 2 * fake_nvml.GIB)],
+                       memory_used=2 * fake_nvml.GIB)
+    held = DeviceInfo(index=0, uuid="GPU-0", name="A100", processes=[(321, fake_nvml.GIB)])
+    states = classify([held, stray], {"GPU-0": 7}, {7: 0.0}, {321}, now=1000.0)
+    assert states["GPU-0"].state == "allocated"
+    assert (states["GPU-4"].state, states["GPU-4"].reason) == (
+        "busy", "used by pid 321 of a scheduler job, outside the devices it was given")

@@ -149,6 +149,24 @@ def test_a_foreign_process_makes_a_gpu_busy_until_it_leaves(machine, daemon, tmp
     assert [r["state"] for r in info()] == ["idle"] * 8
 
 
+@pytest.mark.slow
+def test_a_jobs_own_process_is_its_own_on_its_gpu_and_busy_elsewhere(machine, daemon):
+    machine()
+    daemon()
+    job = submit("--gpu-ids", "0", "--", "sleep", "600")
+    pid = wait_state(job, "RUNNING").pid
+
+    def listed(d):  # the driver lists the job's process on its GPU, and on one it was not given
+        d[0].update(memory_used=GIB, processes=[{"pid": pid, "used_memory": GIB}])
+        d[4].update(memory_used=GIB, processes=[{"pid": pid, "used_memory": GIB}])
+    machine(listed)
+    rows = info()
+    assert (rows[0]["state"], rows[0]["reason"]) == ("allocated", f"job {job}")
+    assert (rows[4]["state"], rows[4]["reason"]) == (
+        "busy", f"used by pid {pid} of a scheduler job, outside the devices it was given")
+    assert [r["state"] for i, r in enumerate(rows) if i not in (0, 4)] == ["idle"] * 6
+
+
 def test_recommend_uses_the_free_memory_nvml_reports(machine):
     def used(d):
         for i, gib in enumerate([70, 10, 30, 0, 79, 5, 20, 40]):
