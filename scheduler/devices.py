@@ -269,8 +269,8 @@ def _read_all(nvml: Any, memory: _NvmlMemory) -> list[DeviceInfo]:
 
 def nvml_inventory(nvml: ModuleType | Any | None = None, memory: _NvmlMemory | None = None) -> list[DeviceInfo] | None:
     """Every GPU NVML sees, in PCI bus order; None when NVML cannot start or finds none (the
-    reason is in `nvml_unavailable_reason()`), unless this process has seen GPUs before: then
-    they are listed, unavailable, with the reason.
+    reason is kept for the one line `inventory` says), unless this process has seen GPUs
+    before: then they are listed, unavailable, with the reason.
 
     Sets CUDA_DEVICE_ORDER=PCI_BUS_ID in this process (and so in what it spawns) so that CUDA's
     numbering agrees with the indices reported here. `nvml` defaults to pynvml, with this
