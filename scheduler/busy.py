@@ -30,7 +30,9 @@ class DeviceState:
 
 
 def _pids(pids: list[int]) -> str:
-    return ("external process " if len(pids) == 1 else "external processes ") + ", ".join(map(str, pids))
+    listed = ", ".join(map(str, pids))
+    return f"used by pid {listed}, not a scheduler job" if len(pids) == 1 else \
+        f"used by pids {listed}, not scheduler jobs"
 
 
 def classify_one(device: DeviceInfo, job_id: int | None, job_started_at: float | None, our_pids: set[int],
@@ -50,12 +52,17 @@ def classify_one(device: DeviceInfo, job_id: int | None, job_started_at: float |
         return DeviceState("allocated", job_id, f"job {job_id}")
     if foreign:
         return DeviceState("busy", None, _pids(foreign))
-    # A virtual device's memory figure is our own ranks' resident memory, never someone else's.
-    if not device.virtual and device.memory_used is not None:
-        ours = sum(used or 0 for pid, used in device.processes if pid in our_pids)
-        other = device.memory_used - ours
-        if other > memory_threshold_bytes:
-            return DeviceState("busy", None, f"{other // MIB} MiB in use by something else")
+    # One of our jobs' processes on a device no job holds: it went around CUDA_VISIBLE_DEVICES
+    # (a script that sets it, a library that ignores it). Its memory and compute are real: busy.
+    strays = sorted(pid for pid, _ in device.processes if pid in our_pids)
+    if strays and not device.virtual:
+        listed = ", ".join(map(str, strays))
+        return DeviceState("busy", None, f"used by pid{'s' if len(strays) > 1 else ''} {listed} of a scheduler "
+                                         "job, outside the devices it was given")
+    # A virtual device's memory figure is our own ranks' resident memory, never someone else's;
+    # on a GPU no job holds, none of our processes runs (else it is busy above): all is another's.
+    if not device.virtual and device.memory_used is not None and device.memory_used > memory_threshold_bytes:
+        return DeviceState("busy", None, f"{device.memory_used // MIB} MiB in use by something else")
     return DeviceState("idle", None, "free")
 
 
@@ -68,8 +75,9 @@ def classify(devices: list[DeviceInfo], allocations: dict[str, int], job_started
     - allocated: one of our jobs holds it (`allocations`: uuid -> job id); its reason also names
       unknown processes on it once the job is past its start-up grace window
       (`job_started_at`: job id -> start time, same clock as `now`);
-    - busy: not ours, and a compute process not in `our_pids` runs on it, or more than
-      `memory_threshold_bytes` are used by something other than our processes;
+    - busy: not ours, and a compute process not in `our_pids` runs on it, or one of ours (a job's
+      process outside its allocation), or more than `memory_threshold_bytes` are used by
+      something other than our processes;
     - idle otherwise.
     """
     return {

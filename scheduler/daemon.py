@@ -36,7 +36,7 @@ from scheduler.busy import classify
 from scheduler.devices import CpuSampler, DeviceInfo, inventory
 from scheduler.faults import Fault, apply_faults, device_faults, recheck_interval_s
 from scheduler.final_state import replay_final_state
-from scheduler.health import HealthChecker
+from scheduler.health import HealthChecker, record_lost
 from scheduler.policy import DeviceView, JobView, plan
 from scheduler.storage_errors import storage_problem
 
@@ -337,7 +337,9 @@ class Daemon:
 
     def _read_devices(self, running: list, allocations: dict[str, int], faults: dict[str, Fault],
                       pids: dict[int, list[int]]) -> list[DeviceInfo]:
-        devices = apply_faults(inventory(procs.pids_by_device(running, pids), self.sampler), faults)
+        read = inventory(procs.pids_by_device(running, pids), self.sampler)
+        faults = record_lost(self.engine, read, faults, allocations)  # a GPU NVML says is lost fails
+        devices = apply_faults(read, faults)
         self._store_inventory(devices)
         return devices
 

@@ -11,9 +11,10 @@ pynvml is imported inside functions so that `python -m scheduler queue` starts f
 
 from __future__ import annotations
 
+import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -59,6 +60,7 @@ class DeviceInfo:
     processes: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, bytes or None)
     pci_bus_id: str | None = None
     fault: Fault | None = None  # a training rank died on it and no health check has passed since
+    lost: bool = False  # NVML says the GPU fell off the bus or needs a reset: a fault, not a blip
 
     @property
     def label(self) -> str:
@@ -68,6 +70,12 @@ class DeviceInfo:
 
 # ---------------------------------------------------------------------------------------------
 # NVML
+
+
+# The NVML errors that mean the GPU itself is gone until a reset: the daemon records a fault
+# (see scheduler.health), where any other error leaves the device unavailable for that read only.
+LOST_ERRORS = ("NVMLError_GpuIsLost", "NVMLError_ResetRequired")
+UNKNOWN_PREFIX = "unknown-gpu-"  # the uuid of a GPU whose handle NVML refused, never seen before
 
 
 def _text(value: Any) -> str:
@@ -104,8 +112,10 @@ def read_device(nvml: Any, index: int) -> DeviceInfo:
     any other error marks the device unavailable and is kept in `error`, alongside whatever
     fields could still be read.
     """
-    info = DeviceInfo(index=index, uuid=f"unknown-gpu-{index}", name=f"GPU {index}")
+    info = DeviceInfo(index=index, uuid=f"{UNKNOWN_PREFIX}{index}", name=f"GPU {index}")
     errors: list[str] = []
+
+    lost_errors = tuple(getattr(nvml, name) for name in LOST_ERRORS if hasattr(nvml, name))
 
     def read(what: str, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -114,6 +124,7 @@ def read_device(nvml: Any, index: int) -> DeviceInfo:
             return None
         except Exception as exc:  # NVMLError, or a bindings/driver mismatch: same verdict
             errors.append(f"{what}: {exc}")
+            info.lost = info.lost or isinstance(exc, lost_errors)
             return None
 
     handle = read("handle", nvml.nvmlDeviceGetHandleByIndex, index)
@@ -152,36 +163,170 @@ def read_device(nvml: Any, index: int) -> DeviceInfo:
     return info
 
 
-def nvml_inventory(nvml: ModuleType | Any | None = None) -> list[DeviceInfo] | None:
-    """Every GPU NVML sees, in its (PCI bus) order; None when NVML cannot start or finds none.
+def in_bus_order(devices: list[DeviceInfo]) -> list[DeviceInfo]:
+    """The GPUs sorted by PCI bus id and numbered so, which is CUDA's order under
+    CUDA_DEVICE_ORDER=PCI_BUS_ID. NVML's own enumeration order is not promised to be the bus
+    order (its documentation says to identify GPUs by UUID or bus id); a GPU whose bus id could
+    not be read goes last, in NVML's order."""
+    ordered = sorted(enumerate(devices), key=lambda p: (p[1].pci_bus_id is None, (p[1].pci_bus_id or "").upper(), p[0]))
+    return [replace(d, index=i) for i, (_, d) in enumerate(ordered)]
+
+
+def keep_identity(devices: list[DeviceInfo], known: dict[int, DeviceInfo]) -> list[DeviceInfo]:
+    """A GPU whose handle NVML refused (a lost GPU fails already there) keeps the uuid, name and
+    bus id it had at the same NVML index in an earlier read (`known`): it is the same device, now
+    failing, not a new one, and the job holding it, its fault and its samples follow its uuid."""
+    out = []
+    for nvml_index, d in enumerate(devices):
+        before = known.get(nvml_index)
+        if d.uuid.startswith(UNKNOWN_PREFIX) and before is not None:
+            d = replace(d, uuid=before.uuid, name=before.name, pci_bus_id=before.pci_bus_id)
+        out.append(d)
+    return out
+
+
+def all_unavailable(known: list[DeviceInfo], why: str) -> list[DeviceInfo]:
+    """The GPUs NVML listed before, each unavailable for `why`, with no reading: what a process
+    that has seen GPUs reports when NVML stops answering, rather than switching to virtual
+    devices (which would start GPU jobs on the CPU, and drop the GPUs' jobs and faults)."""
+    return [DeviceInfo(index=d.index, uuid=d.uuid, name=d.name, available=False, error=why,
+                       pci_bus_id=d.pci_bus_id) for d in known]
+
+
+class _NvmlMemory:
+    """What NVML said in this process: the GPUs of the last read (by NVML index, for
+    `keep_identity`; in bus order, for `all_unavailable`), and the last reason told for using
+    virtual devices (said once, not once a second)."""
+
+    def __init__(self, persist: bool = False) -> None:
+        self.persist = persist  # kept in the state home for the next process (pynvml's, not a stand-in's)
+        self.saved: dict[int, DeviceInfo] = {}
+        self.by_nvml_index: dict[int, DeviceInfo] = {}
+        self.open = False  # an NVML session of this process is open (nvmlInit without its shutdown)
+        self.listed: list[DeviceInfo] = []
+        self.fallback_told: str | None = None
+        self.last_reason: str | None = None  # why the last read found no GPU
+
+
+_memory = _NvmlMemory(persist=True)
+
+
+def trusted_identities(read: list[DeviceInfo], cached: dict[int, DeviceInfo]) -> dict[int, DeviceInfo]:
+    """`cached` (identities by NVML index, from an earlier process), if every GPU readable now
+    sits at the index it had then (the same machine, enumerated the same way); else nothing."""
+    same = all(d.uuid == cached[i].uuid for i, d in enumerate(read)
+               if not d.uuid.startswith(UNKNOWN_PREFIX) and i in cached)
+    return cached if same and len(cached) == len(read) else {}
+
+
+IDENTITIES_FILE = "nvml_devices.json"  # in the state home: each NVML index's GPU, as last seen
+
+
+def _identity_file() -> Any:
+    from sae_dist.paths import state_home
+
+    return state_home() / IDENTITIES_FILE
+
+
+def _load_identities() -> dict[int, DeviceInfo]:
+    """What an earlier process saw at each NVML index, for a process that starts while a GPU
+    is lost (`info`, `submit --gpu-ids`, the app): without it the lost GPU would have no uuid,
+    no bus id, and shift the numbering of every GPU after it."""
+    try:
+        rows = json.loads(_identity_file().read_text())
+        return {int(i): DeviceInfo(index=int(i), uuid=r["uuid"], name=r["name"], pci_bus_id=r["pci_bus_id"])
+                for i, r in rows.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def _save_identities(by_index: dict[int, DeviceInfo]) -> None:
+    rows = {str(i): {"uuid": d.uuid, "name": d.name, "pci_bus_id": d.pci_bus_id} for i, d in sorted(by_index.items())}
+    try:
+        path = _identity_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}")
+        partial.write_text(json.dumps(rows))
+        partial.replace(path)
+    except OSError as exc:  # a read-only state home: the next process starting may not know a lost GPU
+        _log().debug("could not keep the GPUs' identities: %s", exc)
+
+
+def _read_all(nvml: Any, memory: _NvmlMemory) -> list[DeviceInfo]:
+    count = nvml.nvmlDeviceGetCount()
+    read = [read_device(nvml, i) for i in range(count)]
+    if memory.persist and not memory.by_nvml_index:  # a process's first read: what others saw
+        memory.by_nvml_index = trusted_identities(read, _load_identities())
+        memory.saved = dict(memory.by_nvml_index)
+    read = keep_identity(read, memory.by_nvml_index)
+    memory.by_nvml_index.update((i, d) for i, d in enumerate(read) if not d.uuid.startswith(UNKNOWN_PREFIX))
+    known = {i: (d.uuid, d.name, d.pci_bus_id) for i, d in memory.by_nvml_index.items()}
+    if memory.persist and known != {i: (d.uuid, d.name, d.pci_bus_id) for i, d in memory.saved.items()}:
+        _save_identities(memory.by_nvml_index)
+        memory.saved = dict(memory.by_nvml_index)
+    return in_bus_order(read)
+
+
+def nvml_inventory(nvml: ModuleType | Any | None = None, memory: _NvmlMemory | None = None) -> list[DeviceInfo] | None:
+    """Every GPU NVML sees, in PCI bus order; None when NVML cannot start or finds none (the
+    reason is kept for the one line `inventory` says), unless this process has seen GPUs
+    before: then they are listed, unavailable, with the reason.
 
     Sets CUDA_DEVICE_ORDER=PCI_BUS_ID in this process (and so in what it spawns) so that CUDA's
-    numbering agrees with the indices reported here. `nvml` defaults to pynvml; tests pass a
-    stand-in. Never raises.
+    numbering agrees with the indices reported here. `nvml` defaults to pynvml, with this
+    process's memory; tests pass a stand-in (with a memory of its own, or a fresh one). Never raises.
     """
+    memory = memory or (_memory if nvml is None else _NvmlMemory())
     if nvml is None:
         try:
             import pynvml as nvml
         except ImportError:
-            _log().debug("nvidia-ml-py is not installed: no NVML inventory")
-            return None
-    try:
-        nvml.nvmlInit()
-    except Exception as exc:  # no driver library, driver not loaded, no permission...
-        _log().debug("NVML did not start: %s", exc)
-        return None
-    os.environ["CUDA_DEVICE_ORDER"] = CUDA_DEVICE_ORDER
-    try:
-        count = nvml.nvmlDeviceGetCount()
-        return [read_device(nvml, i) for i in range(count)] or None
-    except Exception as exc:
-        _log().warning("NVML started but could not count GPUs: %s", exc)
-        return None
-    finally:
+            return _no_nvml("nvidia-ml-py is not installed", memory)
+    if not memory.open:
         try:
-            nvml.nvmlShutdown()
-        except Exception as exc:
-            _log().debug("nvmlShutdown failed: %s", exc)
+            nvml.nvmlInit()
+        except Exception as exc:  # no driver library, driver not loaded, no permission...
+            return _no_nvml(f"NVML did not start: {exc}", memory)
+    os.environ["CUDA_DEVICE_ORDER"] = CUDA_DEVICE_ORDER
+    # The process's own NVML session stays open while it reads GPUs (as NVIDIA's device plugin
+    # keeps its): without persistence mode each nvmlInit sets the GPUs up again, which at the
+    # daemon's one read a second would be most of its work. A stand-in's closes after each read.
+    memory.open, keep = True, False
+    try:
+        gpus = _read_all(nvml, memory)
+        if not gpus:
+            return _no_nvml("NVML found no GPU", memory)
+        memory.listed, memory.fallback_told, memory.last_reason = gpus, None, None
+        keep = memory.persist
+        return gpus
+    except Exception as exc:
+        return _no_nvml(f"NVML started but could not count GPUs: {exc}", memory)
+    finally:
+        if not keep:
+            memory.open = False
+            try:
+                nvml.nvmlShutdown()
+            except Exception as exc:
+                _log().debug("nvmlShutdown failed: %s", exc)
+
+
+def _no_nvml(why: str, memory: _NvmlMemory) -> list[DeviceInfo] | None:
+    if memory.listed:
+        if memory.fallback_told != why:
+            _log().warning("the GPUs are unavailable: %s", why)
+            memory.fallback_told = why
+        return all_unavailable(memory.listed, why)
+    memory.last_reason = why
+    return None
+
+
+def _tell_fallback(count: int) -> None:
+    """One line, once per reason and process, on why the devices are virtual."""
+    why = _memory.last_reason or "NVML found no GPU"
+    if _memory.fallback_told != why:
+        _log().warning("no NVIDIA GPU in use (%s): %d virtual CPU-backed GPUs instead "
+                       "(%s=N chooses how many and skips NVML)", why, count, VIRTUAL_ENV_VAR)
+        _memory.fallback_told = why
 
 
 # ---------------------------------------------------------------------------------------------
@@ -342,4 +487,5 @@ def inventory(pids_by_device: dict[str, list[int]] | None = None, sampler: CpuSa
         if gpus:
             return gpus
         virtual = virtual_count()
+        _tell_fallback(virtual)
     return virtual_inventory(virtual, pids_by_device or {}, sampler or CpuSampler())

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from sqlalchemy.engine import Engine
 
 from scheduler.faults import CLEARED_REASON, Fault, device_faults, faults_due
-from scheduler.devices import VIRTUAL_PREFIX
-from scheduler.probe import HEALTHY
+from scheduler.devices import UNKNOWN_PREFIX, VIRTUAL_PREFIX, DeviceInfo
+from scheduler.probe import CHECKED, HEALTHY
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,10 @@ def verdict(uuid: str, output: str) -> ProbeResult:
     else reads as exit code 0."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     if lines and lines[-1] == HEALTHY:
-        return ProbeResult(uuid, True, CLEARED_REASON)
+        # A probe that could not check everything says what it did check, and the cleared
+        # fault keeps it: "health check passed (checked: NVML only ...)".
+        note = lines[-2] if len(lines) > 1 and lines[-2].startswith(CHECKED) else None
+        return ProbeResult(uuid, True, f"{CLEARED_REASON} ({note})" if note else CLEARED_REASON)
     return ProbeResult(uuid, False, lines[-1] if lines else "the probe ended without a word")
 
 
@@ -101,13 +104,37 @@ class Probe:
             self.output = (self.output + chunk)[-OUTPUT_KEPT:]  # the verdict needs the end only
 
 
+def lost_to_record(devices: list[DeviceInfo], faults: dict[str, Fault],
+                   allocations: dict[str, int]) -> list[tuple[str, str, int | None]]:
+    """(uuid, reason, job holding it) of each GPU NVML reports lost (fallen off the bus, or in
+    need of a reset) that has no open fault yet: such a GPU stays failed until a health check
+    passes, where a passing read error leaves it unavailable for that read only. A GPU never
+    identified (no uuid yet) cannot carry a fault."""
+    return [(d.uuid, f"NVML: {d.error}", allocations.get(d.uuid)) for d in devices
+            if d.lost and d.uuid not in faults and not d.uuid.startswith(UNKNOWN_PREFIX)]
+
+
+def record_lost(engine: Engine, devices: list[DeviceInfo], faults: dict[str, Fault],
+                allocations: dict[str, int]) -> dict[str, Fault]:
+    """Record a fault for each newly lost GPU (see `lost_to_record`); the open faults after."""
+    todo = lost_to_record(devices, faults, allocations)
+    if not todo:
+        return faults
+    from sae_dist.db import record_fault
+
+    for uuid, reason, job_id in todo:
+        log.error("device %s is lost (%s); failed until a health check passes", uuid, reason)
+        record_fault(engine, uuid, reason, job_id=job_id)
+    return device_faults(engine)
+
+
 def settle(engine: Engine, result: ProbeResult) -> bool:
     """Clear the device's faults when its probe passed (True), else log why it still fails."""
     if result.healthy:
         from sae_dist.db import clear_faults
 
-        cleared = clear_faults(engine, result.device_uuid, CLEARED_REASON)
-        log.info("device %s: health check passed, %d fault(s) cleared", result.device_uuid, cleared)
+        cleared = clear_faults(engine, result.device_uuid, result.detail)
+        log.info("device %s: %s, %d fault(s) cleared", result.device_uuid, result.detail, cleared)
         return True
     log.warning("device %s: still failing its health check: %s", result.device_uuid, result.detail)
     return False

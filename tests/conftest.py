@@ -132,3 +132,12 @@ def postgres_url(postgres_server, monkeypatch) -> str:
     url = postgres_server.create_database(f"t_{uuid.uuid4().hex[:12]}")
     monkeypatch.setenv("SAE_DIST_DB_URL", url)
     return url
+
+
+@pytest.fixture(scope="session")
+def fake_nvml_lib(tmp_path_factory) -> Path:
+    """The folder of the emulated NVML driver (tests/fake_nvml: libnvidia-ml.so.1 built with gcc
+    against NVIDIA's nvml.h), compiled once per session; put it on LD_LIBRARY_PATH."""
+    import fake_nvml
+
+    return fake_nvml.build(tmp_path_factory.getbasetemp() / "fake_nvml")

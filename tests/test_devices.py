@@ -283,7 +283,7 @@ def test_classify_basic_states():
     assert states["GPU-0"] == DeviceState("idle", None, "free")
     assert states["GPU-1"] == DeviceState("unavailable", None, "GPU is lost")
     assert states["GPU-2"] == DeviceState("allocated", 7, "job 7")
-    assert states["GPU-3"] == DeviceState("busy", None, "external process 999")
+    assert states["GPU-3"] == DeviceState("busy", None, "used by pid 999, not a scheduler job")
 
 
 def test_classify_memory_threshold():
@@ -291,7 +291,8 @@ def test_classify_memory_threshold():
                          ours={5})
     assert states["GPU-0"].state == "idle"  # driver noise below 512 MiB
     assert states["GPU-1"] == DeviceState("busy", None, "2048 MiB in use by something else")
-    assert states["GPU-2"].state == "idle"  # the memory is our own process's
+    # A job's process on a GPU no job holds went around its allocation: busy, whatever its memory.
+    assert states["GPU-2"] == DeviceState("busy", None, "used by pid 5 of a scheduler job, outside the devices it was given")
 
 
 def test_virtual_devices_are_never_busy_from_memory():
@@ -303,7 +304,7 @@ def test_classify_grace_window_for_a_starting_job():
     starting = classify_at([device], {"GPU-0": 3}, {3: 990.0}, ours={111}, now=1000.0)["GPU-0"]
     assert starting == DeviceState("allocated", 3, "job 3")  # 222 is a rank we have not recorded yet
     later = classify_at([device], {"GPU-0": 3}, {3: 900.0}, ours={111}, now=1000.0)["GPU-0"]
-    assert later == DeviceState("allocated", 3, "job 3; also external process 222")
+    assert later == DeviceState("allocated", 3, "job 3; also used by pid 222, not a scheduler job")
 
 
 # --- recommendation ---------------------------------------------------------------------------
@@ -319,7 +320,7 @@ def test_recommend_picks_most_free_memory_and_explains_the_rest():
     assert rec.passed_over == {
         "GPU-2": "low memory: 3.1 GiB free, 20.0 GiB needed",
         "GPU-3": "unavailable: GPU is lost",
-        "GPU-4": "busy: external process 1234",
+        "GPU-4": "busy: used by pid 1234, not a scheduler job",
         "GPU-5": "allocated to job 3",
         "GPU-6": "not needed: 2 devices with at least as much free memory chosen",
     }
