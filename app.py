@@ -107,7 +107,7 @@ def machine_overview() -> None:
         st.markdown("**Recently finished**")
         st.dataframe(
             [{"Job": j["id"], "Name": j["name"], "State": j["state"],
-              "Exit code": exit_text(j["exit_code"], j["signal"]),
+              "Exit code": fmt.fmt_exit(j["exit_code"], j["signal"]),
               "Ended": fmt.fmt_ago((now - j["ended_at"]).total_seconds() if j["ended_at"] else None),
               "Elapsed": fmt.fmt_duration(j["elapsed_s"]), "Reason": j["reason"] or ""}
              for j in queue["finished"]],
@@ -168,12 +168,6 @@ def progress_text(job: dict) -> str:
         return (f"Elapsed {fmt.fmt_duration(job['elapsed_s'])} of its "
                 f"{fmt.fmt_duration(job['time_limit_s'])} time limit")
     return f"Elapsed {fmt.fmt_duration(job['elapsed_s'])} · no time limit"
-
-
-def exit_text(code: int | None, signal: int | None) -> str:
-    if signal:
-        return f"signal {signal}"
-    return fmt.MISSING if code is None else str(code)
 
 
 machine_overview()

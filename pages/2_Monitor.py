@@ -176,8 +176,7 @@ def job_header(job: dict, now: datetime) -> None:
         parts.append(f"ended {fmt.fmt_time(job['ended_at'])}")
     parts.append(f"elapsed {fmt.fmt_duration(jobs.elapsed_s(job, now))}")
     if job["state"] not in LIVE_STATES:
-        code = job["exit_code"] if job["exit_code"] is not None else fmt.MISSING
-        parts.append(f"exit code {code}" + (f", signal {job['signal']}" if job["signal"] else ""))
+        parts.append(f"exit {fmt.fmt_exit(job['exit_code'], job['signal'])}")
     st.caption(" · ".join(parts))
     if job["state"] not in LIVE_STATES:
         st.info(f"This job ended ({job['state']}{': ' + job['reason'] if job['reason'] else ''})"
