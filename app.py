@@ -23,6 +23,9 @@ from webui.sidebar import APP_ROOT, REFRESH_SECONDS, page_frame
 engine = page_frame("Overview", ":material/dashboard:")
 MONITOR_PAGE = "pages/2_Monitor.py"
 RUNS_PAGE = "pages/4_Training_runs.py"
+TRAIN_PAGE = "pages/1_Train.py"
+RUN_STATUSES = ("RUNNING", "COMPLETED", "STOPPED", "FAILED")  # every status the trainer writes
+RUN_STATUS_HELP = {"STOPPED": "Ended by a signal: a cancel, a time limit, Ctrl-C"}
 FINISHED_COLORS = {"COMPLETED": "green", "CANCELLED": "gray", "TIMEOUT": "orange"}  # others: red
 
 
@@ -178,15 +181,16 @@ def runs_overview() -> None:
     st.subheader("Training runs", anchor=False)
     runs = queries.list_runs(engine)
     if not runs:
-        st.info("Start one from a terminal in the repository; it appears here as it starts.",
-                title="No training run yet")
-        st.code("python -m sae_dist train --devices cpu:2 --steps 200", language="bash")
+        st.info("Configure one and pick its devices on the Train page; it appears here as it "
+                "starts.", title="No training run yet")
+        st.page_link(TRAIN_PAGE, label="Train a sparse autoencoder", icon=":material/rocket_launch:")
         return
 
     statuses = [run["status"] for run in runs]
     with st.container(horizontal=True):
-        for run_status in ("RUNNING", "COMPLETED", "FAILED"):
-            st.metric(run_status.capitalize(), statuses.count(run_status), border=True, width=180)
+        for run_status in RUN_STATUSES:
+            st.metric(run_status.capitalize(), statuses.count(run_status), border=True, width=180,
+                      help=RUN_STATUS_HELP.get(run_status))
 
     st.dataframe(
         runs_table(runs, datetime.now(timezone.utc)),
