@@ -33,7 +33,8 @@ DEFAULT_VIEW = "Per-GPU" if os.environ.get("SAE_DIST_MONITOR_VIEW", "").lower().
 # took 0.27 s of each 2 s refresh).
 CHART_POINTS = 600
 PANEL_POINTS = 240
-CURVE_POINTS = 1000
+CURVE_POINTS = 400
+RANK_ROWS = 1600
 STALE_S = 15  # a live device without a reading for this long: the daemon is not sampling it
 LIVE_STATES = ("PENDING", "RUNNING")
 TRAIN_CURVES = ("loss", "fvu", "l0", "dead_fraction", "samples_per_s")
@@ -51,7 +52,7 @@ def load_curves(db_url: str, run_id: int, last_step: int, last_update: datetime 
 @st.cache_data(max_entries=32, show_spinner=False)
 def load_rank_times(db_url: str, run_id: int, field: str, last_step: int,
                     last_update: datetime | None):
-    return samples.rank_times(get_engine(db_url), run_id, field)
+    return samples.rank_times(get_engine(db_url), run_id, field, max_rows=RANK_ROWS)
 
 
 def job_label(job_id: int) -> str:
@@ -318,16 +319,17 @@ def startup(job: dict, run: dict | None, now: datetime) -> bool:
     return True
 
 
-def progress_line(run: dict, recent: list) -> str:
-    """"Step 300 / 1,000 · ETA 2 min 20 s at 5.0 steps/s (last 50 steps)"; no rate, no ETA."""
+def progress_line(run: dict, recent: list, live: bool) -> str:
+    """"Step 300 / 1,000 · ETA 2 min 20 s at 5 steps/s over the last 300 steps"; no rate, no
+    ETA; a run that is not training any more, no ETA at all."""
     text = f"Step {fmt.fmt_steps(run['last_step'], run['total_steps'])}"
-    if run["status"] != "RUNNING":
+    if not live:
         return text
     rate = progress.recent_rate(recent)
     eta = progress.eta_s(run["last_step"], run["total_steps"], rate)
     if rate is None:
         return text + " · ETA unknown: no step rate yet (it needs two logged steps)"
-    pace = f"{rate.steps_per_s:,.3g} steps/s over the last {rate.steps:,} steps"
+    pace = f"{fmt.fmt_number(rate.steps_per_s, 3)} steps/s over the last {rate.steps:,} steps"
     return text + (f" · ETA {fmt.fmt_duration(eta)} at {pace}" if eta is not None
                    else f" · {pace} (ETA unknown: no total)")
 
@@ -346,8 +348,9 @@ def training_header(job: dict, run: dict, recent: list, now: datetime) -> None:
             st.badge(run["status"], color=fmt.RUN_STATUS_COLORS.get(run["status"], "gray"))
         st.page_link("pages/4_Training_runs.py", label="Run details", icon=":material/monitoring:",
                      query_params={"run": str(run["id"])})
-    line = progress_line(run, recent)
-    if recent and run["status"] == "RUNNING" and job["state"] == "RUNNING":
+    live = run["status"] == "RUNNING" and job["state"] == "RUNNING"
+    line = progress_line(run, recent, live)
+    if recent and live:
         quiet = (now - recent[-1][1]).total_seconds()
         line += f" · last step logged {fmt.fmt_duration(max(0.0, quiet))} ago"
     if run["progress"] is not None:
