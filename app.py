@@ -215,7 +215,8 @@ def runs_overview() -> None:
         },
     )
     st.caption("FVU, L0 and samples/s are a finished run's final values, else the latest "
-               "logged ones; — means not measured.")
+               "logged ones; — means not measured. A table wider than the page scrolls sideways "
+               "(shift + wheel, or drag), its name column staying in view.")
 
     for run in runs:
         if run["status"] == "RUNNING":

@@ -67,7 +67,7 @@ def test_on_virtual_devices_the_page_preselects_two_for_a_small_run_and_says_so(
     at = train_page()
     assert ticked(at) == UUIDS[:2]  # recommended: 2 of the 4 idle virtual devices (2 cores here)
     assert summary(at) == "Selected: 2 GPUs | Effective batch size: 512"  # 2 x 256
-    assert (at.number_input(key="tr_d_in").value, at.number_input(key="tr_steps").value) == (64, 2000)
+    assert (at.number_input(key="tr_d_in").value, at.number_input(key="tr_steps").value) == (64, 1500)
     assert any("about a minute on 2 of them" in c.value for c in at.caption)
     assert not at.error
     assert at.button(key="tr_submit").disabled is False
@@ -85,16 +85,16 @@ def test_the_resolved_defaults_are_shown_before_submit():
     from sae_dist.config import TrainConfig
     from sae_dist.defaults import default_lr
 
-    at = train_page()  # virtual devices: 2 devices x 256 x 2,000 steps of synthetic d_in 64, 256 latents, k 8
+    at = train_page()  # virtual devices: 2 devices x 256 x 1,500 steps of synthetic d_in 64, 256 latents, k 8
     lr = float(f"{default_lr(2 * 256, 256, 8, 64):.3g}")
-    assert optimisation(at) == (f"Optimisation: lr {lr:.3g} (default), warm-up 100 steps (default), decay to 0 over "
-                                "the last 20% of the steps (default), dead after 102,400 samples without firing "
-                                "(default).")  # a tenth of the run's 1,024,000 samples
-    assert TrainConfig(d_in=64, batch_size=256, steps=2000).resolved(2).dead_after_samples == 102_400
+    assert optimisation(at) == (f"Optimisation: lr {lr:.3g} (default), warm-up 75 steps (default), decay to 0 over "
+                                "the last 20% of the steps (default), dead after 76,800 samples without firing "
+                                "(default).")  # a tenth of the run's 768,000 samples
+    assert TrainConfig(d_in=64, batch_size=256, steps=1500).resolved(2).dead_after_samples == 76_800
     at.text_input(key="tr_lr").set_value("1e-3").run()
     pick(at, ["virtual-0"])  # one device: half the samples
-    assert optimisation(at).startswith("Optimisation: lr 0.001, warm-up 100 steps (default)")
-    assert "dead after 51,200 samples" in optimisation(at)
+    assert optimisation(at).startswith("Optimisation: lr 0.001, warm-up 75 steps (default)")
+    assert "dead after 38,400 samples" in optimisation(at)
 
 
 @pytest.mark.slow  # 1 s or more (AppTest runs of the page)

@@ -9,7 +9,7 @@ TRAINER = {"tr_d_in": 512, "tr_batch": 4096, "tr_steps": 1000, "tr_name": ""}
 
 def test_virtual_devices_start_small_and_real_gpus_keep_the_trainers_defaults():
     small = train_form.first_values(TRAINER, all_virtual=True)
-    assert (small["tr_d_in"], small["tr_batch"], small["tr_steps"]) == (64, 256, 2000)
+    assert (small["tr_d_in"], small["tr_batch"], small["tr_steps"]) == (64, 256, 1500)
     assert small["tr_name"] == ""
     assert train_form.first_values(TRAINER, all_virtual=False) == TRAINER
 

@@ -3,9 +3,11 @@ hand, the devices wanted checked in words, and when a submit would repeat the la
 
 Virtual devices are CPU-backed ranks: the trainer's defaults (d_in 512, batch 4,096 a device,
 1,000 steps) take many minutes there. Their defaults are a small synthetic run that finishes in
-about a minute on 2 ranks of a 2-core machine (measured: 1,500 steps in 25 s of wall time at
-load 2.5, 3,000 in 79 s at load 4 to 6, start-up and the end-of-run evaluation included).
-Real GPUs keep the trainer's defaults.
+about a minute on 2 ranks of a 2-core machine. Measured on this model, start-up and the
+end-of-run evaluation included: the trainer alone, 1,500 steps in 25 s at load 2.5 and 3,000 in
+79 s at load 4 to 6; from the Train page through the scheduler with the Monitor open in
+Chromium, 2,000 steps in 102 s at load 4.5 to 7 (so 1,500: some 75 s there, 25 s on a quiet
+machine). Real GPUs keep the trainer's defaults.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import json
 from typing import Any
 
 VIRTUAL_DEFAULTS = {"tr_d_in": 64, "tr_expansion": 4, "tr_d_sae": 256, "tr_k": 8, "tr_batch": 256,
-                    "tr_steps": 2000, "tr_checkpoint_every": 1000}
+                    "tr_steps": 1500, "tr_checkpoint_every": 500}
 """The form's first values on virtual devices (the demo's model: 64 wide, 256 latents, k 8)."""
 VIRTUAL_DEVICES_WANTED = 2
 """Ranks a virtual run starts with: more CPU ranks than cores only slow each other down."""
