@@ -6,8 +6,8 @@ Virtual devices are CPU-backed ranks: the trainer's defaults (d_in 512, batch 4,
 about a minute on 2 ranks of a 2-core machine. Measured on this model, start-up and the
 end-of-run evaluation included: the trainer alone, 1,500 steps in 25 s at load 2.5 and 3,000 in
 79 s at load 4 to 6; from the Train page through the scheduler with the Monitor open in
-Chromium, 2,000 steps in 102 s at load 4.5 to 7 (so 1,500: some 75 s there, 25 s on a quiet
-machine). Real GPUs keep the trainer's defaults.
+Chromium, 2,000 steps in 102 s at load 4.5 to 7, and 1,500 in 40 s from submit to end at load
+5 to 6.7. Real GPUs keep the trainer's defaults.
 """
 
 from __future__ import annotations
