@@ -1,7 +1,8 @@
 """Queue: pending jobs (and why they wait), running and finished ones; cancel, hold, release or
 requeue a job after a confirmation; the tail of its log.
 
-`?job=<id>` selects a job. The tables and the log redraw themselves every 2 s (fragments);
+`?job=<id>` selects a job. The tables and the job's panel (its state, the actions it allows,
+its links, its log) redraw themselves every 2 s from a fresh read (fragments);
 actions go through `scheduler.actions`, as the CLI's do (database first, then the job's
 supervisor and the daemon are told).
 """
