@@ -23,6 +23,9 @@ from webui.sidebar import APP_ROOT, REFRESH_SECONDS, page_frame
 engine = page_frame("Overview", ":material/dashboard:")
 MONITOR_PAGE = "pages/2_Monitor.py"
 RUNS_PAGE = "pages/4_Training_runs.py"
+TRAIN_PAGE = "pages/1_Train.py"
+RUN_STATUSES = ("RUNNING", "COMPLETED", "STOPPED", "FAILED")  # every status the trainer writes
+RUN_STATUS_HELP = {"STOPPED": "Ended by a signal: a cancel, a time limit, Ctrl-C"}
 FINISHED_COLORS = {"COMPLETED": "green", "CANCELLED": "gray", "TIMEOUT": "orange"}  # others: red
 
 
@@ -107,7 +110,7 @@ def machine_overview() -> None:
         st.markdown("**Recently finished**")
         st.dataframe(
             [{"Job": j["id"], "Name": j["name"], "State": j["state"],
-              "Exit code": exit_text(j["exit_code"], j["signal"]),
+              "Exit code": fmt.fmt_exit(j["exit_code"], j["signal"]),
               "Ended": fmt.fmt_ago((now - j["ended_at"]).total_seconds() if j["ended_at"] else None),
               "Elapsed": fmt.fmt_duration(j["elapsed_s"]), "Reason": j["reason"] or ""}
              for j in queue["finished"]],
@@ -170,12 +173,6 @@ def progress_text(job: dict) -> str:
     return f"Elapsed {fmt.fmt_duration(job['elapsed_s'])} · no time limit"
 
 
-def exit_text(code: int | None, signal: int | None) -> str:
-    if signal:
-        return f"signal {signal}"
-    return fmt.MISSING if code is None else str(code)
-
-
 machine_overview()
 
 
@@ -184,15 +181,16 @@ def runs_overview() -> None:
     st.subheader("Training runs", anchor=False)
     runs = queries.list_runs(engine)
     if not runs:
-        st.info("Start one from a terminal in the repository; it appears here as it starts.",
-                title="No training run yet")
-        st.code("python -m sae_dist train --devices cpu:2 --steps 200", language="bash")
+        st.info("Configure one and pick its devices on the Train page; it appears here as it "
+                "starts.", title="No training run yet")
+        st.page_link(TRAIN_PAGE, label="Train a sparse autoencoder", icon=":material/rocket_launch:")
         return
 
     statuses = [run["status"] for run in runs]
     with st.container(horizontal=True):
-        for run_status in ("RUNNING", "COMPLETED", "FAILED"):
-            st.metric(run_status.capitalize(), statuses.count(run_status), border=True, width=180)
+        for run_status in RUN_STATUSES:
+            st.metric(run_status.capitalize(), statuses.count(run_status), border=True, width=180,
+                      help=RUN_STATUS_HELP.get(run_status))
 
     st.dataframe(
         runs_table(runs, datetime.now(timezone.utc)),
@@ -217,7 +215,8 @@ def runs_overview() -> None:
         },
     )
     st.caption("FVU, L0 and samples/s are a finished run's final values, else the latest "
-               "logged ones; — means not measured.")
+               "logged ones; — means not measured. A table wider than the page scrolls sideways "
+               "(shift + wheel, or drag), its name column staying in view.")
 
     for run in runs:
         if run["status"] == "RUNNING":

@@ -15,6 +15,7 @@ from pathlib import Path
 import streamlit as st
 
 from sae_dist.analytics import devices as dev
+from sae_dist.analytics import train_form
 from sae_dist import format as fmt
 from sae_dist.config import (ARCHITECTURES, BALANCES, ON_RANK_LOSS, PRECISIONS, SOURCES, SYNTHETIC_D_IN, build_config,
                              config_fields)
@@ -29,6 +30,7 @@ from webui.sidebar import APP_ROOT, page_frame
 
 engine = page_frame("Train", ":material/rocket_launch:")
 MONITOR_PAGE = "pages/2_Monitor.py"
+QUEUE_PAGE = "pages/3_Queue.py"
 HELP = {f.name: f.metadata.get("help") for f in config_fields()}
 DEFAULT = {f.name: f.default for f in config_fields()}
 # Widget keys and their first values (the trainer's defaults), set in one place.
@@ -43,9 +45,17 @@ FORM_DEFAULTS = {
     "tr_rebalance": DEFAULT["rebalance"], "tr_on_rank_loss": DEFAULT["on_rank_loss"], "tr_name": "", "tr_priority": 0, "tr_time": "",
     "tr_auto": True,  # preselect the recommended devices until the user ticks one
 }
+# The devices first: the form's first values depend on them (small runs on virtual devices).
+try:
+    devices, states, _ = status.devices_now(engine)
+except UserError as error:
+    st.error(str(error), title="The devices cannot be read")
+    st.stop()
+rows = status.device_rows(devices, states, status.latest_samples(engine))
+all_virtual = bool(rows) and all(r["virtual"] for r in rows)
 if st.session_state.pop("tr_clear_name", False):  # a name is for one run: free it after a submit
     st.session_state["tr_name"] = ""
-for key, value in FORM_DEFAULTS.items():
+for key, value in train_form.first_values(FORM_DEFAULTS, all_virtual).items():
     st.session_state.setdefault(key, value)
 WIDTH_BY = {"expansion": "Expansion factor", "d_sae": "d_sae"}
 PAGE_SOURCES = tuple(s for s in SOURCES if s != "model")  # a model source: from the CLI or a TOML file
@@ -99,12 +109,13 @@ def error_slot(field: str) -> None:
 # ---- the SAE form (drawn below the devices, read first: the devices depend on it) ----
 st.subheader("Sparse autoencoder", anchor=False)
 general_error = st.empty()
+# Above the columns, at its full width: in a third of the page its last option read "jumpr…".
+architecture = st.segmented_control("Architecture", ARCHITECTURES, key="tr_architecture",
+                                    required=True, help=HELP["architecture"])
+error_slot("architecture")
 model_col, data_col, job_col = st.columns(3, gap="medium")
 with model_col:
     st.markdown("**Model**")
-    architecture = st.segmented_control("Architecture", ARCHITECTURES, key="tr_architecture",
-                                        required=True, help=HELP["architecture"])
-    error_slot("architecture")
     width_by = st.segmented_control("Latent count", list(WIDTH_BY), key="tr_width_by", required=True,
                                     format_func=WIDTH_BY.get, help="Give d_sae directly, or as d_in x a factor")
     if width_by == "d_sae":
@@ -228,25 +239,22 @@ if config is not None and config.name and "name" not in errors:
         errors["name"] = f"a run named {config.name!r} already exists ({taken}); choose another name"
 
 # ---- devices: what each is doing, which fit the estimate, which are recommended ----
-try:
-    devices, states, _ = status.devices_now(engine)
-except UserError as error:
-    st.error(str(error), title="The devices cannot be read")
-    st.stop()
-rows = status.device_rows(devices, states, status.latest_samples(engine))
 uuids = [r["uuid"] for r in rows]
 st.session_state["tr_uuids"] = uuids
-# How many to recommend: at first every idle device (people train on what is free).
-st.session_state.setdefault("tr_n_gpus", sum(dev.why_not_selectable(r) is None for r in rows))
-st.session_state["tr_n_gpus"] = min(max(1, int(st.session_state["tr_n_gpus"])), max(1, len(rows)))
-wanted = st.session_state["tr_n_gpus"]
+# How many to recommend: at first every idle GPU (people train on what is free), 2 virtual ones.
+st.session_state.setdefault("tr_n_gpus", train_form.devices_wanted(
+    sum(dev.why_not_selectable(r) is None for r in rows), all_virtual))
+wanted_error = train_form.wanted_error(st.session_state["tr_n_gpus"], len(rows))
+if wanted_error:
+    errors["n_gpus"] = f"GPUs wanted: {wanted_error}"
+wanted = min(max(1, int(st.session_state["tr_n_gpus"] or 1)), max(1, len(rows)))
 
 estimate = None
 if config is not None and config.d_in is not None:
     from sae_dist.memory import estimate_for_config
 
     # Virtual devices are CPU ranks: their runtime is a CPU process's, not a CUDA context.
-    estimate = estimate_for_config(config, wanted, "cpu" if rows and all(r["virtual"] for r in rows) else "cuda")
+    estimate = estimate_for_config(config, wanted, "cpu" if all_virtual else "cuda")
 need = estimate.total if estimate is not None else None
 fitting = [r for r in rows if dev.why_not_selectable(r) is None and dev.low_memory(r, need) is None]
 advice = recommend(devices, states, wanted, need)
@@ -264,17 +272,19 @@ for row in table:
 with devices_box:
     st.subheader("Devices", anchor=False)
     with st.container(horizontal=True, vertical_alignment="bottom"):
-        st.number_input("GPUs wanted", key="tr_n_gpus", min_value=1, max_value=max(1, len(rows)), step=1,
-                        on_change=use_recommended, width=150,
+        # No min/max: the browser would only outline a 0 in red; the page says why instead.
+        st.number_input("GPUs wanted", key="tr_n_gpus", step=1, on_change=use_recommended, width=150,
                         help="How many devices to recommend: idle ones with room for the estimate, "
                              "most free memory first")
         st.button("Use recommended", key="tr_use_recommended", icon=":material/auto_awesome:",
                   on_click=use_recommended)
         st.button("Refresh", key="tr_refresh", icon=":material/refresh:",
                   help="Read the devices' state again")
+    error_slot("n_gpus")
     if any(r["virtual"] for r in rows):
-        st.caption("Virtual devices: each is one CPU-backed training rank (no NVIDIA GPU in use here).")
-    widths = [1.2, 2.4, 2.2, 1, 1.2, 3]
+        st.caption("Virtual devices: each is one CPU-backed training rank (no NVIDIA GPU in use here). "
+                   "The form starts with a small synthetic run that ends in about a minute on 2 of them.")
+    widths = [1.1, 2.3, 2.2, 1.3, 1.1, 3]  # "Utilisation" on one line at 1,280 px
     with st.container(border=True, gap="xsmall"):
         for col, title in zip(st.columns(widths), ("Device", "Name", "Memory", "Utilisation", "State",
                                                   "Note")):
@@ -337,11 +347,26 @@ for field, message in errors.items():
         general_error.error(message if field == "general" else f"{field}: {message}",
                             icon=":material/error:")
 
+# One click queues one job: the form just submitted cannot be queued again by another click (the
+# next free devices are ticked by then) until it changes, or the person asks for the same again.
+current = (train_form.fingerprint(config.to_dict(), int(priority), time_limit_s, len(selected))
+           if spec is not None else None)
+last = st.session_state.get("tr_last_submit")
+repeat = train_form.repeats_last(current, last, st.session_state.get("tr_again", False))
+if current != last:
+    st.session_state.pop("tr_again", None)  # a confirmation holds for the form it was given on
+
 st.divider()
 with st.container(horizontal=True, vertical_alignment="center"):
     clicked = st.button("Submit training job", key="tr_submit", type="primary", icon=":material/send:",
-                        disabled=spec is None)
-    if errors:
+                        disabled=spec is None or repeat)
+    if repeat:
+        job_id = st.session_state["tr_submitted"][0]
+        st.caption(f"Job {job_id} was just queued from this form: change a field to queue another,",
+                   width="content")
+        st.button("or queue the same again", key="tr_again_button", icon=":material/content_copy:",
+                  on_click=lambda: st.session_state.update(tr_again=True))
+    elif errors:
         st.caption("Fix the fields marked in red to submit.")
     elif not selected:
         st.caption("Select at least one device to submit.")
@@ -361,6 +386,8 @@ if clicked and spec is not None:
         st.error(str(error), title="The job was not queued")
     else:
         st.session_state["tr_submitted"] = (job_id, spec.name, len(spec.gpu_ids))
+        st.session_state["tr_last_submit"] = current
+        st.session_state.pop("tr_again", None)
         st.session_state["tr_auto"] = True
         st.session_state["tr_clear_name"] = True
         st.rerun()
@@ -368,5 +395,8 @@ if "tr_submitted" in st.session_state:
     job_id, job_name, n = st.session_state["tr_submitted"]
     st.success(f"Job {job_id} ({job_name}) is queued on {n} device{'s' if n > 1 else ''}.",
                title="Submitted", icon=":material/check_circle:")
-    st.page_link(MONITOR_PAGE, label=f"Monitor job {job_id}", icon=":material/speed:",
-                 query_params={"job": str(job_id)})
+    with st.container(horizontal=True):
+        st.page_link(MONITOR_PAGE, label=f"Monitor job {job_id}", icon=":material/speed:",
+                     query_params={"job": str(job_id)})
+        st.page_link(QUEUE_PAGE, label=f"Job {job_id} in the queue", icon=":material/list:",
+                     query_params={"job": str(job_id)})

@@ -13,10 +13,10 @@ from datetime import datetime, timedelta, timezone
 
 import streamlit as st
 
-from sae_dist.analytics import cards, charts, jobs, queries, samples, sparklines, tables, units
+from sae_dist.analytics import cards, charts, jobs, progress, queries, samples, sparklines, tables, units
 from sae_dist import format as fmt
 from sae_dist.db import get_engine
-from webui.widgets import card_row, events_toggle
+from webui.widgets import card_row, events_toggle, log_tail
 from webui.sidebar import page_frame
 
 engine = page_frame("Monitor", ":material/speed:")
@@ -33,11 +33,13 @@ DEFAULT_VIEW = "Per-GPU" if os.environ.get("SAE_DIST_MONITOR_VIEW", "").lower().
 # took 0.27 s of each 2 s refresh).
 CHART_POINTS = 600
 PANEL_POINTS = 240
-CURVE_POINTS = 1000
+CURVE_POINTS = 400
+RANK_ROWS = 1600
 STALE_S = 15  # a live device without a reading for this long: the daemon is not sampling it
 LIVE_STATES = ("PENDING", "RUNNING")
 TRAIN_CURVES = ("loss", "fvu", "l0", "dead_fraction", "samples_per_s")
 RECOVERY_CURVES = ("recovery_frac", "recovery_mean_cos")
+LOG_LINES = 200  # the log tail's length
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
@@ -50,7 +52,7 @@ def load_curves(db_url: str, run_id: int, last_step: int, last_update: datetime 
 @st.cache_data(max_entries=32, show_spinner=False)
 def load_rank_times(db_url: str, run_id: int, field: str, last_step: int,
                     last_update: datetime | None):
-    return samples.rank_times(get_engine(db_url), run_id, field)
+    return samples.rank_times(get_engine(db_url), run_id, field, max_rows=RANK_ROWS)
 
 
 def job_label(job_id: int) -> str:
@@ -160,7 +162,9 @@ def monitor(job_id: int, view: str, window_s: int | None, known_state: str | Non
                        f"use; they have no temperature or power sensor ({fmt.MISSING}: not "
                        "measured).")
     if job is not None:
-        training(job)
+        training(job, now)
+        st.subheader("Log", anchor=False)
+        log_tail(job, LOG_LINES)
 
 
 def job_header(job: dict, now: datetime) -> None:
@@ -176,8 +180,7 @@ def job_header(job: dict, now: datetime) -> None:
         parts.append(f"ended {fmt.fmt_time(job['ended_at'])}")
     parts.append(f"elapsed {fmt.fmt_duration(jobs.elapsed_s(job, now))}")
     if job["state"] not in LIVE_STATES:
-        code = job["exit_code"] if job["exit_code"] is not None else fmt.MISSING
-        parts.append(f"exit code {code}" + (f", signal {job['signal']}" if job["signal"] else ""))
+        parts.append(f"exit {fmt.fmt_exit(job['exit_code'], job['signal'])}")
     st.caption(" · ".join(parts))
     if job["state"] not in LIVE_STATES:
         st.info(f"This job ended ({job['state']}{': ' + job['reason'] if job['reason'] else ''})"
@@ -262,17 +265,20 @@ def per_gpu(devices: list[dict], latest: dict, start: datetime, end: datetime,
                f"UTC; each figure is its sparkline's last point. {fmt.MISSING}: not measured.")
 
 
-def training(job: dict) -> None:
+def training(job: dict, now: datetime) -> None:
     run_id = jobs.training_run_of(engine, job["id"])
     st.subheader("Training", anchor=False)
-    if run_id is None:
-        st.caption("A command job: no training metrics." if job["kind"] != "train" else
-                   "No training step logged yet.")
-        return
-    run = queries.get_run_summary(engine, run_id)
+    run = queries.get_run_summary(engine, run_id) if run_id is not None else None
     if run is None:
+        if not startup(job, None, now):
+            st.caption("A command job: no training metrics." if job["kind"] != "train" else
+                       "The job ended before its trainer recorded a run: its log (below) says why."
+                       if job["state"] not in LIVE_STATES else "No training run recorded yet.")
         return
-    training_header(job, run)
+    recent = queries.recent_steps(engine, run_id)
+    training_header(job, run, recent, now)
+    if not recent and startup(job, run, now):
+        return  # nothing to draw yet: what it is doing instead of empty cards and charts
     db_url = engine.url.render_as_string(hide_password=False)
     # Not cached: both are a few indexed rows, and an event can land after its step's metrics.
     events = queries.run_events(engine, run_id)
@@ -300,7 +306,36 @@ def training(job: dict) -> None:
     feature_recovery(run, curves)
 
 
-def training_header(job: dict, run: dict) -> None:
+def startup(job: dict, run: dict | None, now: datetime) -> bool:
+    """Before the first logged step: what the job is doing, from what exists, with its log's
+    last line; False when there is nothing of the kind to say."""
+    status = progress.startup_status(job, run, has_steps=False, now=now)
+    if status is None:
+        return False
+    st.info(status.detail, title=status.title, icon=":material/hourglass_top:")
+    last = jobs.last_log_line(job)
+    st.caption("Its log's last line:" if last else "Its log is empty so far.")
+    if last:
+        st.code(last, language=None)
+    return True
+
+
+def progress_line(run: dict, recent: list, live: bool) -> str:
+    """"Step 300 / 1,000 · ETA 2 min 20 s at 5 steps/s over the last 300 steps"; no rate, no
+    ETA; a run that is not training any more, no ETA at all."""
+    text = f"Step {fmt.fmt_steps(run['last_step'], run['total_steps'])}"
+    if not live:
+        return text
+    rate = progress.recent_rate(recent)
+    eta = progress.eta_s(run["last_step"], run["total_steps"], rate)
+    if rate is None:
+        return text + " · ETA unknown: no step rate yet (it needs two logged steps)"
+    pace = f"{fmt.fmt_number(rate.steps_per_s, 3)} steps/s over the last {rate.steps:,} steps"
+    return text + (f" · ETA {fmt.fmt_duration(eta)} at {pace}" if eta is not None
+                   else f" · {pace} (ETA unknown: no total)")
+
+
+def training_header(job: dict, run: dict, recent: list, now: datetime) -> None:
     """The run's step, status and a link to its page; why it stopped when it did."""
     # A job stopped from outside (cancel, time limit, killed) can leave its run saying RUNNING.
     orphaned = run["status"] == "RUNNING" and job["state"] not in LIVE_STATES
@@ -314,8 +349,15 @@ def training_header(job: dict, run: dict) -> None:
             st.badge(run["status"], color=fmt.RUN_STATUS_COLORS.get(run["status"], "gray"))
         st.page_link("pages/4_Training_runs.py", label="Run details", icon=":material/monitoring:",
                      query_params={"run": str(run["id"])})
+    live = run["status"] == "RUNNING" and job["state"] == "RUNNING"
+    line = progress_line(run, recent, live)
+    if recent and live:
+        quiet = (now - recent[-1][1]).total_seconds()
+        line += f" · last step logged {fmt.fmt_duration(max(0.0, quiet))} ago"
     if run["progress"] is not None:
-        st.progress(run["progress"])
+        st.progress(run["progress"], text=line)
+    else:
+        st.caption(line)
     if run["status"] == "FAILED":
         st.error(run["error"] or "no error message recorded", title="The run failed")
     elif run["status"] == "STOPPED":

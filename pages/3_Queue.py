@@ -1,7 +1,8 @@
 """Queue: pending jobs (and why they wait), running and finished ones; cancel, hold, release or
 requeue a job after a confirmation; the tail of its log.
 
-`?job=<id>` selects a job. The tables and the log redraw themselves every 2 s (fragments);
+`?job=<id>` selects a job. The tables and the job's panel (its state, the actions it allows,
+its links, its log) redraw themselves every 2 s from a fresh read (fragments);
 actions go through `scheduler.actions`, as the CLI's do (database first, then the job's
 supervisor and the daemon are told).
 """
@@ -15,6 +16,7 @@ from sae_dist.analytics import jobs, tables
 from sae_dist.errors import UserError
 from scheduler import actions, cluster
 from webui.sidebar import page_frame
+from webui.widgets import log_tail
 
 engine = page_frame("Queue", ":material/list:")
 
@@ -22,6 +24,7 @@ REFRESH_S = 2
 FINISHED_SHOWN = 100
 LOG_LINES = (50, 200, 1000)  # choices of how much of the log's end to show
 CONFIRM = "queue_confirm"  # (action, job id) waiting for the person to confirm it
+OPEN_DIALOG = "queue_open_dialog"  # set by a click inside the job's fragment: rerun the page
 FLASH = "queue_flash"  # (kind, message) of the last action, shown once
 ACTION_LABELS = {"cancel": ("Cancel", ":material/cancel:"), "hold": ("Hold", ":material/pause:"),
                  "release": ("Release", ":material/play_arrow:"),
@@ -38,9 +41,10 @@ TIME_COLUMN = {"format": "YYYY-MM-DD HH:mm:ss", "timezone": "UTC", "width": 150}
 
 
 def job_option(job_id: int) -> str:
+    # No state here: a label is drawn once per page run; the live state is the badge below.
     job = choices[job_id]
     task = f" (array task {job['label']})" if job.get("array_job_id") is not None and job.get("label") else ""
-    return f"{job_id}{task} · {job['name']} · {job['state']}"
+    return f"{job_id}{task} · {job['name']}"
 
 
 def sync_url() -> None:
@@ -49,6 +53,7 @@ def sync_url() -> None:
 
 def ask(action: str, job_id: int) -> None:
     st.session_state[CONFIRM] = (action, job_id)
+    st.session_state[OPEN_DIALOG] = True
 
 
 def forget() -> None:
@@ -198,6 +203,7 @@ queue_tables(frozenset(choices))
 st.divider()
 if not choices:
     st.info("Submit one from the Train page, or from a terminal.", title="The queue is empty")
+    st.page_link("pages/1_Train.py", label="Train a sparse autoencoder", icon=":material/rocket_launch:")
     st.code("python -m scheduler submit --gpus 1 --train run.toml", language="bash")
     st.stop()
 
@@ -211,62 +217,62 @@ if requested.isdigit() and int(requested) in choices:
 elif st.session_state.get("queue_job") not in choices:
     st.session_state["queue_job"] = next(iter(choices))
 
-with st.container(horizontal=True, vertical_alignment="bottom"):
-    job_id = st.selectbox("Job", list(choices), key="queue_job", format_func=job_option,
-                          on_change=sync_url, width=420)
-    job = jobs.get_job(engine, job_id) or choices[job_id]
-    allowed = actions.available(job["state"], job["held"], job["cancel_requested"])
-    for action, (label, icon) in ACTION_LABELS.items():
-        why_not = allowed[action]
-        st.button(label, icon=icon, key=f"ask_{action}", on_click=ask, args=(action, job_id),
-                  disabled=why_not is not None,
-                  help=CONSEQUENCES[action] if why_not is None else f"Not now: {why_not}.")
-    st.page_link("pages/2_Monitor.py", label="Monitor", icon=":material/speed:",
-                 query_params={"job": str(job_id)})
-
+job_id = st.selectbox("Job", list(choices), key="queue_job", format_func=job_option,
+                      on_change=sync_url, width=420)
 if st.session_state.get(CONFIRM) is not None:
     confirm(*st.session_state[CONFIRM])
 
 
-@st.fragment(run_every=REFRESH_S if job["state"] in ("PENDING", "RUNNING") else None)
-def job_log(job_id: int, seen: tuple) -> None:
+# Everything that depends on the job's state is drawn here, from a fresh read at every refresh:
+# a panel drawn once outside the fragment kept saying RUNNING after the job had ended.
+@st.fragment(run_every=REFRESH_S)  # even for an ended job: it can be requeued from a terminal
+def job_panel(job_id: int) -> None:
     job = jobs.get_job(engine, job_id)
     if job is None:
         st.warning(f"Job {job_id} is no longer in the database.")
         return
-    if (job["state"], job["held"], job["cancel_requested"]) != seen:
-        st.rerun()  # it changed (started, ended, ...): redraw the actions and the timer too
+    if st.session_state.pop(OPEN_DIALOG, False):
+        st.rerun()  # an action was asked for: the page (outside this fragment) asks to confirm it
     with st.container(horizontal=True, vertical_alignment="center"):
         st.subheader(f"Job {job_id} · {job['name']}", anchor=False, width="content")
         st.badge(job["state"], color=jobs.STATE_COLORS.get(job["state"], "gray"))
         if job["held"]:
             st.badge("held", color="gray", icon=":material/pause:")
+        if job["cancel_requested"] and job["state"] == "RUNNING":
+            st.badge("cancelling", color="orange")
+    job_actions(job)
     if job["state"] == "PENDING":
         st.caption(f"Waiting: {jobs.explain_reason(job['reason'])}. Submitted "
                    f"{fmt.fmt_time(job['submitted_at'])}.")
     else:
+        ended = (f" · exit {fmt.fmt_exit(job['exit_code'], job['signal'])}"
+                 if job["state"] not in ("PENDING", "RUNNING") else "")
         st.caption(f"Started {fmt.fmt_time(job['started_at'])} · ended "
-                   f"{fmt.fmt_time(job['ended_at'])} · devices "
+                   f"{fmt.fmt_time(job['ended_at'])}{ended} · devices "
                    f"{fmt.short_devices(job['devices'])} · working directory `{job['workdir']}`")
-    paths = jobs.log_paths(job)
-    if not paths:
-        st.caption("No log yet: it is written once the job starts." if job["state"] == "PENDING"
-                   else "It never started: no log." if job["started_at"] is None
-                   else "This job's output files were not recorded.")
-        return
-    shown = st.segmented_control("Log lines", LOG_LINES, default=LOG_LINES[0], key="log_lines",
-                                 format_func=lambda n: f"last {n:,} lines",
-                                 label_visibility="collapsed") or LOG_LINES[0]
-    for label, path in paths:
-        lines = jobs.tail_lines(path, shown)
-        st.markdown(f"**{label}** · `{path}`" + (f" · last {shown:,} lines"
-                                                  if lines and len(lines) >= shown else ""))
-        if lines is None:
-            st.caption("The file cannot be read (not written yet, or removed).")
-        elif not lines:
-            st.caption("Empty so far.")
-        else:  # no height: the newest line, at the end, is in view without scrolling the box
-            st.code("\n".join(lines), language=None)
+    shown = LOG_LINES[0]
+    if jobs.log_paths(job):
+        shown = st.segmented_control("Log lines", LOG_LINES, default=LOG_LINES[0], key="log_lines",
+                                     format_func=lambda n: f"last {n:,} lines",
+                                     label_visibility="collapsed") or LOG_LINES[0]
+    log_tail(job, shown)
 
 
-job_log(job_id, (job["state"], job["held"], job["cancel_requested"]))
+def job_actions(job: dict) -> None:
+    """The actions the job's state allows now, its Monitor and, once it has one, its run."""
+    allowed = actions.available(job["state"], job["held"], job["cancel_requested"])
+    run_id = jobs.training_run_of(engine, job["id"]) if job["kind"] == "train" else None
+    with st.container(horizontal=True, vertical_alignment="center"):
+        for action, (label, icon) in ACTION_LABELS.items():
+            why_not = allowed[action]
+            st.button(label, icon=icon, key=f"ask_{action}", on_click=ask, args=(action, job["id"]),
+                      disabled=why_not is not None,
+                      help=CONSEQUENCES[action] if why_not is None else f"Not now: {why_not}.")
+        st.page_link("pages/2_Monitor.py", label="Monitor", icon=":material/speed:",
+                     query_params={"job": str(job["id"])})
+        if run_id is not None:
+            st.page_link("pages/4_Training_runs.py", label=f"Training run {run_id}",
+                         icon=":material/monitoring:", query_params={"run": str(run_id)})
+
+
+job_panel(job_id)

@@ -148,6 +148,9 @@ def run_header(run: dict) -> None:
     with st.container(horizontal=True, vertical_alignment="center"):
         st.subheader(run["name"], anchor=False, width="content")
         st.badge(run["status"], color=fmt.RUN_STATUS_COLORS.get(run["status"], "gray"))
+        if run["job_id"] is not None:  # its scheduler job, both ways (the Queue links back)
+            st.page_link("pages/3_Queue.py", label=f"Job {run['job_id']}", icon=":material/list:",
+                         query_params={"job": str(run["job_id"])})
     when = (f"last metrics {fmt.fmt_ago(silent)}" if run["status"] == "RUNNING"
             else f"ended {fmt.fmt_time(run['finished_at'])}")
     st.caption(f"Step {fmt.fmt_steps(run['last_step'], run['total_steps'])}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import signal as _signal
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
@@ -133,6 +134,27 @@ def memory_fraction(used: int | None, total: int | None) -> float | None:
 def fmt_memory_of(used: int | None, total: int | None) -> str:
     """"1.2 GiB / 80.0 GiB"; an unknown side reads "—"."""
     return f"{fmt_bytes(used)} / {fmt_bytes(total)}"
+
+
+def fmt_signal(number: int) -> str:
+    """"signal 15 (SIGTERM)"; a number this system has no name for reads "signal 77"."""
+    try:
+        return f"signal {number} ({_signal.Signals(number).name})"
+    except ValueError:
+        return f"signal {number}"
+
+
+def fmt_exit(exit_code: int | None, signal: int | None) -> str:
+    """A job's end in one format for every table and header: "0", "1", "signal 15 (SIGTERM)",
+    and "143 · signal 15 (SIGTERM)" for an exit status of 128 + N (a launcher or shell
+    reporting that its child died of signal N); "—" when nothing was recorded."""
+    if signal:
+        return fmt_signal(signal)
+    if exit_code is None:
+        return MISSING
+    if 128 < exit_code < 128 + 65:
+        return f"{exit_code} · {fmt_signal(exit_code - 128)}"
+    return str(exit_code)
 
 
 # A training run's status as a badge colour (the trainer writes RUNNING, COMPLETED, FAILED, and

@@ -1,19 +1,25 @@
-"""How fast the app's pages draw on a full database, through AppTest (no browser).
+"""How fast the app's pages draw on a full database: in Chromium, and through AppTest.
 
 Fills a fresh state database with 8 devices x 24 h of 1 Hz samples (about 700,000 rows), a
 queue (pending, running and finished jobs) and a 200,000-step training run of the running
-job (step metrics and per-rank stats every `--log-every` steps, the trainer's default 10),
-then runs each page's script through `streamlit.testing.v1.AppTest` and prints how long
-each took: the first run (nothing cached) and the median of the next ones. The Monitor is
-also timed in each of its views and windows. Aim: under 0.5 s a page.
+job (step metrics and per-rank stats every `--log-every` steps, the trainer's default 10).
+Then, in the browser: serves the app (`streamlit run`, loopback only) and measures in
+Debian's headless Chromium, for each page, the time from navigation to its main content (its
+title drawn and the page's script run finished, so every element of the page is there): a
+click on its sidebar link from the Overview (as a person navigates), and a fresh load of its
+URL. Aim: at most 1.5 s a page. Then each page's script through `streamlit.testing.v1.AppTest`
+(no browser): the first run (nothing cached) and the median of the next ones, the Monitor
+also in each of its views and windows. Aim: under 0.5 s a page.
 
     .venv/bin/python scripts/bench_app.py                 # fills a temporary home
     .venv/bin/python scripts/bench_app.py --home /tmp/b   # an empty directory, kept after
+    .venv/bin/python scripts/bench_app.py --no-apptest    # the browser's timings only
 
 The samples end at the moment of filling and the pages' windows end now, so a database is
 filled afresh each time (about 15 s): an aged one would leave the short windows empty.
 
-Figures are wall-clock on a shared machine: compare them with each other, within one run.
+Figures are wall-clock on a shared machine: compare them with each other, within one run; the
+load average is printed beside them.
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=200_000)
     p.add_argument("--log-every", type=int, default=10, help="steps between logged metrics")
     p.add_argument("--repeat", type=int, default=5, help="timed runs of each page after the first")
+    p.add_argument("--browser-repeat", type=int, default=3, help="timed navigations to each page in Chromium")
+    p.add_argument("--no-browser", action="store_true", help="skip the Chromium timings")
+    p.add_argument("--no-apptest", action="store_true", help="skip the AppTest timings")
     return p.parse_args()
 
 
@@ -240,8 +249,11 @@ def main() -> int:
     size = (home / "state.db").stat().st_size / 2**20
     print(f"database: {counts(engine)}, {size:.0f} MiB")
     time_queries(engine)
-    worst = time_pages(args.repeat)
-    print(f"\nslowest page (median): {worst:.3f} s (aim: under 0.5 s)")
+    if not args.no_browser:
+        time_in_browser(home, args.browser_repeat)
+    if not args.no_apptest:
+        worst = time_pages(args.repeat)
+        print(f"\nslowest page through AppTest (median): {worst:.3f} s (aim: under 0.5 s)")
     print(f"state directory: {home}")
     return 0
 
@@ -288,6 +300,99 @@ def time_pages(repeat: int) -> float:
             first, warm = time_page("pages/2_Monitor.py", repeat, action)
             print(f"  {'Monitor ' + view + ', ' + window:<40} {first:6.3f} {warm:8.3f}")
     return worst
+
+
+# ---- in the browser ----------------------------------------------------------------------------
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's (scripts/setup.sh --test); never `playwright install`
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# (URL path, title, sidebar label) of each page; Streamlit names a page's URL after its file.
+BROWSER_PAGES = (("", "Overview", "Overview"), ("Train", "Train", "Train"),
+                 ("Monitor", "Monitor", "Monitor"), ("Queue", "Queue", "Queue"),
+                 ("Training_runs", "Training runs", "Training runs"),
+                 ("Benchmarks", "Benchmarks", "Benchmarks"))
+BROWSER_AIM_S = 1.5
+
+
+def serve(home: Path):
+    """`streamlit run app.py` on a free loopback port over `home`: (process, url)."""
+    import socket
+    import subprocess
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "SAE_DIST_HOME": str(home), "SAE_DIST_AUTOSTART": "0"}
+    log = open(home / "bench-app-streamlit.log", "wb")
+    app = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+                            "--server.address", "127.0.0.1", "--server.headless", "true"],
+                           cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2):
+                return app, url
+        except OSError:
+            time.sleep(0.25)
+    app.terminate()
+    raise SystemExit(f"the app did not answer on {url} within 60 s (log: {log.name})")
+
+
+def wait_main(page, title: str) -> None:
+    """Until the page's title is drawn and its script run has finished (every element sent)."""
+    page.locator('[data-testid="stMain"] h1', has_text=title).first.wait_for(state="visible")
+    page.locator('[data-testid="stApp"][data-test-script-state="notRunning"]').wait_for(state="attached")
+    if page.locator('[data-testid="stException"]').count():
+        raise SystemExit(f"{title} raised: {page.locator('[data-testid=stException]').first.inner_text()}")
+
+
+def navigate(page, url: str, path: str, title: str, label: str | None) -> float:
+    """Seconds from navigation to the page's main content: a click on its sidebar link from the
+    Overview (`label`), or a fresh load of its URL (`label` None)."""
+    if label is None:
+        t0 = time.perf_counter()
+        page.goto(f"{url}/{path}")
+    else:
+        page.goto(url)
+        wait_main(page, "Overview")
+        link = page.locator('[data-testid="stSidebar"] a', has_text=label).first
+        t0 = time.perf_counter()
+        link.click()
+    wait_main(page, title)
+    return time.perf_counter() - t0
+
+
+def time_in_browser(home: Path, repeat: int) -> None:
+    """Each page's navigation-to-main-content time in headless Chromium: median of `repeat`."""
+    from playwright.sync_api import sync_playwright
+
+    app, url = serve(home)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+            page.set_default_timeout(120_000)
+            navigate(page, url, "", "Overview", None)  # the server's first run imports pandas, Altair
+            load = os.getloadavg()
+            print(f"\nin Chromium (s), navigation to main content, median of {repeat}; load average "
+                  f"{load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} ({os.cpu_count()} cores)")
+            print(f"  {'page':<16} {'sidebar click':>13} {'URL load':>9}")
+            worst = 0.0
+            for path, title, label in BROWSER_PAGES:
+                click = statistics.median(navigate(page, url, path, title, label) for _ in range(repeat))
+                fresh = statistics.median(navigate(page, url, path, title, None) for _ in range(repeat))
+                worst = max(worst, click, fresh)
+                print(f"  {title:<16} {click:13.2f} {fresh:9.2f}")
+            load = os.getloadavg()
+            print(f"  slowest: {worst:.2f} s (aim: at most {BROWSER_AIM_S} s); load average after: "
+                  f"{load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}")
+            browser.close()
+    finally:
+        app.terminate()
+        app.wait(30)
 
 
 if __name__ == "__main__":

@@ -77,10 +77,11 @@ def test_overview_empty_database_says_how_to_start(state_home):
     assert not at.exception
     assert not at.dataframe
     assert at.info[0].proto.title == "No training run yet"
-    assert "python -m sae_dist train --devices cpu:2 --steps 200" in at.code[0].value
+    assert not at.code  # the way to start is the Train page, not a terminal command
     labels = [link.value for link in at.page_link]
     existing = [label for path, label, _ in PAGES if (REPO / path).is_file()]
-    assert labels == existing  # the sidebar, drawn by webui.sidebar: the pages that exist
+    assert labels == ["Train a sparse autoencoder", *existing]  # the empty state's, then the sidebar
+    assert at.page_link[0].proto.page == "Train"
     assert {"Overview", "Train", "Training runs"} <= set(labels)
 
 

@@ -174,7 +174,7 @@ def test_monitor_finished_job_shows_its_final_state(busy):
     assert at.info[0].proto.title == "Final state"
     shown = metrics(at)
     assert shown["Memory used"] == "4.0 GiB of 16.0 GiB"  # virtual-3's last reading in the job
-    assert "exit code 0" in texts(at)
+    assert "exit 0" in texts(at)
     assert "A command job: no training metrics." in texts(at)
 
 

@@ -63,10 +63,12 @@ def pick(at: AppTest, wanted: list[str]) -> AppTest:
     return at
 
 
-def test_the_page_preselects_every_free_device_and_says_so():
+def test_on_virtual_devices_the_page_preselects_two_for_a_small_run_and_says_so():
     at = train_page()
-    assert ticked(at) == UUIDS  # recommended: all 4 idle, room for the estimate
-    assert summary(at) == "Selected: 4 GPUs | Effective batch size: 16384"  # 4 x 4096
+    assert ticked(at) == UUIDS[:2]  # recommended: 2 of the 4 idle virtual devices (2 cores here)
+    assert summary(at) == "Selected: 2 GPUs | Effective batch size: 512"  # 2 x 256
+    assert (at.number_input(key="tr_d_in").value, at.number_input(key="tr_steps").value) == (64, 1500)
+    assert any("about a minute on 2 of them" in c.value for c in at.caption)
     assert not at.error
     assert at.button(key="tr_submit").disabled is False
     assert any("Estimated memory:" in c.value and "per device" in c.value for c in at.caption)
@@ -83,31 +85,31 @@ def test_the_resolved_defaults_are_shown_before_submit():
     from sae_dist.config import TrainConfig
     from sae_dist.defaults import default_lr
 
-    at = train_page()  # 4 devices x 4096 x 1,000 steps of synthetic d_in 512
-    lr = float(f"{default_lr(4 * 4096, 4096, 32, 512):.3g}")
-    assert optimisation(at) == (f"Optimisation: lr {lr:.3g} (default), warm-up 50 steps (default), decay to 0 over "
-                                "the last 20% of the steps (default), dead after 1,638,400 samples without firing "
-                                "(default).")  # a tenth of the run's 16,384,000 samples
-    assert TrainConfig(d_in=512, steps=1000).resolved(4).dead_after_samples == 1_638_400
+    at = train_page()  # virtual devices: 2 devices x 256 x 1,500 steps of synthetic d_in 64, 256 latents, k 8
+    lr = float(f"{default_lr(2 * 256, 256, 8, 64):.3g}")
+    assert optimisation(at) == (f"Optimisation: lr {lr:.3g} (default), warm-up 75 steps (default), decay to 0 over "
+                                "the last 20% of the steps (default), dead after 76,800 samples without firing "
+                                "(default).")  # a tenth of the run's 768,000 samples
+    assert TrainConfig(d_in=64, batch_size=256, steps=1500).resolved(2).dead_after_samples == 76_800
     at.text_input(key="tr_lr").set_value("1e-3").run()
-    pick(at, ["virtual-0"])  # one device: a quarter of the samples
-    assert optimisation(at).startswith("Optimisation: lr 0.001, warm-up 50 steps (default)")
-    assert "dead after 409,600 samples" in optimisation(at)
+    pick(at, ["virtual-0"])  # one device: half the samples
+    assert optimisation(at).startswith("Optimisation: lr 0.001, warm-up 75 steps (default)")
+    assert "dead after 38,400 samples" in optimisation(at)
 
 
 @pytest.mark.slow  # 1 s or more (AppTest runs of the page)
 def test_the_summary_follows_the_selection_and_the_batch():
     at = pick(train_page(), ["virtual-1", "virtual-3"])
-    assert summary(at) == "Selected: 2 GPUs | Effective batch size: 8192"
-    assert at.number_input(key="tr_n_gpus").value == 2  # the count follows a hand-made pick
-    at.number_input(key="tr_batch").set_value(256).run()
-    assert ticked(at) == ["virtual-1", "virtual-3"]  # a form change keeps the pick
     assert summary(at) == "Selected: 2 GPUs | Effective batch size: 512"
+    assert at.number_input(key="tr_n_gpus").value == 2  # the count follows a hand-made pick
+    at.number_input(key="tr_batch").set_value(1024).run()
+    assert ticked(at) == ["virtual-1", "virtual-3"]  # a form change keeps the pick
+    assert summary(at) == "Selected: 2 GPUs | Effective batch size: 2048"
     at.number_input(key="tr_n_gpus").set_value(1).run()  # asking for a count: recommended again
     assert not at.exception and len(ticked(at)) == 1
-    assert summary(at) == "Selected: 1 GPUs | Effective batch size: 256"
+    assert summary(at) == "Selected: 1 GPUs | Effective batch size: 1024"
     at.number_input(key="tr_grad_accum").set_value(3).run()  # micro-batches multiply it
-    assert summary(at) == "Selected: 1 GPUs | Effective batch size: 768"
+    assert summary(at) == "Selected: 1 GPUs | Effective batch size: 3072"
     pick(at, [])
     assert summary(at) == "Selected: 0 GPUs | Effective batch size: 0"
     assert at.button(key="tr_submit").disabled
@@ -140,7 +142,7 @@ def test_submit_queues_a_pending_training_on_exactly_the_chosen_devices():
     assert (job.priority, job.time_limit_s) == (7, 5400.0)
     config = json.loads(job.train_config_json)
     assert (config["steps"], config["batch_size"], config["lr"], config["name"]) == (200, 512, 3e-4, "pick-two")
-    assert (config["architecture"], config["source"], config["d_in"]) == ("topk", "synthetic", 512)
+    assert (config["architecture"], config["source"], config["d_in"]) == ("topk", "synthetic", 64)
     assert (config["balance"], config["rebalance"], config["on_rank_loss"]) == ("speed", False, "fail")
     assert at.success[0].value.startswith(f"Job {job.id} (pick-two) is queued on 2 devices")
     assert at.text_input(key="tr_name").value == ""  # a name is for one run
@@ -155,7 +157,7 @@ def test_a_blank_name_gets_one_shared_by_the_job_and_its_run():
     at.button(key="tr_submit").click().run()
     job = list_jobs(get_engine())[0]
     config = json.loads(job.train_config_json)
-    assert job.name == config["name"] and job.name.startswith("topk-4096-")
+    assert job.name == config["name"] and job.name.startswith("topk-256-")
     assert json.loads(job.gpu_ids_json) == ["virtual-3"]
 
 
@@ -165,8 +167,8 @@ def test_an_allocated_device_cannot_be_chosen_and_says_which_job():
     box = device(at, "virtual-1")
     assert box.disabled and box.value is False
     assert box.proto.help == f"allocated to job {job_id}"
-    assert ticked(at) == ["virtual-0", "virtual-2", "virtual-3"]
-    assert summary(at) == "Selected: 3 GPUs | Effective batch size: 12288"
+    assert ticked(at) == ["virtual-0", "virtual-2"]  # 2 of the 3 free
+    assert summary(at) == "Selected: 2 GPUs | Effective batch size: 512"
     texts = [m.value for m in at.markdown]
     assert f":blue-badge[job {job_id}]" in texts
     assert any(f"allocated to job {job_id}" in t for t in texts)
@@ -227,7 +229,7 @@ def test_devices_short_of_memory_are_marked_and_not_recommended():
     assert not at.exception
     assert sum("low memory" in m.value for m in at.markdown) == 4
     assert ticked(at) == []
-    assert at.warning and "Fewer than 4 devices fit now" in at.warning[0].proto.title
+    assert at.warning and "Fewer than 2 devices fit now" in at.warning[0].proto.title
     device(at, "virtual-0").check().run()  # still allowed by hand: the estimate may be pessimistic
     assert summary(at) == "Selected: 1 GPUs | Effective batch size: 10000000"
 
@@ -247,3 +249,45 @@ def test_shards_source_reads_d_in_from_the_shards(tmp_path):
     pick(at, ["virtual-0"]).button(key="tr_submit").click().run()
     config = json.loads(list_jobs(get_engine())[0].train_config_json)
     assert (config["source"], config["shards_path"], config["d_in"]) == ("shards", str(tmp_path / "acts"), 48)
+
+
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
+def test_one_click_queues_one_job_and_the_same_form_needs_a_confirmation():
+    at = train_page()
+    at.button(key="tr_submit").click().run()
+    (job,) = list_jobs(get_engine())
+    links = {link.value: link.proto for link in at.page_link}
+    assert links[f"Monitor job {job.id}"].query_string == f"job={job.id}"
+    assert links[f"Job {job.id} in the queue"].page == "Queue"
+    # The form is the same (with a daemon the next free devices would be ticked: the same count):
+    # no second job by one more click.
+    assert len(ticked(at)) == 2
+    assert at.button(key="tr_submit").disabled
+    assert any(f"Job {job.id} was just queued from this form" in c.value for c in at.caption)
+    at.button(key="tr_again_button").click().run()  # asked for: allowed once
+    assert not at.button(key="tr_submit").disabled
+    at.button(key="tr_submit").click().run()
+    assert len(list_jobs(get_engine())) == 2 and at.button(key="tr_submit").disabled
+    at.number_input(key="tr_steps").set_value(500).run()  # a changed form is a new job
+    assert not at.button(key="tr_submit").disabled
+
+
+@pytest.mark.parametrize("wanted, message", [
+    (0, "GPUs wanted: at least 1 device is needed (0 given)"),
+    (9, "GPUs wanted: this machine has 4 devices (9 given)"),
+])
+def test_gpus_wanted_out_of_range_says_why_in_words(wanted, message):
+    at = train_page()
+    at.number_input(key="tr_n_gpus").set_value(wanted).run()
+    assert not at.exception
+    assert message in field_errors(at)
+    assert at.button(key="tr_submit").disabled
+
+
+def test_the_architecture_choice_has_the_page_width():
+    at = train_page()
+    control = at.segmented_control(key="tr_architecture")
+    assert list(control.options) == ["topk", "batchtopk", "standard", "jumprelu"]
+    in_columns = [c for c in at.columns if c.segmented_control and
+                  any(getattr(w, "key", None) == "tr_architecture" for w in c.segmented_control)]
+    assert not in_columns  # not squeezed into a third of the page, where "jumprelu" was cut

@@ -53,3 +53,12 @@ def test_a_reading_already_in_percent():
 @pytest.mark.parametrize("formatter", [fmt.fmt_duration, fmt.fmt_bytes, fmt.fmt_percent, fmt.fmt_util])
 def test_missing_is_a_dash_never_zero(formatter):
     assert formatter(None) == formatter(math.nan) == formatter(math.inf) == "—"
+
+
+@pytest.mark.parametrize("code, signal, text", [
+    (0, None, "0"), (1, None, "1"), (None, 15, "signal 15 (SIGTERM)"), (None, 9, "signal 9 (SIGKILL)"),
+    (143, None, "143 · signal 15 (SIGTERM)"),  # 128 + 15: a launcher reporting its child's signal
+    (143, 15, "signal 15 (SIGTERM)"), (None, None, "—"), (255, None, "255"), (2, None, "2"),
+])
+def test_one_exit_format(code, signal, text):
+    assert fmt.fmt_exit(code, signal) == text

@@ -37,7 +37,7 @@ def test_pending_and_finished_rows():
     ended = NOW - timedelta(seconds=5)
     killed, ok = tables.finished_rows([job(state="CANCELLED", exit_code=None, signal=9, ended_at=ended),
                                        job(state="COMPLETED", exit_code=0, ended_at=ended, reason=None)], NOW)
-    assert killed["Exit"] == "— (signal 9)" and killed["Elapsed"] == "3 min 00 s"
+    assert killed["Exit"] == "signal 9 (SIGKILL)" and killed["Elapsed"] == "3 min 00 s"
     assert ok["Exit"] == "0" and ok["Reason"] == "" and ok["Ended"] == ended
 
 
@@ -47,7 +47,7 @@ def test_cluster_rows_newest_first():
     new = SimpleNamespace(**{**vars(old), "cluster_job_id": 2, "exit_code": None, "signal": 15})
     rows = tables.cluster_rows([old, new])
     assert [r["Job"] for r in rows] == ["slurm:2", "slurm:1"]
-    assert [r["Exit"] for r in rows] == ["— (signal 15)", "0"]
+    assert [r["Exit"] for r in rows] == ["signal 15 (SIGTERM)", "0"]
 
 
 def test_ranks_table_and_shares_table():

@@ -22,3 +22,26 @@ def events_toggle(key: str, events: list[dict]) -> bool:
         "Show run events on the charts", key=key, value=False, disabled=not events,
         help=(f"{summary}. Close ones are drawn as one dashed mark (thicker the more it holds; "
               "its tooltip lists them)." if summary else "This run recorded no event."))
+
+
+def log_tail(job: dict, lines: int) -> None:
+    """The last `lines` lines of each of a job's log files (stdout, then stderr when separate),
+    newest at the end; what is not there yet says so."""
+    from sae_dist.analytics import jobs
+
+    paths = jobs.log_paths(job)
+    if not paths:
+        st.caption("No log yet: it is written once the job starts." if job["state"] == "PENDING"
+                   else "It never started: no log." if job["started_at"] is None
+                   else "This job's output files were not recorded.")
+        return
+    for label, path in paths:
+        tail = jobs.tail_lines(path, lines)
+        st.markdown(f"**{label}** · `{path}`" + (f" · last {lines:,} lines"
+                                                  if tail and len(tail) >= lines else ""))
+        if tail is None:
+            st.caption("The file cannot be read (not written yet, or removed).")
+        elif not tail:
+            st.caption("Empty so far.")
+        else:  # no height: the newest line, at the end, is in view without scrolling the box
+            st.code("\n".join(tail), language=None)

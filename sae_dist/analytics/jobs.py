@@ -160,3 +160,19 @@ def tail_lines(path: str | os.PathLike[str], lines: int = 100,
     if cut and parts:
         parts = parts[1:]
     return parts[-lines:] if lines > 0 else []
+
+
+def last_log_line(job: dict[str, Any]) -> str | None:
+    """The last non-blank line of the job's most recently written log file (what it is doing
+    now, in its own words); None when there is none yet."""
+    written = []
+    for _, path in log_paths(job):
+        try:
+            written.append((os.path.getmtime(path), path))
+        except OSError:
+            continue
+    for _, path in sorted(written, reverse=True):
+        lines = [line for line in tail_lines(path, 20, max_bytes=16 * 1024) or [] if line.strip()]
+        if lines:
+            return lines[-1]
+    return None

@@ -64,6 +64,16 @@ def run_step_metrics(engine: Engine, run_id: int,
     return {name: [row[i] for row in rows] for i, name in enumerate(names)}
 
 
+def recent_steps(engine: Engine, run_id: int, limit: int = 200) -> list[tuple[int, Any]]:
+    """A run's last `limit` logged steps as (step, time), oldest first (the (run_id, step)
+    index reads them backwards): what the recent step rate is measured on."""
+    query = (select(StepMetric.step, StepMetric.time).where(StepMetric.run_id == run_id)
+             .order_by(StepMetric.step.desc()).limit(limit))
+    with engine.connect() as conn:
+        rows = conn.execute(query).all()
+    return [(step, time) for step, time in reversed(rows)]
+
+
 def run_rank_stats(engine: Engine, run_id: int) -> dict[str, list]:
     """One run's per-rank stats, column-wise (RANK_STAT_COLUMNS), ordered by step then rank."""
     columns = [getattr(RankStat, name) for name in RANK_STAT_COLUMNS]

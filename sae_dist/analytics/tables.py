@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from sae_dist.analytics import jobs
-from sae_dist.format import (MISSING, fmt_ago, fmt_bytes, fmt_duration, fmt_number, fmt_seconds,
+from sae_dist.format import (MISSING, fmt_ago, fmt_exit, fmt_bytes, fmt_duration, fmt_number, fmt_seconds,
                                        fmt_share, fmt_steps, short_devices)
 
 Row = dict[str, Any]
@@ -70,9 +70,8 @@ def shares_table(window: list[Row]) -> list[Row]:
 # ---- Queue ------------------------------------------------------------------------------------
 
 def exit_cell(exit_code: int | None, signal: int | None) -> str:
-    """A finished job's exit code, and the signal that ended it: "0", "— (signal 9)"."""
-    code = MISSING if exit_code is None else str(exit_code)
-    return code + (f" (signal {signal})" if signal else "")
+    """A finished job's exit code or the signal that ended it (`format.fmt_exit`)."""
+    return fmt_exit(exit_code, signal)
 
 
 def running_rows(running: list[Row], runs: dict[int, Row], now: datetime) -> list[Row]:
