@@ -284,7 +284,7 @@ with devices_box:
     if any(r["virtual"] for r in rows):
         st.caption("Virtual devices: each is one CPU-backed training rank (no NVIDIA GPU in use here). "
                    "The form starts with a small synthetic run that ends in about a minute on 2 of them.")
-    widths = [1.1, 2.3, 2.2, 1.3, 1.1, 3]  # "Utilisation" on one line at 1,280 px
+    widths = [1.5, 2.2, 2.1, 1.3, 1.1, 2.7]  # "GPU 0" beside its help icon, "Utilisation" on one line at 1,280 px
     with st.container(border=True, gap="xsmall"):
         for col, title in zip(st.columns(widths), ("Device", "Name", "Memory", "Utilisation", "State",
                                                   "Note")):
