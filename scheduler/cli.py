@@ -534,7 +534,7 @@ def _print_recheck(results: list[dict]) -> None:
     if not results:
         print("No failed device to check.")
     for r in results:
-        print(f"{r['uuid']}: health check passed, fault cleared" if r["cleared"]
+        print(f"{r['uuid']}: {r['detail']}, fault cleared" if r["cleared"]
               else f"{r['uuid']}: still failing: {r['detail']}")
     print()
 

@@ -311,3 +311,17 @@ def _samples_per_device() -> int:
     with get_engine().connect() as conn:
         counts = [n for _, n in conn.execute(select(GpuSample.device_uuid, func.count()).group_by(GpuSample.device_uuid))]
     return min(counts) if len(counts) == 8 else 0
+
+
+@CPU_TORCH
+def test_info_recheck_says_what_the_probe_could_check(machine):
+    """Without CUDA the probe can only ask NVML: `info --recheck` says so beside "passed"."""
+    from sae_dist.db import record_fault
+
+    machine()
+    record_fault(get_engine(), UUIDS[5], "NVML: handle: GPU is lost")
+    done = cli("info", "--recheck")
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.splitlines()[0]
+    assert line.startswith(f"{UUIDS[5]}: health check passed (checked: NVML only (torch "), line
+    assert line.endswith(", fault cleared") and not active_faults(get_engine())
