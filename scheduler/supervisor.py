@@ -148,14 +148,18 @@ def supervise(job_id: int) -> int:
         record_until_stored(engine, job_id, FinalState("FAILED", 127, None, f"could not start: {e}", _now(),
                                                       started_at=job.started_at.isoformat()))
         return 1
-    record_process(engine, job_id, pid=proc.pid, pgid=proc.pid, proc_start_ticks=procs.start_ticks(proc.pid),
+    process = dict(pid=proc.pid, pgid=proc.pid, proc_start_ticks=procs.start_ticks(proc.pid),
                    stdout_path=str(out_path), stderr_path=str(err_path))
+    # The job runs now, whatever the database says: while it refuses writes (locked, full...),
+    # the job's process is recorded at a later poll.
+    recorded = _record_process(engine, job_id, process)
 
     deadline = job.started_at.timestamp() + job.time_limit_s if job.time_limit_s else None
     cancelled = timed_out = False
     while proc.poll() is None:
         if not stop:
             time.sleep(POLL_S)  # a signal is seen at the latest when this ends
+        recorded = recorded or _record_process(engine, job_id, process)
         cancel = bool(stop) or _cancel_requested(engine, job_id)
         late = not cancel and deadline is not None and time.time() >= deadline
         if cancel or late:
@@ -180,6 +184,19 @@ def supervise(job_id: int) -> int:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat()
+
+
+def _record_process(engine, job_id: int, process: dict) -> bool:
+    """Record the job's process (pid, its start time, output paths); False while the database
+    refuses the write (asked again next poll), True once stored."""
+    try:
+        record_process(engine, job_id, **process)
+        return True
+    except Exception as e:
+        if storage_problem(e) is None:
+            raise
+        engine.dispose()
+        return False
 
 
 def _cancel_requested(engine, job_id: int) -> bool:

@@ -117,6 +117,31 @@ def test_a_lock_held_past_the_busy_timeout(jobs):
     assert _rows(jobs) == before
 
 
+def test_a_supervisor_records_its_jobs_process_once_the_lock_is_gone(state_home, tmp_path, monkeypatch):
+    """The job already runs when its supervisor records the process: a locked database then is
+    no reason to stop supervising; the record is tried again (at the next poll) until stored."""
+    from scheduler.store import get_job, start_jobs
+    from scheduler.supervisor import _record_process
+
+    monkeypatch.setenv("SAE_DIST_DB_BUSY_TIMEOUT_S", "0.3")
+    engine = get_engine()
+    job_id = submit(engine, new_job(JobSpec(argv=["true"], workdir=str(tmp_path)), [(0, "virtual-0")]))
+    start_jobs(engine, [(job_id, ("virtual-0",))], {})
+    process = dict(pid=os.getpid(), pgid=os.getpid(), proc_start_ticks=1, stdout_path="o", stderr_path="o")
+    holder = subprocess.Popen([sys.executable, "-c", "import sqlite3, sys\n"
+                               f"c = sqlite3.connect({str(state_home / 'state.db')!r}, isolation_level=None)\n"
+                               "c.execute('BEGIN IMMEDIATE'); print('held', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert _record_process(engine, job_id, process) is False  # refused: no exception, no half write
+        assert get_job(engine, job_id).pid is None
+    finally:
+        holder.communicate("", timeout=30)
+    assert _record_process(engine, job_id, process) is True
+    assert get_job(engine, job_id).pid == os.getpid()
+
+
 def test_storage_problems_in_words():
     class Wrapped(Exception):  # how SQLAlchemy's DBAPIError carries the driver's error
         def __init__(self, orig):
