@@ -1,6 +1,7 @@
 """Job arrays written as SLURM writes them, for every listing (the CLI's `queue`, the app's
 Queue page): task ids folded into ranges (`0-3,7,9,10`), and the pending tasks of an array
-folded into one row (`12_[3-999%8]`). Pure, and a leaf: any layer may use it.
+named as one row (`12_[3-999%8]`; which tasks fold together is `job_listing.pending_task_groups`).
+Pure, and a leaf: any layer may use it.
 """
 
 from __future__ import annotations
@@ -29,32 +30,18 @@ def task_label(job_id: int, array_job_id: int | None, array_task_id: int | None)
     return str(job_id) if array_job_id is None else f"{array_job_id}_{array_task_id}"
 
 
-def fold_pending_tasks(rows: list[dict], id_key: str = "job_id") -> list[dict]:
-    """Rows (in their order) with the pending tasks of each array folded into one row, as
-    squeue shows them: `12_[3-999%8]`, at the place of the first. Tasks fold together only
-    when they wait for the same reason and hold, so no row says of a task what is not so.
-    A row has `id_key`, `state`, `reason`, `held`, `array_job_id`, `array_task_id` and
-    `array_max_running`; each row comes back with a `label` (12, 12_7 or the folded name)
-    and a `task_count` (1, or the tasks folded into it)."""
-    groups: dict[tuple, list[int]] = {}
-    out: list[dict] = []
+def label_rows(rows: list[dict], groups: dict[int, list[int]], id_key: str = "job_id") -> list[dict]:
+    """Give each listing row its `label` and `task_count`: a pending row that stands for a
+    group of an array's pending tasks (`groups`: its job id -> the group's task ids, from
+    `job_listing.pending_task_groups`) reads `12_[3-999%8]`, as squeue folds them; any other
+    row 12_7 (a task) or 12 (a job), counting 1. A row has `id_key`, `state`, `array_job_id`,
+    `array_task_id` and `array_max_running`. Labelled in place; returned for convenience."""
     for row in rows:
-        array_id = row.get("array_job_id")
-        if array_id is None or row["state"] != "PENDING":
-            out.append({**row, "label": task_label(row[id_key], array_id, row.get("array_task_id")),
-                        "task_count": 1})
-            continue
-        key = (array_id, row["reason"], row["held"])
-        if key not in groups:
-            groups[key] = []
-            out.append({**row, "folded": groups[key]})
-        groups[key].append(row["array_task_id"])
-    for row in out:
-        tasks = row.pop("folded", None)
-        if tasks is not None:
-            row["label"] = folded_label(row["array_job_id"], tasks, row.get("array_max_running"))
-            row["task_count"] = len(tasks)
-    return out
+        tasks = groups.get(row[id_key]) if row["state"] == "PENDING" else None
+        row["label"] = folded_label(row["array_job_id"], tasks, row.get("array_max_running")) if tasks \
+            else task_label(row[id_key], row.get("array_job_id"), row.get("array_task_id"))
+        row["task_count"] = len(tasks) if tasks else 1
+    return rows
 
 
 def folded_label(array_id: int, tasks: list[int], max_running: int | None) -> str:

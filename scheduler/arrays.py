@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sae_dist.array_notation import fold_ids  # noqa: F401 (scheduler code imports it from here)
+from sae_dist.array_notation import fold_ids, folded_label  # fold_ids: scheduler code imports it from here
 from sae_dist.errors import UserError
 
 MAX_TASK_ID = 1_000_000
@@ -82,11 +82,7 @@ class JobRef:
     tasks: tuple[int, ...] | None = None
 
     def __str__(self) -> str:
-        if self.tasks is None:
-            return str(self.job_id)
-        if len(self.tasks) == 1:
-            return f"{self.job_id}_{self.tasks[0]}"
-        return f"{self.job_id}_[{fold_ids(self.tasks)}]"
+        return str(self.job_id) if self.tasks is None else folded_label(self.job_id, list(self.tasks), None)
 
 
 def parse_job_ref(text: str, max_id: int | None = None) -> JobRef:

@@ -414,7 +414,7 @@ def _job_row(job, now: float) -> dict[str, Any]:
 
 
 def cmd_queue(args) -> int:
-    from sae_dist.array_notation import folded_label, task_label
+    from sae_dist.array_notation import label_rows
     from sae_dist.job_listing import has_cluster_jobs, pending_task_groups, read_jobs
 
     now = time.time()
@@ -425,11 +425,7 @@ def cmd_queue(args) -> int:
         groups = pending_task_groups()
         jobs = read_jobs(states=states, pending_tasks=False) + (read_jobs(job_ids=groups) if groups else [])
     jobs.sort(key=lambda j: (STATE_ORDER.get(j.state, 2), -j.priority if j.state == "PENDING" else 0, j.id))
-    rows = [_job_row(j, now) for j in jobs]
-    for r in rows:
-        tasks = groups.get(r["job_id"]) if r["state"] == "PENDING" else None
-        r["label"] = folded_label(r["array_job_id"], tasks, r["array_max_running"]) if tasks else \
-            task_label(r["job_id"], r["array_job_id"], r["array_task_id"])
+    rows = label_rows([_job_row(j, now) for j in jobs], groups)
     if has_cluster_jobs() is not False:
         rows += _cluster_rows(args.all, now)
     held = _exclusive_allocations(rows)

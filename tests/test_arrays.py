@@ -61,7 +61,7 @@ def test_folding_reads_back_to_the_same_tasks():
 
 # ---- naming tasks, array states, folding (pure) ------------------------------------------------
 
-from sae_dist.array_notation import fold_pending_tasks  # noqa: E402
+from sae_dist.array_notation import label_rows  # noqa: E402
 from scheduler.arrays import JobRef, array_state, parse_job_ref  # noqa: E402
 
 
@@ -104,17 +104,20 @@ def test_a_dependency_on_an_array_sees_all_its_tasks(states, seen):
     assert array_state(states) == seen
 
 
-def _row(job_id, state, array=None, task=None, reason=None, held=False, limit=None):
-    return {"job_id": job_id, "state": state, "reason": reason, "held": held, "array_job_id": array,
-            "array_task_id": task, "array_max_running": limit}
+def _row(job_id, state, array=None, task=None, limit=None):
+    return {"job_id": job_id, "state": state, "array_job_id": array, "array_task_id": task,
+            "array_max_running": limit}
 
 
-def test_pending_tasks_fold_into_one_row_per_array_and_reason():
-    rows = [_row(10, "RUNNING", 10, 0, limit=2), _row(11, "RUNNING", 10, 1, limit=2),
-            *[_row(10 + t, "PENDING", 10, t, "JobArrayTaskLimit", limit=2) for t in (2, 3, 4, 5, 9)],
-            _row(30, "PENDING", reason="Resources"),
-            _row(31, "PENDING", 31, 0, "Resources"), _row(32, "PENDING", 31, 1, "JobHeldUser", held=True)]
-    folded = fold_pending_tasks(rows)
-    assert [(r["label"], r["task_count"]) for r in folded] == [
-        ("10_0", 1), ("10_1", 1), ("10_[2-5,9%2]", 5), ("30", 1), ("31_0", 1), ("31_1", 1)]
-    assert rows[2]["array_task_id"] == 2 and "label" not in rows[0]  # the input is left as it was
+def test_listing_rows_are_named_as_squeue_names_them():
+    # Pending groups (job_listing.pending_task_groups): the row of job 12 stands for tasks 2-5
+    # and 9 of array 10; the row of job 31 for task 0 of array 31 alone.
+    groups = {12: [2, 3, 4, 5, 9], 31: [0]}
+    rows = [_row(10, "RUNNING", 10, 0, limit=2), _row(11, "COMPLETED", 10, 1, limit=2),
+            _row(12, "PENDING", 10, 2, limit=2), _row(30, "PENDING"), _row(31, "PENDING", 31, 0),
+            _row(40, "PENDING", 40, 0, limit=1)]
+    labelled = label_rows(rows, groups)
+    assert labelled is rows
+    assert [(r["label"], r["task_count"]) for r in rows] == [
+        ("10_0", 1), ("10_1", 1), ("10_[2-5,9%2]", 5), ("30", 1), ("31_0", 1), ("40_0", 1)]
+    assert label_rows([_row(12, "RUNNING", 10, 2, limit=2)], groups)[0]["label"] == "10_2"  # running: itself

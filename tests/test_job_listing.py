@@ -84,3 +84,24 @@ def test_a_listing_imports_neither_sqlalchemy_nor_torch():
     get_engine()  # the database exists: the fast path answers
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_pending_tasks_group_by_array_reason_and_hold(tmp_path, monkeypatch):
+    """What `queue` folds into one row: an array's pending tasks waiting for the same reason and
+    hold; running and finished tasks, and plain jobs, are in no group."""
+    from scheduler.arrays import parse_array
+    from scheduler.spec import JobSpec
+    from scheduler.store import set_held_many
+    from scheduler.submit import submit_spec
+
+    monkeypatch.setenv("SAE_DIST_AUTOSTART", "0")
+    engine = get_engine()
+    array = submit_spec(engine, JobSpec(argv=["true"], gpus=0, workdir=str(tmp_path)), [],
+                        array=parse_array("0-9%2"))
+    plain = submit(engine, NewJob(name="plain", kind="command", argv=["true"], gpus=0, workdir=str(tmp_path)))
+    start_jobs(engine, [(array, ())], {array + 2: "JobArrayTaskLimit", array + 3: "JobArrayTaskLimit"})
+    finish_job(engine, array, "COMPLETED", exit_code=0)
+    set_held_many(engine, [array + 8, array + 9], True)
+    groups = job_listing.pending_task_groups()
+    assert groups == {array + 1: [1, 4, 5, 6, 7], array + 2: [2, 3], array + 8: [8, 9]}
+    assert plain not in groups and job_listing.pending_task_groups(engine) == groups  # both connections

@@ -18,8 +18,8 @@ from sqlalchemy.engine import Engine
 from sae_dist.db.schema import (
     FINAL_JOB_STATES, REASON_DETAIL_WORDS, REASON_WORDS, Device, TrainingRun,
 )
-from sae_dist.array_notation import fold_pending_tasks
-from sae_dist.job_listing import query as _query, read_job, read_jobs
+from sae_dist.array_notation import label_rows
+from sae_dist.job_listing import pending_task_groups, query as _query, read_job, read_jobs
 
 STATE_COLORS = {"PENDING": "gray", "RUNNING": "blue", "COMPLETED": "green", "FAILED": "red",
                 "CANCELLED": "orange", "TIMEOUT": "orange", "NODE_FAIL": "red",
@@ -47,17 +47,19 @@ def get_job(engine: Engine, job_id: int) -> dict[str, Any] | None:
 def queue(engine: Engine, finished_limit: int = 100) -> dict[str, list[dict[str, Any]]]:
     """The queue as the Queue page shows it: "pending" (highest priority first, then oldest),
     "running" (oldest start first) and the last `finished_limit` "finished" (newest first)."""
-    active = [j.as_dict() for j in read_jobs(engine, states=("PENDING", "RUNNING"))]
-    finished = [j.as_dict() for j in read_jobs(engine, states=sorted(FINAL_JOB_STATES), order="newest",
-                                               limit=finished_limit)]
+    # An array's pending tasks are one row (12_[3-999%8]), as squeue shows them: one decoded row
+    # for each group, however many tasks; every row gets a label.
+    groups = pending_task_groups(engine)
+    active = read_jobs(engine, states=("PENDING", "RUNNING"), pending_tasks=False)
+    active += read_jobs(engine, job_ids=groups) if groups else []
+    active = label_rows([j.as_dict() for j in active], groups, id_key="id")
+    finished = label_rows([j.as_dict() for j in read_jobs(engine, states=sorted(FINAL_JOB_STATES),
+                                                          order="newest", limit=finished_limit)], {}, id_key="id")
     pending = sorted((j for j in active if j["state"] == "PENDING"),
                      key=lambda j: (-j["priority"], j["submitted_at"], j["id"]))
     running = sorted((j for j in active if j["state"] == "RUNNING"),
                      key=lambda j: (j["started_at"] or j["submitted_at"], j["id"]))
-    # An array's pending tasks are one row (12_[3-999%8]), as squeue shows them; every row a label.
-    return {"pending": fold_pending_tasks(pending, id_key="id"),
-            "running": fold_pending_tasks(running, id_key="id"),
-            "finished": fold_pending_tasks(finished, id_key="id")}
+    return {"pending": pending, "running": running, "finished": finished}
 
 
 def array_progress(engine: Engine, finished_shown: int = 10) -> list[dict[str, Any]]:
