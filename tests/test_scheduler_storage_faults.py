@@ -11,6 +11,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -98,11 +99,17 @@ def test_a_file_size_limit(jobs):
     assert _run_all([WRITERS[0]])[0].returncode == 0  # and it recovers once the limit is gone
 
 
+def hold_write_lock(db: Path) -> subprocess.Popen:
+    """Another process holding the database's write lock (BEGIN IMMEDIATE) until its stdin closes;
+    it prints "held" once it has it."""
+    return subprocess.Popen([sys.executable, "-c", "import sqlite3, sys\n"
+                             f"c = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+                             "c.execute('BEGIN IMMEDIATE'); print('held', flush=True); sys.stdin.read()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
 def test_a_lock_held_past_the_busy_timeout(jobs):
-    holder = subprocess.Popen([sys.executable, "-c", "import sqlite3, sys\n"
-                               f"c = sqlite3.connect({str(jobs / 'state.db')!r}, isolation_level=None)\n"
-                               "c.execute('BEGIN IMMEDIATE'); print('held', flush=True); sys.stdin.read()"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = hold_write_lock(jobs / "state.db")
     try:
         assert holder.stdout.readline() == "held\n"
         before = _rows(jobs)
@@ -128,10 +135,7 @@ def test_a_supervisor_records_its_jobs_process_once_the_lock_is_gone(state_home,
     job_id = submit(engine, new_job(JobSpec(argv=["true"], workdir=str(tmp_path)), [(0, "virtual-0")]))
     start_jobs(engine, [(job_id, ("virtual-0",))], {})
     process = dict(pid=os.getpid(), pgid=os.getpid(), proc_start_ticks=1, stdout_path="o", stderr_path="o")
-    holder = subprocess.Popen([sys.executable, "-c", "import sqlite3, sys\n"
-                               f"c = sqlite3.connect({str(state_home / 'state.db')!r}, isolation_level=None)\n"
-                               "c.execute('BEGIN IMMEDIATE'); print('held', flush=True); sys.stdin.read()"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = hold_write_lock(state_home / "state.db")
     try:
         assert holder.stdout.readline() == "held\n"
         assert _record_process(engine, job_id, process) is False  # refused: no exception, no half write
@@ -194,10 +198,7 @@ def test_the_daemon_and_a_supervisor_ride_out_a_locked_database(state_home, tmp_
     holder = None
     try:
         wait_for(lambda: state(first)[0] == "RUNNING", 60, "the job to run")
-        holder = subprocess.Popen([sys.executable, "-c", "import sqlite3, sys\n"
-                                   f"c = sqlite3.connect({str(state_home / 'state.db')!r}, isolation_level=None)\n"
-                                   "c.execute('BEGIN IMMEDIATE'); print('held', flush=True); sys.stdin.read()"],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        holder = hold_write_lock(state_home / "state.db")
         assert holder.stdout.readline() == "held\n"
         gate.touch()
         wait_for(lambda: (state_home / "jobs" / str(first) / "final.json").exists(), 60, "the end kept on disk")
