@@ -66,7 +66,8 @@ def job_row(job: NewJob, now: datetime) -> dict:
         "exclusive": job.exclusive, "requeue_on_failure": job.requeue, "requeue_count": 0, "workdir": job.workdir,
         "env_json": json.dumps(job.env or {}), "stdout_pattern": job.stdout, "stderr_pattern": job.stderr,
         "cancel_requested": False, "submitted_at": now,
-        "array_task_id": None, "array_max_running": job.array_max_running,
+        # An array's tasks: their task id (array_submit.task_rows) and array id (known once stored).
+        "array_job_id": None, "array_task_id": None, "array_max_running": job.array_max_running,
     }
 
 

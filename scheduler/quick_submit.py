@@ -107,7 +107,6 @@ def sqlite_values(row: dict) -> dict:
 def _insert(con: sqlite3.Connection, rows: list[dict], dependency_ids: list[int], as_array: bool) -> int:
     """Insert jobs in one transaction holding the write lock (their dependencies must exist); the
     first one's id. An array's tasks all get that id as their array's."""
-    rows = [{**row, "array_job_id": None} for row in rows]
     columns = ", ".join(f'"{k}"' for k in rows[0])
     sql = f'INSERT INTO "jobs" ({columns}) VALUES ({", ".join(":" + k for k in rows[0])})'
     con.execute("BEGIN IMMEDIATE")
