@@ -13,7 +13,7 @@ import os
 
 from sae_dist.errors import UserError
 
-HEAD_REVISION = "0010"
+HEAD_REVISION = "0011"
 """The newest migration in sae_dist/db/migrations/versions/."""
 
 BUSY_TIMEOUT_ENV = "SAE_DIST_DB_BUSY_TIMEOUT_S"

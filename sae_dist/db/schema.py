@@ -97,6 +97,33 @@ class TrainingRun(Base, table=True):
     final_samples_per_s: float | None = None
     recovery_mean_cos: float | None = None
     recovery_frac: float | None = None
+    # An SAE of a sweep (one job training many SAEs from one stream): its sweep and its point's
+    # name there ("k32-x16"); NULL for a run of its own.
+    sweep_id: int | None = Field(default=None, index=True)
+    sweep_point: str | None = None
+
+
+SWEEP_STATUSES = RUN_STATUSES
+
+
+class Sweep(Base, table=True):
+    """One job's sweep: the SAEs it trains from one activation stream are training runs that
+    name it (`TrainingRun.sweep_id`); this row holds what they share."""
+
+    __tablename__ = "sweeps"
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str
+    status: str = "RUNNING"  # one of SWEEP_STATUSES
+    run_dir: str = Field(index=True)  # its SAEs train under run_dir/saes/<point>/
+    job_id: int | None = None  # the scheduler job that ran it (no FK: jobs may be pruned)
+    keys_json: str  # JSON list of the swept settings, in the order given
+    config_json: str  # the base config (every setting the SAEs share) as JSON
+    placement_json: str | None = None  # sae_dist.placement.Placement.to_dict(), once planned
+    world_size: int
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    error: str | None = None
 
 
 class StepMetric(Base, table=True):
