@@ -17,6 +17,7 @@ from typing import Any
 
 from sae_dist.contract import NUM_GPUS_ENV
 from sae_dist.errors import USER_ERROR_EXIT, UserError
+from sae_dist.sweep_argv import SWEEP_KEY, sweep_size
 
 STORAGE_ERROR_EXIT = 1  # the state database could not be used (scheduler.storage_errors says why)
 
@@ -53,7 +54,11 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 def _add_submit(sub) -> None:
     s = sub.add_parser("submit", help="queue a command (after --) or an SAE training (--train run.toml)")
     s.add_argument("--train", metavar="TOML", help="an SAE training config (the trainer's TOML keys; "
-                                                   "[[array]] tables: one task per table, with its overrides)")
+                                                   "[[array]] tables: one task per table, with its overrides; "
+                                                   "a [sweep] table of lists: many SAEs in one job)")
+    s.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",
+                   help="with --train: sweep a setting over these values, all SAEs in one job (repeatable; "
+                        "over the TOML's [sweep] list for that key)")
     s.add_argument("-a", "--array", help="a job array: task ids 0-99, 1,3,5 or 0-15:4, then %%N to run at most N "
                                          "at once; each task gets SLURM_ARRAY_TASK_ID (and %%a in --output)")
     s.add_argument("-G", "--gpus", type=int, help="number of GPUs (default 1; with --exclusive, every device)")
@@ -297,6 +302,8 @@ def cmd_submit(args) -> int:
     array = _parsed("--array", parse_array, args.array) if args.array is not None else None
     if args.train:
         from sae_dist.config import build_config, load_toml
+        from sae_dist.sweep import parse_sweep_flags
+        from sae_dist.sweep_argv import checked_lists
         from scheduler.array_submit import ARRAY_TABLE, array_from_overrides
 
         if argv:
@@ -307,8 +314,15 @@ def cmd_submit(args) -> int:
             if not isinstance(overrides, list):
                 raise UserError("--train: 'array' must be [[array]] tables, one per task")
             array = array_from_overrides(overrides, array)
+        table = values.pop(SWEEP_KEY, None)
         # Built (validated) once here; JobSpec keeps it as it is. Its errors name the field alone.
         train_config = build_config(values)
+        # A sweep: checked over the user's own settings (a key both set and swept is refused).
+        lists = checked_lists(values, table, parse_sweep_flags(args.sweep))
+        if lists is not None:
+            train_config = {**train_config.to_dict(), SWEEP_KEY: lists}
+    elif args.sweep:
+        raise UserError("--sweep: goes with --train run.toml (a command job has no training settings)")
     elif not argv:
         raise UserError("empty command: put the program and its arguments after --, or use --train run.toml")
     job_spec = S.JobSpec(
@@ -409,8 +423,19 @@ def _job_row(job, now: float) -> dict[str, Any]:
         "time_limit_s": job.time_limit_s, "exit_code": job.exit_code, "signal": job.signal,
         "kind": job.kind, "held": job.held, "exclusive": job.exclusive,
         "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
-        "array_max_running": job.array_max_running,
+        "array_max_running": job.array_max_running, "saes": _sweep_saes(job),
     }
+
+
+def _sweep_saes(job) -> int | None:
+    """A sweep job's SAE count (None for any other job; the text test spares the JSON of most)."""
+    if not job.train_config_json or f'"{SWEEP_KEY}"' not in job.train_config_json:
+        return None
+    return sweep_size(job.train_config())
+
+
+def _table_name(row: dict) -> str:
+    return f"{row['name']} ({row['saes']} SAEs)" if row.get("saes") else row["name"]
 
 
 def cmd_queue(args) -> int:
@@ -436,6 +461,7 @@ def cmd_queue(args) -> int:
         return 0
     for r in rows:
         r["st"] = SHORT.get(r["state"], r["state"])
+        r["name"] = _table_name(r)
         r["elapsed"] = _duration(r["elapsed_s"]) or "0:00"
         r["limit"] = _duration(r["time_limit_s"]) or "UNLIMITED"
         r["why"] = _running_devices(r) if r["state"] == "RUNNING" else (r["reason"] or "")
@@ -614,6 +640,7 @@ def cmd_acct(args) -> int:
         r["wh"] = f"{r['energy_wh']:.2f}" if r.get("energy_wh") is not None else None
     for r in rows:
         r["label"] = task_label(r["job_id"], r["array_job_id"], r["array_task_id"])
+        r["name"] = _table_name(r)
     _print_table(rows, [("label", "JOBID"), ("name", "NAME"), ("state", "STATE"), ("exit", "EXITCODE"),
                         ("start", "START"), ("end", "END"), ("elapsed", "ELAPSED"), ("gpus", "GPUS"),
                         ("util", "UTIL mean/peak"), ("mem", "PEAK MEM"), ("wh", "ENERGY Wh")])

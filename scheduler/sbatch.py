@@ -12,7 +12,8 @@ import json
 import re
 import shlex
 
-from sae_dist.contract import DEVICE_TYPE_ENV, stored_train_argv
+from sae_dist.contract import DEVICE_TYPE_ENV
+from sae_dist.sweep_argv import stored_job_flags
 
 RDZV_PORT = 29400  # torchrun's documented c10d default; the cluster job owns its nodes
 
@@ -83,7 +84,7 @@ def sbatch_script(job, nodes: int = 1, gpus_per_node: int | None = None, cpu: bo
     if job.kind == "train":  # a stored job's config, or a JobSpec's: validated at submit either way
         devices = f"{'cpu' if cpu else 'cuda'}:{ranks}"
         configs = task_configs or {None: json.loads(job.train_config_json)}
-        flags = {task: _flags(stored_train_argv(config, devices), shared_db) for task, config in configs.items()}
+        flags = {task: _flags(stored_job_flags(config, devices), shared_db) for task, config in configs.items()}
         if not shared_db:
             lines += ["# Metrics go to the run directory only: SQLite on a shared (NFS) home is refused. To record",
                       "# them in a shared database, export SAE_DIST_DB_URL=postgresql+psycopg://... and drop --no-db."]

@@ -27,10 +27,10 @@ from sae_dist.contract import (
     MASTER_PORT_ENV,
     NUM_GPUS_ENV,
     VIRTUAL_DEVICES_ENV,
-    stored_train_argv,
 )
 from sae_dist.db import get_engine
 from sae_dist.paths import state_home
+from sae_dist.sweep_argv import stored_job_flags
 from scheduler import procs
 from scheduler.devices import VIRTUAL_PREFIX
 from scheduler.final_state import FinalState, record_until_stored
@@ -77,7 +77,7 @@ def job_argv(job, devices: list[str]) -> list[str]:
     if job.kind == "train":  # its config was validated at submit: the stored dict is trusted
         kind = "cpu" if all(d.startswith(VIRTUAL_PREFIX) for d in devices) else "cuda"
         return [sys.executable, "-m", "sae_dist", "train",
-                *stored_train_argv(json.loads(job.train_config_json), f"{kind}:{max(1, len(devices))}")]
+                *stored_job_flags(json.loads(job.train_config_json), f"{kind}:{max(1, len(devices))}")]
     return json.loads(job.argv_json)
 
 
