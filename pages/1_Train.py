@@ -22,6 +22,7 @@ from sae_dist.config import (ARCHITECTURES, BALANCES, ON_RANK_LOSS, PRECISIONS, 
 from sae_dist.defaults import describe_resolved
 from sae_dist.errors import ConfigError, UserError
 from sae_dist.paths import state_home
+from sae_dist.sweep_argv import SWEEP_KEY
 from scheduler import status
 from scheduler.recommend import recommend
 from scheduler.spec import JobSpec, parse_time_limit
@@ -44,6 +45,7 @@ FORM_DEFAULTS = {
     "tr_checkpoint_every": DEFAULT["checkpoint_every"], "tr_balance": DEFAULT["balance"],
     "tr_rebalance": DEFAULT["rebalance"], "tr_on_rank_loss": DEFAULT["on_rank_loss"], "tr_name": "", "tr_priority": 0, "tr_time": "",
     "tr_auto": True,  # preselect the recommended devices until the user ticks one
+    "tr_sweep": False, "tr_sw_architecture": [], "tr_sw_k": "", "tr_sw_expansion_factor": "", "tr_sw_lr": "",
 }
 # The devices first: the form's first values depend on them (small runs on virtual devices).
 try:
@@ -113,6 +115,29 @@ general_error = st.empty()
 architecture = st.segmented_control("Architecture", ARCHITECTURES, key="tr_architecture",
                                     required=True, help=HELP["architecture"])
 error_slot("architecture")
+sweep_on = st.toggle("Sweep: many SAEs in one job", key="tr_sweep",
+                     help="List values in the fields below: every combination is one SAE, all trained in one "
+                          "job from one activation stream (at most 256)")
+sweep_box = st.container()
+if sweep_on:
+    with sweep_box.container(border=True):
+        st.caption("Comma-separated values, e.g. 16, 32, 64. A filled field is swept and replaces its "
+                   "single value in the form; a blank one is not swept.")
+        sweep_cols = st.columns(4)
+        with sweep_cols[0]:
+            swept_archs = st.multiselect("Architectures", ARCHITECTURES, key="tr_sw_architecture",
+                                         help=HELP["architecture"])
+            error_slot("sweep_architecture")
+        sweep_texts = {}
+        for col, (key, label) in zip(sweep_cols[1:], (("k", "k values"), ("expansion_factor", "Expansion factors"),
+                                                      ("lr", "Learning rates"))):
+            with col:
+                sweep_texts[key] = st.text_input(label, key=f"tr_sw_{key}", placeholder="16, 32, 64" if key == "k"
+                                                 else "8, 16" if key == "expansion_factor" else "1e-4, 3e-4",
+                                                 help=HELP[key])
+                error_slot(f"sweep_{key}")
+        error_slot("sweep")
+        sweep_preview = st.container()
 model_col, data_col, job_col = st.columns(3, gap="medium")
 with model_col:
     st.markdown("**Model**")
@@ -221,6 +246,11 @@ if lr_text.strip():
 if name.strip():
     values["name"] = name.strip()
 
+sweep, sweep_lists = None, {}
+if sweep_on:  # the swept settings leave the base config: the sweep sets them
+    sweep, sweep_lists, sweep_errors = train_form.form_sweep(values, sweep_texts, swept_archs)
+    errors.update({"sweep" if k == "sweep" else f"sweep_{k}": m for k, m in sweep_errors.items()})
+    values = {k: v for k, v in values.items() if k not in sweep_lists}
 config = None
 try:
     config = build_config(values)
@@ -329,11 +359,26 @@ with devices_box:
                       if short else ""),
                    title=f"Fewer than {wanted} devices fit now")
 
+if sweep is not None:  # its SAEs and where they would train, before the submit
+    plan = train_form.sweep_plan(sweep, [(r["label"], None if r["virtual"] else r["memory_total"])
+                                         for r in table if r["uuid"] in selected],
+                                 "cpu" if all_virtual else "cuda")
+    with sweep_preview:
+        st.markdown(f"**{plan['count']} SAEs in one job:** " + ", ".join(f"`{n}`" for n in plan["names"]))
+        if plan["error"]:
+            errors["sweep"] = plan["error"]
+        elif plan["rows"]:
+            st.caption(plan["reason"] + ".")
+            st.dataframe(plan["rows"], hide_index=True)
+        else:
+            st.caption(f"Estimated memory per device: {fmt.MISSING} (select devices first).")
+
 # ---- the job: checked as the scheduler will, then submitted ----
 spec = None
+train_dict = None if config is None else {**config.to_dict(), **({SWEEP_KEY: sweep_lists} if sweep else {})}
 if config is not None and not errors and selected:
     try:
-        spec = JobSpec(kind="train", train_config=config, name=config.name or "train",
+        spec = JobSpec(kind="train", train_config=train_dict, name=config.name or "train",
                        gpu_ids=selected, priority=int(priority), time_limit_s=time_limit_s,
                        workdir=str(APP_ROOT))
     except UserError as error:
@@ -349,7 +394,7 @@ for field, message in errors.items():
 
 # One click queues one job: the form just submitted cannot be queued again by another click (the
 # next free devices are ticked by then) until it changes, or the person asks for the same again.
-current = (train_form.fingerprint(config.to_dict(), int(priority), time_limit_s, len(selected))
+current = (train_form.fingerprint(train_dict, int(priority), time_limit_s, len(selected))
            if spec is not None else None)
 last = st.session_state.get("tr_last_submit")
 repeat = train_form.repeats_last(current, last, st.session_state.get("tr_again", False))
@@ -371,13 +416,13 @@ with st.container(horizontal=True, vertical_alignment="center"):
     elif not selected:
         st.caption("Select at least one device to submit.")
     else:
-        st.caption(f"{config.steps:,} steps on {', '.join(r['label'] for r in table if r['uuid'] in selected)}"
+        st.caption(f"{f'{len(sweep)} SAEs, ' if sweep else ''}{config.steps:,} steps on {', '.join(r['label'] for r in table if r['uuid'] in selected)}"
                    f"{'' if time_limit_s is None else ', time limit ' + fmt.fmt_duration(time_limit_s)}")
 if clicked and spec is not None:
     if not config.name:  # name the job and its run alike, and uniquely
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        run_name = f"{config.architecture}-{config.resolved_d_sae}-{stamp}"
-        spec = JobSpec(kind="train", train_config={**config.to_dict(), "name": run_name}, name=run_name,
+        run_name = (f"sweep{len(sweep)}" if sweep else f"{config.architecture}-{config.resolved_d_sae}") + f"-{stamp}"
+        spec = JobSpec(kind="train", train_config={**train_dict, "name": run_name}, name=run_name,
                        gpu_ids=spec.gpu_ids, priority=spec.priority, time_limit_s=spec.time_limit_s,
                        workdir=spec.workdir)
     try:

@@ -291,3 +291,54 @@ def test_the_architecture_choice_has_the_page_width():
     in_columns = [c for c in at.columns if c.segmented_control and
                   any(getattr(w, "key", None) == "tr_architecture" for w in c.segmented_control)]
     assert not in_columns  # not squeezed into a third of the page, where "jumprelu" was cut
+
+
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
+def test_a_sweep_shows_its_saes_and_memory_per_device_then_queues_one_job():
+    at = train_page()
+    at.toggle(key="tr_sweep").set_value(True).run()
+    assert [e.value for e in at.error] == ["list values in at least one field (e.g. 16, 32, 64 in k), or turn "
+                                           "the sweep off"]
+    assert at.button(key="tr_submit").disabled
+    at.text_input(key="tr_sw_k").set_value("4, 8")
+    at.text_input(key="tr_sw_expansion_factor").set_value("2, 4")
+    at.multiselect(key="tr_sw_architecture").set_value(["topk", "batchtopk"]).run()
+    assert not at.exception and not at.error
+    (saes,) = [m.value for m in at.markdown if "SAEs in one job" in m.value]
+    assert saes.startswith("**8 SAEs in one job:** `topk-k4-x2`, `topk-k4-x4`")
+    plan = at.dataframe[0].value  # the 2 preselected virtual devices, 4 SAEs each
+    assert list(plan["Device"]) == ["virtual GPU 0", "virtual GPU 1"] and set(plan["Capacity"]) == {"unknown (virtual)"}
+    assert all(text.endswith("MiB") for text in plan["Estimated memory"])
+    assert any("capacity unknown" in c.value for c in at.caption)
+    at.text_input(key="tr_name").set_value("grid").run()
+    at.button(key="tr_submit").click().run()
+    (job,) = list_jobs(get_engine())
+    config = json.loads(job.train_config_json)
+    assert (job.name, job.gpus, config["sweep"]) == ("grid", 2, {
+        "architecture": ["topk", "batchtopk"], "k": [4, 8], "expansion_factor": [2, 4]})
+
+
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
+def test_each_bad_sweep_field_has_its_own_error_and_nothing_is_queued():
+    at = train_page()
+    at.toggle(key="tr_sweep").set_value(True).run()
+    at.text_input(key="tr_sw_k").set_value("4, x")
+    at.text_input(key="tr_sw_lr").set_value("1e-3, -1").run()
+    assert sorted(e.value for e in at.error) == ["'x' is not a whole number",
+                                                 "point 2 (lr=-1.0): lr: must be positive, got -1.0"]
+    at.text_input(key="tr_sw_k").set_value("4, 4000").run()  # each field checked alone: the width is 256
+    assert "point 2 (k=4000): k: k = 4000 is more than d_sae = 256" in [e.value for e in at.error]
+    assert at.button(key="tr_submit").disabled and list_jobs(get_engine()) == []
+
+
+def test_the_sweep_plan_names_what_does_not_fit_a_known_capacity():
+    from sae_dist.analytics.train_form import form_sweep, sweep_plan
+
+    values = {"architecture": "topk", "source": "synthetic", "d_in": 64, "expansion_factor": 4, "batch_size": 256}
+    sweep, lists, errors = form_sweep(values, {"k": "4, 8", "lr": ""}, [])
+    assert (lists, errors, sweep.names) == ({"k": [4, 8]}, {}, ["k4", "k8"])
+    roomy = sweep_plan(sweep, [("GPU 0", 80 * 2**30)], "cuda")
+    assert roomy["error"] is None and roomy["rows"][0]["Capacity"] == "80.0 GiB" and roomy["rows"][0]["SAEs"] == "k4, k8"
+    tight = sweep_plan(sweep, [("GPU 0", 2**20)], "cuda")
+    assert tight["rows"] == [] and tight["error"].startswith("the sweep does not fit the job's 1 device: 2 of its 2 SAEs")
+    assert sweep_plan(sweep, [], "cuda")["rows"] == []  # no device chosen: names only

@@ -28,6 +28,7 @@ PAGES = (
     ("pages/3_Queue.py", "Queue", ":material/list:"),
     ("pages/4_Training_runs.py", "Training runs", ":material/monitoring:"),
     ("pages/5_Benchmarks.py", "Benchmarks", ":material/bar_chart:"),
+    ("pages/6_Sweeps.py", "Sweeps", ":material/grid_view:"),
 )
 APP_ROOT = Path(__file__).resolve().parents[1]
 ICONS = Path(__file__).resolve().parent / "icons"

@@ -56,3 +56,101 @@ def fingerprint(config: dict[str, Any], priority: int, time_limit_s: float | Non
 def repeats_last(current: str | None, last: str | None, confirmed: bool) -> bool:
     """Whether submitting now would queue the last submitted job again, unasked."""
     return current is not None and current == last and not confirmed
+
+
+# ---- a sweep: many SAEs in one job (issue 20) ----
+
+SWEEP_FIELDS = ("architecture", "k", "expansion_factor", "lr")
+"""The settings the form sweeps (sae_dist.sweep takes more from a TOML file or the CLI)."""
+
+
+def sweep_lists(texts: dict[str, str], architectures: list[str]) -> tuple[dict[str, list[Any]], dict[str, str]]:
+    """The form's sweep fields as {setting: [values]}, and an error per field that cannot be
+    read ("16, 32, 64": each value as its setting's type). A blank field is not swept."""
+    from sae_dist.errors import ConfigError
+    from sae_dist.sweep import parse_sweep_flags
+
+    lists: dict[str, list[Any]] = {"architecture": list(architectures)} if architectures else {}
+    errors: dict[str, str] = {}
+    for key, text in texts.items():
+        if not text.strip():
+            continue
+        try:
+            lists.update(parse_sweep_flags([f"{key}={text}"]))
+        except ConfigError as e:
+            errors[key] = _sweep_message(e, key)
+    return lists, errors
+
+
+def form_sweep(values: dict[str, Any], texts: dict[str, str], architectures: list[str]
+               ) -> tuple[Any, dict[str, list[Any]], dict[str, str]]:
+    """(the sweep or None, its lists, the errors by field) of the form's sweep fields over its
+    other `values`: every field that reads is checked for its values even when another does not
+    read (each bad field says so at once); the grid as a whole only when all read."""
+    lists, errors = sweep_lists(texts, architectures)
+    if errors and not lists:
+        return None, lists, errors
+    sweep, value_errors = checked_sweep(values, lists)
+    if errors:
+        value_errors.pop("sweep", None)
+    errors = {**value_errors, **errors}
+    return (None if errors else sweep), lists, errors
+
+
+def checked_sweep(values: dict[str, Any], lists: dict[str, list[Any]]) -> tuple[Any, dict[str, str]]:
+    """The sweep the form describes over its other `values` (a swept setting's own field is
+    left out), or None and the errors: one per bad field (its values checked alone), else one
+    for the whole grid ("sweep": two points that train the same SAE, too many SAEs)."""
+    from sae_dist.errors import ConfigError
+    from sae_dist.sweep import build_sweep
+
+    if not lists:
+        return None, {"sweep": "list values in at least one field (e.g. 16, 32, 64 in k), or turn the sweep off"}
+    errors: dict[str, str] = {}
+    for key, values_of_key in lists.items():
+        try:
+            build_sweep(_without(values, [key]), None, {key: values_of_key})
+        except ConfigError as e:
+            errors[key] = _sweep_message(e, key)
+    if errors:
+        return None, errors
+    try:
+        return build_sweep(_without(values, lists), None, lists), {}
+    except ConfigError as e:
+        return None, {"sweep": str(e).removeprefix("sweep: ")}
+
+
+def _without(values: dict[str, Any], keys) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if k not in keys}
+
+
+def _sweep_message(error: Exception, key: str) -> str:
+    """A sweep error as shown under its field: without the "sweep: --sweep k:" the CLI needs."""
+    return str(error).removeprefix("sweep: ").removeprefix(f"--sweep {key}: ")
+
+
+def sweep_plan(sweep: Any, devices: list[tuple[str, int | None]], device_type: str) -> dict[str, Any]:
+    """What the Train page shows before a sweep's submit: its SAEs' names and, on the chosen
+    devices (label, capacity in bytes or None: unknown), the placement's reason and one row per
+    device with its estimated memory; or the placement's error (which SAE lacks how much)."""
+    from sae_dist.errors import UserError
+    from sae_dist.format import fmt_bytes
+    from sae_dist.placement import Device, needs_for, place
+
+    shown: dict[str, Any] = {"count": len(sweep), "names": sweep.names, "reason": None, "rows": [], "error": None}
+    if not devices:
+        return shown
+    if any(p.config.d_in is None for p in sweep.points):
+        shown["error"] = "the memory per device needs d_in (the shards' width)"
+        return shown
+    try:
+        plan = place(needs_for([(p.name, p.config) for p in sweep.points], device_type),
+                     [Device(label, capacity) for label, capacity in devices])
+    except UserError as e:
+        shown["error"] = str(e)
+        return shown
+    shown["reason"] = plan.reason
+    shown["rows"] = [{"Device": d.device, "SAEs": ", ".join(d.saes) or "—", "Estimated memory": fmt_bytes(d.bytes),
+                      "Capacity": fmt_bytes(d.capacity) if d.capacity is not None else "unknown (virtual)"}
+                     for d in plan.devices]
+    return shown

@@ -1,0 +1,104 @@
+"""Sweeps: many SAEs trained in one job from one activation stream.
+
+The list of sweeps (status, SAEs done, running and failed, the job), then one sweep: its grid's
+final figures (each swept setting a column), L0 against FVU with the Pareto frontier, and the
+SAEs' curves overlaid. Each SAE is a training run: its link opens it on the Training runs page.
+Queries and charts: `sae_dist.analytics.sweeps`.
+"""
+
+import streamlit as st
+
+from sae_dist.analytics import compare_charts, pareto, queries, run_compare, sweeps
+from webui.sidebar import page_frame
+
+engine = page_frame("Sweeps", ":material/grid_view:")
+RUNS_PAGE = "pages/4_Training_runs.py"
+QUEUE_PAGE = "pages/3_Queue.py"
+NUMBER = st.column_config.NumberColumn
+
+st.title("Sweeps", anchor=False)
+st.caption("A sweep trains many SAEs in one job, each batch read once and fed to all of them. "
+           "Each SAE is a training run of its own.")
+listed = sweeps.list_sweeps(engine)
+if not listed:
+    st.info("Queue one from the Train page (turn on *Sweep: many SAEs in one job*), or with "
+            "`python -m scheduler submit --train run.toml --sweep k=16,32,64`.", title="No sweep yet")
+    st.stop()
+
+st.dataframe(sweeps.list_rows(listed), hide_index=True,
+             column_config={"Sweep": NUMBER(format="%d"), "Job": NUMBER(format="%d")})
+by_id = {s["id"]: s for s in listed}
+requested = st.query_params.get("sweep", "")
+if st.session_state.get("sweep_pick") not in by_id:  # first visit, or a link naming a sweep
+    st.session_state["sweep_pick"] = int(requested) if requested.isdigit() and int(requested) in by_id \
+        else listed[0]["id"]
+
+
+def remember_pick() -> None:
+    st.query_params["sweep"] = str(st.session_state["sweep_pick"])
+
+
+with st.container(horizontal=True, vertical_alignment="bottom"):
+    picked = st.selectbox("Sweep", list(by_id), key="sweep_pick", on_change=remember_pick, width=420,
+                          format_func=lambda i: f"{i} · {by_id[i]['name']} · {by_id[i]['status']}")
+    st.button("Refresh", key="sweep_refresh", icon=":material/refresh:", help="Read the sweep's SAEs again")
+sweep = sweeps.load_sweep(engine, picked)
+if sweep is None:
+    st.warning("This sweep is no longer in the database.")
+    st.stop()
+
+st.subheader(f"Sweep {sweep['id']} · {sweep['name']}", anchor=False)
+with st.container(horizontal=True, vertical_alignment="center"):
+    st.badge(sweep["status"])
+    if sweep["job_id"] is not None:
+        st.page_link(QUEUE_PAGE, label=f"Job {sweep['job_id']}", icon=":material/list:",
+                     query_params={"job": str(sweep["job_id"])})
+    st.caption(f"Swept: {', '.join(sweep['keys']) or '—'} · started {sweeps.utc_text(sweep['created_at'])} · "
+               f"{sweep['world_size']} device{'s' if sweep['world_size'] != 1 else ''} · `{sweep['run_dir']}`")
+if sweep["placement"]:
+    st.caption(f"Placement: {sweep['placement'].get('reason', '—')}.")
+if sweep["error"]:
+    st.error(sweep["error"], title="The sweep stopped with an error")
+runs = sweep["runs"]
+if not runs:
+    st.info("No SAE of this sweep has started yet: their runs appear here once the job starts them.")
+    st.stop()
+
+evaluations = queries.latest_evaluations(engine)
+st.markdown("**The grid**")
+rows = sweeps.grid_rows(sweep["keys"], runs, evaluations)
+st.dataframe(rows, hide_index=True, column_config={
+    "Run": NUMBER(format="%d"), "FVU": NUMBER(format="%.4f"), "L0": NUMBER(format="%.1f"),
+    "Dead fraction": NUMBER(format="percent")})
+with st.container(horizontal=True):  # each SAE's run, as every run link in the app opens it
+    for run in runs:
+        st.page_link(RUNS_PAGE, label=run["point"], icon=":material/monitoring:", query_params={"run": str(run["id"])})
+
+points = sweeps.sweep_points(runs, evaluations)
+chart = sweeps.pareto_chart(points)
+if chart is None:
+    st.caption("L0 against FVU: no SAE has measured both yet.")
+else:
+    st.altair_chart(chart, on_select="rerun", key="sweep_pareto", selection_mode=pareto.SELECTION,
+                    alt="L0 against FVU of the sweep's SAEs, with the Pareto frontier")
+    st.caption(pareto.caption(points, len(runs), len(runs) + 1))
+    clicked = pareto.picked_run(st.session_state.get("sweep_pareto"))
+    if clicked is not None:
+        name = next((r["point"] for r in runs if r["id"] == clicked), str(clicked))
+        st.page_link(RUNS_PAGE, label=f"Open {name} (run {clicked})", icon=":material/open_in_new:",
+                     query_params={"run": str(clicked)})
+
+st.markdown("**Curves, every SAE overlaid**")
+named = sweeps.labelled(runs)
+series = sweeps.sweep_series(engine, named)
+st.markdown(run_compare.key_html(named), unsafe_allow_html=True)
+colors = run_compare.color_scale(named)
+columns = st.columns(2)
+for i, metric in enumerate(run_compare.COMPARE_METRICS):
+    overlay = run_compare.overlay_frame(series, metric, "step", 0.0, False)
+    curve = compare_charts.overlay_chart(overlay, metric, "step", colors)
+    with columns[i % 2]:
+        if curve is None:
+            st.caption(compare_charts.empty_text(overlay, metric))
+        else:
+            st.altair_chart(curve, alt=f"{compare_charts.compare_title(metric)} against step")

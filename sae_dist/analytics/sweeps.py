@@ -1,0 +1,155 @@
+"""The Sweeps page's data: every sweep with its SAEs' progress, and one sweep's grid (each swept
+setting a column beside the SAE's final figures), its L0-FVU Pareto plot and its curves.
+
+A sweep's SAEs are ordinary training runs naming it (`training_runs.sweep_id`), so their
+figures come from the same summaries, evaluations and step metrics as any run's
+(`queries`); the plot and the overlaid curves are the Training runs page's (`pareto`,
+`run_compare`, `compare_charts`). Queries return plain data; the shaping is pure.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import altair as alt
+from sqlalchemy import func, select
+from sqlalchemy.engine import Engine
+
+from sae_dist.analytics import compare_charts, pareto, queries, run_compare
+from sae_dist.db.schema import Sweep, TrainingRun
+from sae_dist.format import MISSING
+
+DONE, ACTIVE, FAILED = ("COMPLETED",), ("RUNNING", "PENDING"), ("FAILED",)
+"""Run statuses counted as done, running and failed; any other (STOPPED, ...) as stopped."""
+
+
+# ---- queries ----
+
+
+def list_sweeps(engine: Engine, limit: int = 200) -> list[dict[str, Any]]:
+    """The newest `limit` sweeps, newest first: the sweep's row as plain data ("keys" parsed)
+    and "counts": how many of its SAEs' runs are in each status ({} before any started)."""
+    with engine.connect() as conn:
+        sweeps = conn.execute(select(Sweep).order_by(Sweep.id.desc()).limit(limit)).mappings().all()
+        ids = [s["id"] for s in sweeps]
+        counts: dict[int, dict[str, int]] = {i: {} for i in ids}
+        if ids:
+            query = (select(TrainingRun.sweep_id, TrainingRun.status, func.count())
+                     .where(TrainingRun.sweep_id.in_(ids)).group_by(TrainingRun.sweep_id, TrainingRun.status))
+            for sweep_id, status, count in conn.execute(query):
+                counts[sweep_id][status] = count
+    return [{**_sweep(row), "counts": counts[row["id"]]} for row in sweeps]
+
+
+def load_sweep(engine: Engine, sweep_id: int) -> dict[str, Any] | None:
+    """One sweep as plain data ("keys", "config", "placement" parsed) with "runs": its SAEs'
+    run summaries (queries' keys, "config" and "point" included), in the sweep's order."""
+    with engine.connect() as conn:
+        row = conn.execute(select(Sweep).where(Sweep.id == sweep_id)).mappings().first()
+        if row is None:
+            return None
+        points = conn.execute(select(TrainingRun.id, TrainingRun.sweep_point)
+                              .where(TrainingRun.sweep_id == sweep_id).order_by(TrainingRun.id)).all()
+    runs = []
+    for run_id, point in points:
+        summary = queries.get_run_summary(engine, run_id)
+        if summary is not None:
+            runs.append({**summary, "point": point or summary["name"]})
+    return {**_sweep(row), "runs": runs}
+
+
+def _sweep(row: Any) -> dict[str, Any]:
+    sweep = dict(row)
+    sweep["keys"] = _json(sweep.pop("keys_json"), [])
+    sweep["config"] = _json(sweep.pop("config_json"), {})
+    sweep["placement"] = _json(sweep.pop("placement_json"), None)
+    return sweep
+
+
+def _json(text: str | None, default: Any) -> Any:
+    try:
+        return json.loads(text) if text else default
+    except ValueError:
+        return default
+
+
+def sweep_series(engine: Engine, runs: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, list]]]:
+    """(run summary, its logged step columns) per SAE, for the overlaid curves."""
+    return [(run, queries.run_step_metrics(engine, run["id"], run_compare.STEP_COLUMNS)) for run in runs]
+
+
+# ---- shaping (pure) ----
+
+
+def progress_counts(counts: dict[str, int]) -> dict[str, int]:
+    """A sweep's SAEs by outcome: {"done", "running", "failed", "stopped"}."""
+    out = {"done": 0, "running": 0, "failed": 0, "stopped": 0}
+    for status, count in counts.items():
+        which = "done" if status in DONE else "running" if status in ACTIVE else \
+            "failed" if status in FAILED else "stopped"
+        out[which] += count
+    return out
+
+
+def utc_text(when: datetime | None) -> str:
+    """A time as the app writes one: 24-hour UTC (the database's times are UTC)."""
+    if when is None:
+        return MISSING
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def list_rows(sweeps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The list of sweeps as table rows: id, name, status, what it sweeps, SAEs by outcome, job."""
+    rows = []
+    for s in sweeps:
+        c = progress_counts(s["counts"])
+        rows.append({"Sweep": s["id"], "Name": s["name"], "Status": s["status"], "Swept": ", ".join(s["keys"]),
+                     "SAEs": sum(s["counts"].values()), "Done": c["done"], "Running": c["running"],
+                     "Failed": c["failed"], "Job": s["job_id"], "Started (UTC)": utc_text(s["created_at"]),
+                     "Finished (UTC)": utc_text(s["finished_at"])})
+    return rows
+
+
+def grid_rows(keys: Sequence[str], runs: Sequence[dict[str, Any]],
+              evaluations: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per SAE: its point, each swept setting (from its own config), its L0 and FVU as
+    the Pareto plot takes them (the evaluation where it measured both, else the last logged
+    step: "Measured on" says which), its dead fraction and status. Unknown stays None."""
+    points = {p["run"]: p for p in pareto.run_points(runs, evaluations)}
+    rows = []
+    for run in runs:
+        point = points.get(run["id"], {})
+        config = run.get("config") or {}
+        row = {"Run": run["id"], "SAE": run["point"]}
+        row.update({key: config.get(key) for key in keys})
+        row.update({"FVU": point.get("fvu"), "L0": point.get("l0"), "Dead fraction": run.get("dead_fraction"),
+                    "Status": run["status"], "Measured on": point.get("measured_on", MISSING)})
+        rows.append(row)
+    return rows
+
+
+def sweep_points(runs: Sequence[dict[str, Any]], evaluations: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The Pareto plot's points, named by the SAE's point name rather than the run's."""
+    names = {run["id"]: run["point"] for run in runs}
+    return [{**p, "name": names[p["run"]]} for p in pareto.run_points(runs, evaluations)]
+
+
+def pareto_chart(points: Sequence[dict[str, Any]]) -> alt.LayerChart | None:
+    """L0 against FVU of the sweep's SAEs, each in its curves' colour, with the frontier."""
+    colors = run_compare.run_colors([p["run"] for p in points])
+    chart = compare_charts.pareto_chart(points, pareto.pareto_frontier(points), colors)
+    if chart is None:
+        return None
+    return chart.properties(title=alt.TitleParams(
+        "L0 against FVU, the sweep's SAEs",
+        subtitle="lower left is better · dashed: the Pareto frontier · click a point to open its run"))
+
+
+def labelled(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs named by their point in the curves' key and tooltips ("12 · k32-x16")."""
+    return [{**run, "name": run["point"]} for run in runs]
