@@ -4,7 +4,8 @@ installs the `chromium` package; never `playwright install`).
 
 A person's path through the app: the Overview, a training job submitted from the Train page,
 its Monitor charts growing on their own (the fragment refreshes without a page load), the job
-cancelled from the Queue page, the run and the (empty) benchmarks pages. A screenshot of each
+cancelled from the Queue page, the run and the (empty) benchmarks pages, and a sweep on the
+Sweeps page. A screenshot of each
 page is kept under test-artifacts/e2e/ (or $SAE_DIST_E2E_ARTIFACTS) to be looked at.
 
 Every request the browser makes on the way is recorded, and a step fails naming any to a host
@@ -296,6 +297,27 @@ def test_5_runs_and_benchmarks_pages_load_nothing_from_elsewhere(served, page):
     expect(page.get_by_role("heading", name="Benchmarks")).to_be_visible()
     no_exception(page)
     shoot(page, "7-benchmarks")
+
+
+def test_6_sweeps_page_draws_a_sweep_with_nothing_from_elsewhere(served, page):
+    """The Sweeps page on a sweep written as the sweep trainer writes one (its grid, its Pareto
+    plot and curves drawn), opened by its URL, then by the sidebar: no request to another host."""
+    from playwright.sync_api import expect
+
+    from test_app_sweeps import add_sweep
+
+    url, engine = served
+    sweep_id, runs = add_sweep(engine, "e2e-sweep")
+    page.goto(f"{url}/Sweeps?sweep={sweep_id}")
+    expect(page.get_by_role("heading", name=f"Sweep {sweep_id} · e2e-sweep")).to_be_visible()
+    expect(page.get_by_role("link", name="k4-x4")).to_be_visible()  # its run's link
+    expect(page.locator('[data-testid="stVegaLiteChart"]').first).to_be_visible()
+    no_exception(page)
+    shoot(page, "8-sweeps")
+    page.get_by_role("link", name="Overview").click()
+    page.get_by_role("link", name="Sweeps").click()
+    expect(page.get_by_role("heading", name=f"Sweep {sweep_id} · e2e-sweep")).to_be_visible()
+    no_exception(page)
 
 
 def test_request_checks_on_plain_data():
