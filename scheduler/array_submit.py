@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from sae_dist.errors import UserError
+from sae_dist.sweep_argv import SWEEP_KEY
 from scheduler.arrays import ArraySpec
 from scheduler.newjob import NewJob, job_row, new_job
 from scheduler.spec import JobSpec
@@ -80,6 +81,10 @@ def _override_task(spec: JobSpec, task: int, override: Any, array: ArraySpec,
     if "devices" in override:  # the tasks share --gpus: one device count for the whole array
         raise UserError(f"--train: [[array]] entry {task}: devices cannot differ between tasks of an array; "
                         "set it once outside [[array]]")
+    swept = sorted(set(override) & set((spec.train_config or {}).get(SWEEP_KEY) or {}))
+    if swept:  # the task's sweep would set it anyway: say so rather than drop the override
+        raise UserError(f"--train: [[array]] entry {task}: {swept[0]} is swept in every task ([sweep]); "
+                        "set it in one of the two")
     config = _task_config(spec.train_config, spec.name, task, override)
     try:
         task_spec = replace(spec, train_config=config)  # validated again, with the override

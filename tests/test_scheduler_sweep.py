@@ -8,8 +8,10 @@ import json
 
 import pytest
 
+from conftest import wait_for
 from sae_dist.config import load_toml
 from sae_dist.db import get_engine
+from sae_dist.db.sweeps import list_sweeps, sweep_runs
 from sae_dist.sweep import build_sweep, parse_sweep_flags, split_sweep
 from sae_dist.sweep_argv import SWEEP_KEY, stored_job_flags, sweep_flags, sweep_size
 from scheduler.spec import JobSpec
@@ -88,3 +90,35 @@ def test_the_app_path_a_spec_with_sweep_lists_is_checked_and_flagged():
     assert sweep_flags(None) == [] and sweep_size(spec.train_config) == 2
     with pytest.raises(Exception, match=r"^--sweep: k: unknown|^--sweep: .*'k'"):
         JobSpec(kind="train", train_config={**config, SWEEP_KEY: {"kk": [4]}}, workdir="/tmp")
+
+
+def test_an_array_of_sweeps_each_task_a_sweep_and_no_override_of_a_swept_key(sched, tmp_path, capsys):
+    toml = _toml(tmp_path, '[sweep]\nk = [4, 8]\n\n[[array]]\nlr = 1e-3\n\n[[array]]\nlr = 3e-4\n')
+    done = cli_in_process(capsys, "submit", "--json", "--train", str(toml), "-D", str(tmp_path))
+    array_id = submitted_id(done)
+    configs = [json.loads(get_job(get_engine(), array_id + i).train_config_json) for i in (0, 1)]
+    assert [(c["name"], c["lr"], c[SWEEP_KEY]) for c in configs] == [("sw-0", 1e-3, {"k": [4, 8]}),
+                                                                     ("sw-1", 3e-4, {"k": [4, 8]})]
+    toml.write_text(toml.read_text() + "\n[[array]]\nk = 16\n")
+    bad = cli_in_process(capsys, "submit", "--train", str(toml), "-D", str(tmp_path))
+    assert (bad.returncode, bad.stderr) == (2, "error: --train: [[array]] entry 2: k is swept in every task "
+                                               "([sweep]); set it in one of the two\n")
+    assert count_jobs(get_engine()) == 2
+
+
+@pytest.mark.slow  # a real daemon runs a real (tiny) sweep
+def test_a_real_daemon_runs_the_sweep_as_one_job(sched, tmp_path, capsys):
+    pytest.importorskip("sae_dist.sweep_train", reason="the sweep trainer (issue 20) is not on this branch yet")
+    toml = _toml(tmp_path, '[sweep]\nk = [4, 8]\n')
+    job_id = submitted_id(cli_in_process(capsys, "submit", "--json", "--train", str(toml), "--gpus", "1",
+                                         "-D", str(tmp_path)))
+    sched.start_daemon()
+    engine = get_engine()
+    wait_for(lambda: get_job(engine, job_id).state not in ("PENDING", "RUNNING"), 120, "the sweep job")
+    job = get_job(engine, job_id)
+    log = (sched.home / "logs" / f"{job_id}-sw.out")
+    assert job.state == "COMPLETED", log.read_text()[-2000:] if log.exists() else job
+    (sweep,) = [s for s in list_sweeps(engine) if s.job_id == job_id]  # one job, one sweep
+    runs = sweep_runs(engine, sweep.id)
+    assert [(r.sweep_point, r.status, r.job_id) for r in runs] == [("k4", "COMPLETED", job_id),
+                                                                   ("k8", "COMPLETED", job_id)]
