@@ -32,6 +32,7 @@ from webui.sidebar import APP_ROOT, page_frame
 engine = page_frame("Train", ":material/rocket_launch:")
 MONITOR_PAGE = "pages/2_Monitor.py"
 QUEUE_PAGE = "pages/3_Queue.py"
+SWEEPS_PAGE = "pages/6_Sweeps.py"
 HELP = {f.name: f.metadata.get("help") for f in config_fields()}
 DEFAULT = {f.name: f.default for f in config_fields()}
 # Widget keys and their first values (the trainer's defaults), set in one place.
@@ -431,6 +432,7 @@ if clicked and spec is not None:
         st.error(str(error), title="The job was not queued")
     else:
         st.session_state["tr_submitted"] = (job_id, spec.name, len(spec.gpu_ids))
+        st.session_state["tr_submitted_saes"] = len(sweep) if sweep else None
         st.session_state["tr_last_submit"] = current
         st.session_state.pop("tr_again", None)
         st.session_state["tr_auto"] = True
@@ -438,10 +440,14 @@ if clicked and spec is not None:
         st.rerun()
 if "tr_submitted" in st.session_state:
     job_id, job_name, n = st.session_state["tr_submitted"]
-    st.success(f"Job {job_id} ({job_name}) is queued on {n} device{'s' if n > 1 else ''}.",
+    saes = st.session_state.get("tr_submitted_saes")
+    st.success(f"Job {job_id} ({job_name}{f', {saes} SAEs' if saes else ''}) is queued on {n} "
+               f"device{'s' if n > 1 else ''}.",
                title="Submitted", icon=":material/check_circle:")
     with st.container(horizontal=True):
         st.page_link(MONITOR_PAGE, label=f"Monitor job {job_id}", icon=":material/speed:",
                      query_params={"job": str(job_id)})
         st.page_link(QUEUE_PAGE, label=f"Job {job_id} in the queue", icon=":material/list:",
                      query_params={"job": str(job_id)})
+        if saes:  # its SAEs' grid, once the job has started them
+            st.page_link(SWEEPS_PAGE, label="Sweeps", icon=":material/grid_view:")

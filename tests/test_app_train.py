@@ -316,6 +316,8 @@ def test_a_sweep_shows_its_saes_and_memory_per_device_then_queues_one_job():
     config = json.loads(job.train_config_json)
     assert (job.name, job.gpus, config["sweep"]) == ("grid", 2, {
         "architecture": ["topk", "batchtopk"], "k": [4, 8], "expansion_factor": [2, 4]})
+    assert at.success[0].value.startswith(f"Job {job.id} (grid, 8 SAEs) is queued on 2 devices")
+    assert sum(link.proto.page == "Sweeps" for link in at.page_link) == 2  # the sidebar's, and the sweep's
 
 
 @pytest.mark.slow  # 1 s or more (AppTest runs of the page)
