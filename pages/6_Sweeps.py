@@ -2,19 +2,31 @@
 
 The list of sweeps (status, SAEs done, running and failed, the job), then one sweep: its grid's
 final figures (each swept setting a column), L0 against FVU with the Pareto frontier, and the
-SAEs' curves overlaid. Each SAE is a training run: its link opens it on the Training runs page.
+SAEs' curves overlaid (redrawn every few seconds while the sweep runs). Each SAE is a training
+run: its link opens it on the Training runs page.
 Queries and charts: `sae_dist.analytics.sweeps`.
 """
+
+from datetime import datetime
 
 import streamlit as st
 
 from sae_dist.analytics import compare_charts, pareto, queries, run_compare, sweeps
-from webui.sidebar import page_frame
+from sae_dist.db import get_engine
+from webui.sidebar import REFRESH_SECONDS, page_frame
 
 engine = page_frame("Sweeps", ":material/grid_view:")
 RUNS_PAGE = "pages/4_Training_runs.py"
 QUEUE_PAGE = "pages/3_Queue.py"
 NUMBER = st.column_config.NumberColumn
+db_url = engine.url.render_as_string(hide_password=False)
+
+
+# Keyed by what changes when new rows land: a finished SAE is read once, a live one once per step.
+@st.cache_data(max_entries=512, show_spinner=False)
+def load_steps(db_url: str, run_id: int, last_step: int, last_update: datetime | None):
+    return queries.run_step_metrics(get_engine(db_url), run_id, run_compare.STEP_COLUMNS)
+
 
 st.title("Sweeps", anchor=False)
 st.caption("A sweep trains many SAEs in one job, each batch read once and fed to all of them. "
@@ -42,43 +54,62 @@ with st.container(horizontal=True, vertical_alignment="bottom"):
     picked = st.selectbox("Sweep", list(by_id), key="sweep_pick", on_change=remember_pick, width=420,
                           format_func=lambda i: f"{i} · {by_id[i]['name']} · {by_id[i]['status']}")
     st.button("Refresh", key="sweep_refresh", icon=":material/refresh:", help="Read the sweep's SAEs again")
-sweep = sweeps.load_sweep(engine, picked)
-if sweep is None:
-    st.warning("This sweep is no longer in the database.")
-    st.stop()
+running = by_id[picked]["status"] == "RUNNING"
 
-st.subheader(f"Sweep {sweep['id']} · {sweep['name']}", anchor=False)
-with st.container(horizontal=True, vertical_alignment="center"):
-    st.badge(sweep["status"])
-    if sweep["job_id"] is not None:
-        st.page_link(QUEUE_PAGE, label=f"Job {sweep['job_id']}", icon=":material/list:",
-                     query_params={"job": str(sweep["job_id"])})
-    st.caption(f"Swept: {', '.join(sweep['keys']) or '—'} · started {sweeps.utc_text(sweep['created_at'])} · "
-               f"{sweep['world_size']} device{'s' if sweep['world_size'] != 1 else ''} · `{sweep['run_dir']}`")
-if sweep["placement"]:
-    st.caption(f"Placement: {sweep['placement'].get('reason', '—')}.")
-if sweep["error"]:
-    st.error(sweep["error"], title="The sweep stopped with an error")
-runs = sweep["runs"]
-if not runs:
-    st.info("No SAE of this sweep has started yet: their runs appear here once the job starts them.")
-    st.stop()
 
-evaluations = queries.latest_evaluations(engine)
-st.markdown("**The grid**")
-rows = sweeps.grid_rows(sweep["keys"], runs, evaluations)
-st.dataframe(rows, hide_index=True, column_config={
-    "Run": NUMBER(format="%d"), "FVU": NUMBER(format="%.4f"), "L0": NUMBER(format="%.1f"),
-    "Dead fraction": NUMBER(format="percent")})
-with st.container(horizontal=True):  # each SAE's run, as every run link in the app opens it
-    for run in runs:
-        st.page_link(RUNS_PAGE, label=run["point"], icon=":material/monitoring:", query_params={"run": str(run["id"])})
+@st.fragment(run_every=REFRESH_SECONDS if running else None)
+def sweep_view(sweep_id: int) -> None:
+    """One sweep; a fragment redrawn every few seconds while it runs (its SAEs' rows grow)."""
+    sweep = sweeps.load_sweep(engine, sweep_id)
+    if sweep is None:
+        st.warning("This sweep is no longer in the database.")
+        return
+    if running and sweep["status"] != "RUNNING":
+        st.rerun()  # it just ended: redraw the page once (the list's counts too), without the timer
+    header(sweep)
+    runs = sweep["runs"]
+    if not runs:
+        st.info("No SAE of this sweep has started yet: their runs appear here once the job starts them.")
+        return
+    evaluations = queries.latest_evaluations(engine)
+    grid(sweep, evaluations)
+    pareto_plot(runs, evaluations)
+    curves(runs)
 
-points = sweeps.sweep_points(runs, evaluations)
-chart = sweeps.pareto_chart(points)
-if chart is None:
-    st.caption("L0 against FVU: no SAE has measured both yet.")
-else:
+
+def header(sweep: dict) -> None:
+    st.subheader(f"Sweep {sweep['id']} · {sweep['name']}", anchor=False)
+    with st.container(horizontal=True, vertical_alignment="center"):
+        st.badge(sweep["status"])
+        if sweep["job_id"] is not None:
+            st.page_link(QUEUE_PAGE, label=f"Job {sweep['job_id']}", icon=":material/list:",
+                         query_params={"job": str(sweep["job_id"])})
+        st.caption(f"Swept: {', '.join(sweep['keys']) or '—'} · started {sweeps.utc_text(sweep['created_at'])} · "
+                   f"{sweep['world_size']} device{'s' if sweep['world_size'] != 1 else ''} · `{sweep['run_dir']}`")
+    if sweep["placement"]:
+        st.caption(f"Placement: {sweep['placement'].get('reason', '—')}.")
+    if sweep["error"]:
+        st.error(sweep["error"], title="The sweep stopped with an error")
+
+
+def grid(sweep: dict, evaluations: dict) -> None:
+    st.markdown("**The grid**")
+    rows = sweeps.grid_rows(sweep["keys"], sweep["runs"], evaluations)
+    st.dataframe(rows, hide_index=True, column_config={
+        "Run": NUMBER(format="%d"), "FVU": NUMBER(format="%.4f"), "L0": NUMBER(format="%.1f"),
+        "Dead fraction": NUMBER(format="percent")})
+    with st.container(horizontal=True):  # each SAE's run, as every run link in the app opens it
+        for run in sweep["runs"]:
+            st.page_link(RUNS_PAGE, label=run["point"], icon=":material/monitoring:",
+                         query_params={"run": str(run["id"])})
+
+
+def pareto_plot(runs: list[dict], evaluations: dict) -> None:
+    points = sweeps.sweep_points(runs, evaluations)
+    chart = sweeps.pareto_chart(points)
+    if chart is None:
+        st.caption("L0 against FVU: no SAE has measured both yet.")
+        return
     st.altair_chart(chart, on_select="rerun", key="sweep_pareto", selection_mode=pareto.SELECTION,
                     alt="L0 against FVU of the sweep's SAEs, with the Pareto frontier")
     st.caption(pareto.caption(points, len(runs), len(runs) + 1))
@@ -88,17 +119,22 @@ else:
         st.page_link(RUNS_PAGE, label=f"Open {name} (run {clicked})", icon=":material/open_in_new:",
                      query_params={"run": str(clicked)})
 
-st.markdown("**Curves, every SAE overlaid**")
-named = sweeps.labelled(runs)
-series = sweeps.sweep_series(engine, named)
-st.markdown(run_compare.key_html(named), unsafe_allow_html=True)
-colors = run_compare.color_scale(named)
-columns = st.columns(2)
-for i, metric in enumerate(run_compare.COMPARE_METRICS):
-    overlay = run_compare.overlay_frame(series, metric, "step", 0.0, False)
-    curve = compare_charts.overlay_chart(overlay, metric, "step", colors)
-    with columns[i % 2]:
-        if curve is None:
-            st.caption(compare_charts.empty_text(overlay, metric))
-        else:
-            st.altair_chart(curve, alt=f"{compare_charts.compare_title(metric)} against step")
+
+def curves(runs: list[dict]) -> None:
+    st.markdown("**Curves, every SAE overlaid**")
+    named = sweeps.labelled(runs)
+    series = [(r, load_steps(db_url, r["id"], r["last_step"], r["last_update"])) for r in named]
+    st.markdown(run_compare.key_html(named), unsafe_allow_html=True)
+    colors = run_compare.color_scale(named)
+    columns = st.columns(2)
+    for i, metric in enumerate(run_compare.COMPARE_METRICS):
+        overlay = run_compare.overlay_frame(series, metric, "step", 0.0, False)
+        curve = compare_charts.overlay_chart(overlay, metric, "step", colors)
+        with columns[i % 2]:
+            if curve is None:
+                st.caption(compare_charts.empty_text(overlay, metric))
+            else:
+                st.altair_chart(curve, alt=f"{compare_charts.compare_title(metric)} against step")
+
+
+sweep_view(picked)

@@ -30,11 +30,11 @@ def environment(state_home, monkeypatch):
     monkeypatch.setenv("SAE_DIST_AUTOSTART", "0")
 
 
-def add_sweep(engine, name: str = "grid", job_id: int | None = 7) -> tuple[int, dict[str, int]]:
+def add_sweep(engine, name: str = "grid", job_id: int | None = 7, status: str = "FAILED") -> tuple[int, dict[str, int]]:
     placement = {"mode": "shared", "reason": "4 SAEs on 2 devices: several per device", "saes": [], "devices": []}
     sweep_id = create_sweep(engine, name=name, run_dir=f"/tmp/{name}", job_id=job_id, keys_json=json.dumps(["k", "expansion_factor"]),
                             config_json=json.dumps({"steps": 30, "d_in": 16}), placement_json=json.dumps(placement),
-                            world_size=2, status="FAILED", error=None)
+                            world_size=2, status=status, error=None)
     ids = {}
     for point, (k, x, fvu, l0, status) in GRID.items():
         config = {"architecture": "topk", "k": k, "expansion_factor": x, "steps": 30, "name": f"{name}-{point}"}
@@ -64,13 +64,6 @@ def open_page(**query) -> AppTest:
     at.switch_page(SWEEPS).run()
     assert not at.exception
     return at
-
-
-@pytest.mark.slow  # 1 s or more (an AppTest run)
-def test_with_no_sweep_the_page_says_how_to_start_one():
-    at = open_page()
-    assert [i.value for i in at.info][0].startswith("Queue one from the Train page")
-    assert "Sweeps" in [link.value for link in at.page_link]  # the sidebar links the page
 
 
 @pytest.mark.slow  # 1 s or more (AppTest runs of the page)
@@ -109,6 +102,23 @@ def test_a_sweep_its_grid_its_pareto_plot_its_curves_and_each_saes_run():
     at.selectbox(key="sweep_pick").set_value(other).run()
     assert at.query_params["sweep"] == [str(other)] or at.query_params["sweep"] == str(other)
     assert not any(link.value.startswith("Job ") for link in at.page_link if link.proto.page.endswith("Queue"))
+
+
+@pytest.mark.slow  # 1 s or more (an AppTest run)
+def test_no_sweep_then_one_not_started_then_a_running_one():
+    at = open_page()
+    assert [i.value for i in at.info][0].startswith("Queue one from the Train page")
+    assert "Sweeps" in [link.value for link in at.page_link]  # the sidebar links the page
+    engine = get_engine()
+    empty = create_sweep(engine, name="starting", run_dir="/tmp/starting", keys_json='["k"]', config_json="{}",
+                         world_size=1)
+    at = open_page(sweep=str(empty))
+    assert at.selectbox(key="sweep_pick").value == empty
+    assert [i.value for i in at.info] == ["No SAE of this sweep has started yet: their runs appear here once the "
+                                          "job starts them."]
+    live, _ = add_sweep(engine, "live", status="RUNNING")
+    at = open_page(sweep=str(live))
+    assert not at.exception and len(at.dataframe) == 2 and charts(at)  # drawn in its live fragment
 
 
 def test_shaping_counts_and_utc_times():

@@ -76,11 +76,6 @@ def _json(text: str | None, default: Any) -> Any:
         return default
 
 
-def sweep_series(engine: Engine, runs: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, list]]]:
-    """(run summary, its logged step columns) per SAE, for the overlaid curves."""
-    return [(run, queries.run_step_metrics(engine, run["id"], run_compare.STEP_COLUMNS)) for run in runs]
-
-
 # ---- shaping (pure) ----
 
 
