@@ -344,3 +344,4 @@ def test_the_sweep_plan_names_what_does_not_fit_a_known_capacity():
     tight = sweep_plan(sweep, [("GPU 0", 2**20)], "cuda")
     assert tight["rows"] == [] and tight["error"].startswith("the sweep does not fit the job's 1 device: 2 of its 2 SAEs")
     assert sweep_plan(sweep, [], "cuda")["rows"] == []  # no device chosen: names only
+    assert form_sweep({**values, "steps": 0}, {"k": "4, 8"}, []) == (None, {"k": [4, 8]}, {})  # steps says why

@@ -86,9 +86,17 @@ def form_sweep(values: dict[str, Any], texts: dict[str, str], architectures: lis
                ) -> tuple[Any, dict[str, list[Any]], dict[str, str]]:
     """(the sweep or None, its lists, the errors by field) of the form's sweep fields over its
     other `values`: every field that reads is checked for its values even when another does not
-    read (each bad field says so at once); the grid as a whole only when all read."""
+    read (each bad field says so at once); the grid as a whole only when all read. Nothing is
+    checked against a base that is itself invalid (its own field says why)."""
+    from sae_dist.config import build_config
+    from sae_dist.errors import ConfigError
+
     lists, errors = sweep_lists(texts, architectures)
     if errors and not lists:
+        return None, lists, errors
+    try:  # a mistake in the other fields is shown under them once, not again under each swept one
+        build_config(_without(values, lists))
+    except ConfigError:
         return None, lists, errors
     sweep, value_errors = checked_sweep(values, lists)
     if errors:
