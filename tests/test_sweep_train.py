@@ -154,3 +154,11 @@ def test_bad_sweeps_are_one_error_and_start_nothing(cli, tmp_path, flags, messag
 def test_estimate_memory_prints_the_placement(cli):
     code, out, _ = cli("estimate-memory", *BASE, "--devices", "cpu:2", "--sweep", "k=2,4,8")
     assert code == 0 and "3 SAEs: k2, k4, k8" in out and "cpu:0:" in out and "cpu:1:" in out
+
+
+def test_a_run_toml_sweep_table(cli, tmp_path):
+    """A run TOML's [sweep] table of lists, with a --sweep flag replacing one of its lists."""
+    toml = tmp_path / "run.toml"
+    toml.write_text('d_in = 16\nexpansion_factor = 4\ndevices = "cpu:1"\n\n[sweep]\nk = [2, 4]\nlr = [1e-3, 3e-3]\n')
+    code, out, _ = cli("estimate-memory", "--config", str(toml), "--sweep", "lr=5e-4")
+    assert code == 0 and "2 SAEs: k2-lr5e-4, k4-lr5e-4" in out, out
