@@ -11,6 +11,7 @@ from sae_dist.config import SYNTHETIC_D_IN, TrainConfig
 from sae_dist.contract import (FORKED_RANK_ENV, OUR_LAUNCHER_ENV, add_config_flags, add_sweep_flag, config_from_args,
                                sweep_from_args)
 from sae_dist.errors import USER_ERROR_EXIT, TrainingStopped, UserError
+from sae_dist.sweep import check_trainable
 
 PEER_LOSS_WAIT_S = 60.0  # a forked rank that lost a peer waits this long for its launcher to stop it
 
@@ -207,6 +208,7 @@ def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
         if sweep is None:
             return launch(cfg, train_argv)
         sweep = sweep.with_d_in(cfg.d_in)  # k > d_sae and twin points show only with the width
+        check_trainable(sweep)
         _placement(sweep, cfg)  # a sweep that cannot fit stops here, before any rank starts
 
         def in_process():

@@ -32,7 +32,7 @@ from sae_dist.memory import PeakMemory
 from sae_dist.placement import Placement, needs_for, place
 from sae_dist.sources.make import make_source
 from sae_dist.step import autocast_for, train_step
-from sae_dist.sweep import Sweep
+from sae_dist.sweep import Sweep, check_trainable
 from sae_dist.sweep_members import (Member, build_members, open_records, rank_devices, resume_members,
                                     write_sweep_checkpoint)
 from sae_dist.sweep_record import SweepRecord
@@ -57,6 +57,7 @@ def _train_sweep(cfg: TrainConfig, sweep: Sweep, ctx: D.DistContext) -> list[Mem
     source = make_source(cfg, ctx)
     cfg = cfg.with_d_in(source.d_in).resolved(ctx.world_size)
     sweep = _resolved(sweep.with_d_in(source.d_in), ctx.world_size)
+    check_trainable(sweep)  # a torchrun started by hand skips the launcher's checks
     placement = place(needs_for([(p.name, p.config) for p in sweep.points], ctx.device.type), rank_devices(ctx))
     name, run_dir = on_main(ctx, _prepare_run_dir, cfg)
     run_dir = Path(run_dir)
