@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import time
@@ -216,7 +217,8 @@ def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
 
             train_sweep(cfg, sweep)
 
-        return launch(cfg, train_argv, in_process=in_process)
+        # No restart without a lost device: the sweep's global batch and placement would change.
+        return launch(dataclasses.replace(cfg, on_rank_loss="fail"), train_argv, in_process=in_process)
     # A rank started by torchrun (ours, or the user's on a cluster).
     import os
 
