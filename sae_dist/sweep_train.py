@@ -84,7 +84,10 @@ def _train_sweep(cfg: TrainConfig, sweep: Sweep, ctx: D.DistContext) -> list[Mem
                 m.record.finish(status="STOPPED" if stopped else "FAILED", error=why)
         record.finish("STOPPED" if stopped else "FAILED", why)
         raise
-    record.finish(*_sweep_end(members))
+    status, note = _sweep_end(members)
+    if note and ctx.is_main:
+        log.warning("%s", note)
+    record.finish(status, note)
     D.barrier()
     return members
 
@@ -191,7 +194,6 @@ def _sweep_end(members: list[Member]) -> tuple[str, str | None]:
     if not failed:
         return "COMPLETED", None
     note = f"{len(failed)} of {len(members)} SAEs failed: " + "; ".join(m.failed for m in failed)
-    log.warning("%s", note)
     return ("FAILED" if len(failed) == len(members) else "COMPLETED"), note[:4000]
 
 
