@@ -103,7 +103,7 @@ def _loop(cfg: TrainConfig, ctx: D.DistContext, source, members: list[Member], s
     if step == 0:
         first = source.next_batches(plan, ctx.rank, ctx.device)
         _init_b_dec(members, first)
-    started = time.perf_counter()
+    started, first_step = time.perf_counter(), step
     while step < cfg.steps:
         step += 1
         at_checkpoint = bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps
@@ -133,7 +133,7 @@ def _loop(cfg: TrainConfig, ctx: D.DistContext, source, members: list[Member], s
                 device_ids)
         if ctx.is_main:
             log.info("step %d/%d: %d SAEs training, %.1f steps/s", step, cfg.steps,
-                     sum(m.live for m in members), step / max(time.perf_counter() - started, 1e-9))
+                     sum(m.live for m in members), (step - first_step) / max(time.perf_counter() - started, 1e-9))
         if at_checkpoint:
             write_sweep_checkpoint(cfg, ctx, members, source, step, run_dir)
         for m in members:
