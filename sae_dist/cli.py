@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import time
 
 from sae_dist.config import SYNTHETIC_D_IN, TrainConfig
-from sae_dist.contract import FORKED_RANK_ENV, OUR_LAUNCHER_ENV, add_config_flags, config_from_args
+from sae_dist.contract import (FORKED_RANK_ENV, OUR_LAUNCHER_ENV, add_config_flags, add_sweep_flag, config_from_args,
+                               sweep_from_args)
 from sae_dist.errors import USER_ERROR_EXIT, TrainingStopped, UserError
+from sae_dist.sweep import check_trainable
 
 PEER_LOSS_WAIT_S = 60.0  # a forked rank that lost a peer waits this long for its launcher to stop it
 
@@ -28,8 +31,10 @@ def _add_train_parsers(sub) -> None:
     train = sub.add_parser("train", help="train an SAE on N devices (DDP)",
                            description="Train a sparse autoencoder; N devices run as N DDP ranks.")
     add_config_flags(train)
-    est = sub.add_parser("estimate-memory", help="memory per device for a training config")
+    add_sweep_flag(train)
+    est = sub.add_parser("estimate-memory", help="memory per device for a training config (or a sweep's placement)")
     add_config_flags(est)
+    add_sweep_flag(est)
 
 
 def _add_bench_parsers(sub) -> None:
@@ -199,7 +204,21 @@ def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
     from sae_dist.launch import die_with_parent, exit_rank, in_worker, launch
 
     if not in_worker():
-        return launch(_preflight(config_from_args(ns)), train_argv)
+        cfg = _preflight(config_from_args(ns))
+        sweep = sweep_from_args(ns)
+        if sweep is None:
+            return launch(cfg, train_argv)
+        sweep = sweep.with_d_in(cfg.d_in)  # k > d_sae and twin points show only with the width
+        check_trainable(sweep)
+        _placement(sweep, cfg)  # a sweep that cannot fit stops here, before any rank starts
+
+        def in_process():
+            from sae_dist.sweep_train import train_sweep
+
+            train_sweep(cfg, sweep)
+
+        # No restart without a lost device: the sweep's global batch and placement would change.
+        return launch(dataclasses.replace(cfg, on_rank_loss="fail"), train_argv, in_process=in_process)
     # A rank started by torchrun (ours, or the user's on a cluster).
     import os
 
@@ -210,7 +229,13 @@ def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
     if rank != "0":
         logging.getLogger().setLevel(logging.WARNING)  # rank 0 speaks for the job
     try:
-        train(config_from_args(ns))
+        sweep = sweep_from_args(ns)
+        if sweep is None:
+            train(config_from_args(ns))
+        else:
+            from sae_dist.sweep_train import train_sweep
+
+            train_sweep(config_from_args(ns), sweep)
     except TrainingStopped as e:
         if rank == "0" and not os.environ.get(OUR_LAUNCHER_ENV):  # under the user's torchrun
             print(f"training stopped by {e.signame}", file=sys.stderr, flush=True)
@@ -286,6 +311,22 @@ def _estimate(ns: argparse.Namespace) -> int:
     from sae_dist.memory import estimate_for_config
 
     cfg = _with_source_d_in(config_from_args(ns))
+    sweep = sweep_from_args(ns)
+    if sweep is not None:
+        placement = _placement(sweep.with_d_in(cfg.d_in), cfg)
+        print(f"{len(sweep)} SAEs: {', '.join(sweep.names)}")
+        print("\n".join(placement.lines()))
+        return 0
     kind, ranks = resolve_devices(cfg.devices)  # "auto" is a GPU only where one is visible
     print(estimate_for_config(cfg, ranks, kind).describe())
     return 0
+
+
+def _placement(sweep, cfg: TrainConfig):
+    """The sweep on the job's devices (sae_dist/placement.py), each GPU's memory as its capacity."""
+    from sae_dist.launch import resolve_devices
+    from sae_dist.placement import needs_for, place
+    from sae_dist.sweep_members import job_devices
+
+    kind, ranks = resolve_devices(cfg.devices)
+    return place(needs_for([(p.name, p.config) for p in sweep.points], kind), job_devices(kind, ranks))

@@ -18,6 +18,7 @@ from sae_dist.errors import ConfigError, UserError
 
 if TYPE_CHECKING:
     from sae_dist.config import TrainConfig
+    from sae_dist.sweep import Sweep
 
 # sae_dist.config is imported inside the functions below: every `python -m scheduler` command
 # reads a name from here, and only submit needs the config code (~30 ms).
@@ -83,14 +84,40 @@ def add_config_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()
                                 metavar=f.name.upper())
 
 
-def config_from_args(ns: argparse.Namespace) -> TrainConfig:
-    """The config the flags (over the --config TOML, over the defaults) describe, validated."""
-    from sae_dist.config import build_config, config_fields, load_toml
+def add_sweep_flag(parser: argparse.ArgumentParser) -> None:
+    """`--sweep KEY=V1,V2`, repeatable: train (and estimate) many SAEs in one job (sae_dist/sweep.py)."""
+    parser.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",
+                        help="train one SAE per value (repeat for a grid: their cartesian product), all "
+                             "from one data stream in this job, e.g. --sweep k=16,32 --sweep expansion_factor=8,16; "
+                             "a run TOML's [sweep] table does the same")
 
-    values: dict[str, Any] = load_toml(ns.config) if getattr(ns, "config", None) else {}
+
+def config_from_args(ns: argparse.Namespace) -> TrainConfig:
+    """The config the flags (over the --config TOML, over the defaults) describe, validated; a
+    sweep's base config (its SAEs' shared settings) when the run is a sweep."""
+    from sae_dist.config import build_config
+
+    return build_config(_given_values(ns)[0])
+
+
+def sweep_from_args(ns: argparse.Namespace) -> Sweep | None:
+    """The sweep the --sweep flags and the TOML's [sweep] table describe (None: one SAE)."""
+    from sae_dist.sweep import build_sweep, parse_sweep_flags
+
+    values, table = _given_values(ns)
+    return build_sweep(values, table, parse_sweep_flags(getattr(ns, "sweep", None) or []))
+
+
+def _given_values(ns: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    """(the settings given: TOML under flags, no defaults; the TOML's [sweep] table or None)."""
+    from sae_dist.config import config_fields, load_toml
+    from sae_dist.sweep import split_sweep
+
+    loaded: dict[str, Any] = load_toml(ns.config) if getattr(ns, "config", None) else {}
+    values, table = split_sweep(loaded)
     names = {f.name for f in config_fields()}
     values.update({k: v for k, v in vars(ns).items() if k in names})
-    return build_config(values)
+    return values, table
 
 
 def checked_train_config(config: TrainConfig | Mapping[str, Any]) -> TrainConfig:

@@ -216,6 +216,15 @@ def build_sweep(base: Mapping[str, Any], table: Any = None,
     return Sweep(keys, tuple(SweepPoint(n, s, c) for n, s, c in zip(names, settings, configs)))
 
 
+def check_trainable(sweep: Sweep) -> None:
+    """What the sweep trainer cannot do yet: the model source's layer or site per SAE (one forward
+    pass hooking several layers); each SAE would silently read the base config's layer instead."""
+    swept = [k for k in sweep.keys if k in MODEL_ONLY]
+    if swept and sweep.points[0].config.source == "model":
+        raise SweepError(f"{', '.join(swept)}: a sweep over the model's layer or site is not built yet; "
+                         f"run one sweep per layer (a job array), each with its --model-layer")
+
+
 def _check_count(count: int, how: str) -> None:
     if count > MAX_SAES:
         raise SweepError(f"{count:,} SAEs ({how}); one job trains at most {MAX_SAES}: "

@@ -18,6 +18,7 @@ from sae_dist.sweep import (
     MAX_SAES,
     SWEEPABLE,
     build_sweep,
+    check_trainable,
     parse_sweep_flags,
     point_name,
     split_sweep,
@@ -216,6 +217,14 @@ def test_a_sweep_as_stored():
     sweep = _sweep({}, {"k": [16, 32]})
     assert sweep.to_dict() == {"keys": ["k"], "points": [{"name": "k16", "settings": {"k": 16}},
                                                          {"name": "k32", "settings": {"k": 32}}]}
+
+
+def test_a_model_layer_sweep_is_refused_until_one_pass_hooks_every_layer():
+    """Each SAE would read the base config's layer: refused, with what to do instead."""
+    sweep = _sweep({"source": "model", "model_path": "/m", "text_path": "/t.txt"}, {"model_layer": [1, 2]})
+    with pytest.raises(ConfigError, match="model_layer: a sweep over the model's layer or site is not built yet"):
+        check_trainable(sweep)
+    check_trainable(_sweep({}, {"k": [16, 32]}))
 
 
 def _module_level_imports(module: str) -> set[str]:
