@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,3 +62,26 @@ def test_without_a_compiler_training_uses_torch_topk(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "trained True" in result.stdout
     assert "could not build the topk_cpu kernel" in result.stderr and "using stock PyTorch" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next(tmp_path):
+    """torch's build lock is a file: a process killed mid-build (a job cancelled at its start) left
+    it behind and every later training waited for it forever. The kernel, already built, copied
+    into a fresh extension directory with such a leftover `lock`: a new process loads it."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    assert cpu_topk() is not None  # built (or loaded) here first
+    built = Path(_get_build_directory("sae_dist_topk_cpu", False))
+    copy = tmp_path / "ext" / "sae_dist_topk_cpu"
+    shutil.copytree(built, copy, ignore=shutil.ignore_patterns("lock"))
+    (copy / "lock").touch()
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    code = ("import logging; logging.basicConfig();"
+            "from sae_dist.kernels import cpu_topk; print('kernel', cpu_topk() is not None)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "kernel True" in result.stdout, result.stderr
+    assert "left by a build that was killed" in result.stderr
+    assert not (copy / "lock").exists()
