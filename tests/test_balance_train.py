@@ -85,7 +85,7 @@ def test_shares_and_rebalancing_never_change_what_is_learnt(tmp_path, source):
     (--balance speed): the samples of a step never depend on the shares."""
     # The SAE's forward outweighs making the data here, so the knob makes rank 1 clearly slower.
     args = ["--d-in", "128", "--d-sae", "2048", "--k", "16", "--batch-size", "256", "--devices", "cpu:2",
-            "--log-every", "4", "--checkpoint-every", "12", "--seed", "4", "--no-db", *LENGTH_FREE_SCHEDULE,
+            "--log-every", "4", "--checkpoint-every", "8", "--seed", "4", "--no-db", *LENGTH_FREE_SCHEDULE,
             "--eval-rows", "0",  # the weights checked are the last checkpoint's: no end-of-run evaluation
             # Other shares round differently (~1e-7); where that flips a latent at the top-k boundary,
             # Adam's first step on it is a whole lr. A small lr keeps such a flip under the 1e-5 checked.
@@ -95,40 +95,47 @@ def test_shares_and_rebalancing_never_change_what_is_learnt(tmp_path, source):
         write_shards(tmp_path / "acts", [torch.randn(3000, 128, generator=gen) for _ in range(2)])
         args += ["--source", "shards", "--shards-path", str(tmp_path / "acts")]
     slow = {"SAE_DIST_TEST_SLOW_RANKS": "1:3"}
-    straight = ok(run_cli("train", *args, "--steps", "24", "--balance", "speed", "--out-dir", str(tmp_path / "straight"),
+    straight = ok(run_cli("train", *args, "--steps", "16", "--balance", "speed", "--out-dir", str(tmp_path / "straight"),
                           env=slow))
     (first, _), = shares_in(straight.stdout)
     assert first[0] > first[1], straight.stdout  # other shares than the split run's first ones
-    ok(run_cli("train", *args, "--steps", "12", "--out-dir", str(tmp_path / "split"), env=slow))
+    ok(run_cli("train", *args, "--steps", "8", "--out-dir", str(tmp_path / "split"), env=slow))
     # The checkpoint holds the shares and the rebalancer's state; the resumed run goes on with both.
     saved = torch.load(latest_checkpoint(tmp_path / "split") / STATE, weights_only=False)
     rebalancer = BalanceState.from_dict(saved["balance"], 2)
     assert len(rebalancer.recent) + rebalancer.moves >= 1
-    resumed = ok(run_cli("train", *args, "--steps", "24", "--out-dir", str(tmp_path / "split"), "--resume", env=slow))
+    resumed = ok(run_cli("train", *args, "--steps", "16", "--out-dir", str(tmp_path / "split"), "--resume", env=slow))
     assert shares_in(resumed.stdout) == [(saved["plan"]["shares"], 1)] and "(the checkpoint's shares)" in resumed.stdout
     print("shares:", first, saved["plan"]["shares"], [line for line in resumed.stdout.splitlines() if "rebalanced" in line])
     assert rel_diff(final_weights(tmp_path / "split"), final_weights(tmp_path / "straight")) < 1e-5
 
 
-# 3 ranks x 128, a checkpoint every 4 steps: the uninterrupted run that a run which goes on with 2
-# of them (resumed on fewer devices, or after losing a rank) must end the same as.
-THREE_RANKS = [*SMALL, "--batch-size", "128", "--checkpoint-every", "4", *LENGTH_FREE_SCHEDULE, "--steps", "8"]
+# 3 ranks x 128, a checkpoint every 4 steps: a run which goes on with 2 of them (resumed on fewer
+# devices, or after losing a rank) must end as an uninterrupted run of the same global batch.
+THREE_RANKS = [*SMALL, "--checkpoint-every", "4", *LENGTH_FREE_SCHEDULE, "--steps", "8"]
 
 
 @pytest.fixture(scope="module")
 def three_ranks_straight(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("three_ranks") / "straight"
-    ok(run_cli("train", *THREE_RANKS, "--devices", "cpu:3", "--no-db", "--out-dir", str(run_dir)))
+    """The uninterrupted run of THREE_RANKS' global batch (3 x 128 = 384), on 1 rank in this
+    process: N ranks equal 1 rank with the whole batch (test_train.py's
+    test_two_ranks_match_one_rank_and_are_recorded, and test_unequal_shares_give_the_whole_batch_result
+    here), and the 3-rank processes are the runs compared with it. --no-db: no state home written."""
+    base = tmp_path_factory.mktemp("three_ranks")
+    run_dir = base / "straight"
+    ok(train_here(*THREE_RANKS, "--batch-size", "384", "--devices", "cpu:1", "--no-db", "--out-dir", str(run_dir),
+                  env={"SAE_DIST_HOME": str(base / "home")}))
     return run_dir
 
 
 @pytest.mark.slow
 def test_resume_on_fewer_devices_keeps_the_global_batch(tmp_path, three_ranks_straight):
     """A 3-rank checkpoint resumed on 2 ranks: 2 micro-batches of 192 keep the global batch of 384,
-    and the weights equal an uninterrupted 3-rank run's."""
-    ok(run_cli("train", *THREE_RANKS, "--devices", "cpu:3", "--no-db", "--steps", "4", "--out-dir", str(tmp_path / "split")))
-    out = ok(run_cli("train", *THREE_RANKS, "--devices", "cpu:2", "--no-db", "--out-dir", str(tmp_path / "split"),
-                     "--resume"))
+    and the weights equal an uninterrupted run's of that global batch."""
+    ok(run_cli("train", *THREE_RANKS, "--batch-size", "128", "--devices", "cpu:3", "--no-db", "--steps", "4",
+               "--out-dir", str(tmp_path / "split")))
+    out = ok(run_cli("train", *THREE_RANKS, "--batch-size", "128", "--devices", "cpu:2", "--no-db",
+                     "--out-dir", str(tmp_path / "split"), "--resume"))
     assert "(3 ranks then, 2 now: global batch 384 kept as 2 micro-batches of 192; shares equal)" in out.stdout
     assert shares_in(out.stdout) == [([96, 96], 2)]
     assert rel_diff(final_weights(tmp_path / "split"), final_weights(three_ranks_straight)) < 1e-5
@@ -138,9 +145,9 @@ def test_resume_on_fewer_devices_keeps_the_global_batch(tmp_path, three_ranks_st
 def test_killing_one_of_three_ranks_finishes_on_two(tmp_path, three_ranks_straight):
     """Rank 2 SIGKILLs itself after step 6 (KILL_RANK_AT_ENV): the job continues from its last
     checkpoint (step 4) on the other two with the same global batch, and ends with the samples and
-    weights of an uninterrupted 3-rank run; the device is recorded as failed."""
+    weights of an uninterrupted run of that global batch; the device is recorded as failed."""
     run_dir = tmp_path / "killed"
-    result = run_cli("train", *THREE_RANKS, "--devices", "cpu:3", "--out-dir", str(run_dir),
+    result = run_cli("train", *THREE_RANKS, "--batch-size", "128", "--devices", "cpu:3", "--out-dir", str(run_dir),
                      env={"SAE_DIST_DEVICES": "virtual-0,virtual-1,virtual-2", KILL_RANK_AT_ENV: "2:6"})
     stdout, stderr = result.stdout, result.stderr
     assert result.returncode == 0, stderr[-3000:]
