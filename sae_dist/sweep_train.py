@@ -36,7 +36,7 @@ from sae_dist.sweep import Sweep, check_trainable
 from sae_dist.sweep_members import (Member, build_members, open_records, rank_devices, resume_members,
                                     write_sweep_checkpoint)
 from sae_dist.sweep_record import SweepRecord
-from sae_dist.train import _device_label, _prepare_run_dir, _received_stop, _stop_on_signals, set_threads
+from sae_dist.train import device_label, prepare_run_dir, received_stop, stop_on_signals, set_threads
 from sae_dist.train_state import on_main
 from sae_dist.window import TrainingDiverged, progress_line
 
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 def train_sweep(cfg: TrainConfig, sweep: Sweep) -> list[Member]:
     ctx = D.init_distributed()
-    with _stop_on_signals():
+    with stop_on_signals():
         members = _train_sweep(cfg, sweep, ctx)
     D.shutdown()  # only after a good end, as train.py
     return members
@@ -59,9 +59,9 @@ def _train_sweep(cfg: TrainConfig, sweep: Sweep, ctx: D.DistContext) -> list[Mem
     sweep = _resolved(sweep.with_d_in(source.d_in), ctx.world_size)
     check_trainable(sweep)  # a torchrun started by hand skips the launcher's checks
     placement = place(needs_for([(p.name, p.config) for p in sweep.points], ctx.device.type), rank_devices(ctx))
-    name, run_dir = on_main(ctx, _prepare_run_dir, cfg)
+    name, run_dir = on_main(ctx, prepare_run_dir, cfg)
     run_dir = Path(run_dir)
-    device_ids = D.gather_objects(_device_label(ctx))
+    device_ids = D.gather_objects(device_label(ctx))
     record = SweepRecord(cfg, ctx, name, str(run_dir), sweep, placement)
     members: list[Member] = []
     try:
@@ -77,7 +77,7 @@ def _train_sweep(cfg: TrainConfig, sweep: Sweep, ctx: D.DistContext) -> list[Mem
         _loop(cfg, ctx, source, members, step, run_dir, device_ids)
         _finish(ctx, members, name, cfg.steps)
     except BaseException as e:
-        stopped = isinstance(e, TrainingStopped) or bool(_received_stop)
+        stopped = isinstance(e, TrainingStopped) or bool(received_stop)
         why = "stopped (a cancel, a time limit or Ctrl-C)" if stopped else f"{type(e).__name__}: {e}"[:2000]
         for m in members:
             if m.record is not None and m.live:

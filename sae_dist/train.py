@@ -60,7 +60,7 @@ class TrainResult:
 
 def train(cfg: TrainConfig) -> TrainResult:
     ctx = D.init_distributed()
-    with _stop_on_signals():
+    with stop_on_signals():
         result = _train(cfg, ctx)
     # Only a run that ended well tears the process group down: after an error a peer may be
     # gone already, and gloo's teardown then aborts the process (std::terminate).
@@ -75,14 +75,14 @@ def _train(cfg: TrainConfig, ctx: D.DistContext) -> TrainResult:
     # Rule-based defaults become numbers here, so the run's stored config says what it ran with.
     cfg = cfg.with_d_in(source.d_in).resolved(ctx.world_size)
 
-    name, run_dir = on_main(ctx, _prepare_run_dir, cfg)
-    device_ids = D.gather_objects(_device_label(ctx))
+    name, run_dir = on_main(ctx, prepare_run_dir, cfg)
+    device_ids = D.gather_objects(device_label(ctx))
     record = RunRecord(cfg, ctx, name, run_dir, device_ids)
     try:
         return _loop(cfg, ctx, source, Path(run_dir), record, device_ids)
     except BaseException as e:
-        if isinstance(e, TrainingStopped) or _received_stop:
-            stop = e if isinstance(e, TrainingStopped) else TrainingStopped(_received_stop[0])
+        if isinstance(e, TrainingStopped) or received_stop:
+            stop = e if isinstance(e, TrainingStopped) else TrainingStopped(received_stop[0])
             record.finish(status="STOPPED", error=f"stopped by {stop.signame} (a cancel, a time limit or Ctrl-C)")
             raise stop from None
 
@@ -233,7 +233,7 @@ def _record_evaluation(cfg, record: RunRecord, run_dir: Path, export_dir: Path, 
 # ---- setting up a rank ----
 
 
-def _prepare_run_dir(cfg: TrainConfig) -> tuple[str, str]:
+def prepare_run_dir(cfg: TrainConfig) -> tuple[str, str]:
     name, run_dir = check_run_dir(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     return name, str(run_dir.resolve())
@@ -248,7 +248,7 @@ def build_sae(cfg: TrainConfig, device) -> SparseAutoencoder:
         jumprelu_bandwidth=cfg.jumprelu_bandwidth, seed=cfg.seed, device=device)
 
 
-def _device_label(ctx: D.DistContext) -> str:
+def device_label(ctx: D.DistContext) -> str:
     if ctx.device.type == "cuda":
         props = torch.cuda.get_device_properties(ctx.device)
         uuid = getattr(props, "uuid", None)
@@ -282,11 +282,11 @@ def kill_step_for_tests(rank: int) -> int | None:
     return kill_step if kill_rank == rank else None
 
 
-_received_stop: list[int] = []  # signals seen: a peer's error caused by its own stop is a stop too
+received_stop: list[int] = []  # signals seen: a peer's error caused by its own stop is a stop too
 
 
 @contextmanager
-def _stop_on_signals():
+def stop_on_signals():
     """SIGTERM / SIGINT raise TrainingStopped in the training loop (main thread only), so that
     rank 0 records why its run ended instead of leaving it RUNNING."""
     if threading.current_thread() is not threading.main_thread():
@@ -296,8 +296,8 @@ def _stop_on_signals():
     def stop(signum, _frame):
         # Once: a cancel often signals a rank twice (directly, and via torchrun), and the second
         # must not interrupt the first one's last database write.
-        if not _received_stop:
-            _received_stop.append(signum)
+        if not received_stop:
+            received_stop.append(signum)
             raise TrainingStopped(signum)
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
