@@ -22,6 +22,8 @@ import pytest
 import fake_nvml
 from fake_nvml import CPU_TORCH
 from conftest import REPO
+from sae_dist.balance import initial_weights
+from sae_dist.free_memory import choose, sources_line
 from scheduler import known_gpus
 from scheduler.devices import DeviceInfo, in_bus_order, keep_identity, trusted_identities
 from scheduler.busy import classify
@@ -272,6 +274,47 @@ def test_another_hosts_gpus_in_a_shared_state_home_are_never_this_hosts(nvml_env
     assert sorted(r["uuid"] for r in hosts[socket.gethostname()].values()) == sorted(d["uuid"] for d in s["devices"])
 
 
+FREE_MEMORY = """
+import json, os, sys
+from sae_dist.free_memory import nvml_free_memory
+asks = json.loads(sys.argv[1])
+out = [nvml_free_memory(uuid, bus) for uuid, bus in asks]
+os.replace(sys.argv[2], os.environ["FAKE_NVML_SCENARIO"])  # the driver stops loading
+out.append(nvml_free_memory(*asks[0]))
+print(json.dumps(out))
+"""
+
+
+def test_balance_memory_reads_each_ranks_free_memory_from_nvml_by_uuid_or_bus_id(nvml_env, scenario):
+    """What a rank of `--balance memory` asks NVML for its GPU (named by the UUID, else the PCI
+    bus id, CUDA reports for it: CUDA itself is what no emulation reaches), with unequal free
+    memory; and why NVML could not say, for the log, where the rank falls back to CUDA."""
+    s = fake_nvml.eight_a100s()
+    by_bus = fake_nvml.in_bus_order(s)  # index order
+    for d, used in zip(by_bus, [10, 40, 0, 70, 0, 0, 0, 0]):
+        d["memory_used"] = used * fake_nvml.GIB
+    by_bus[4]["errors"] = {"all": "GPU_IS_LOST"}
+    fake_nvml.write(scenario, s)
+    broken = fake_nvml.write(scenario.with_name("broken.json"), dict(s, init_error="DRIVER_NOT_LOADED"))
+    asks = [[by_bus[0]["uuid"], None], [by_bus[1]["uuid"], None], [None, "0000:0f:00.0"],  # bus 0F: index 1
+            [None, by_bus[3]["pci_bus_id"]], ["GPU-00000000-0000-0000-0000-000000000000", None],
+            [by_bus[4]["uuid"], None]]
+    out = run_python(FREE_MEMORY, nvml_env, json.dumps(asks), str(broken))
+    assert out.returncode == 0, out.stderr
+    got = [tuple(r) for r in json.loads(out.stdout)]
+    gib = fake_nvml.GIB
+    assert got == [(70 * gib, None), (40 * gib, None), (40 * gib, None), (10 * gib, None),
+                   (None, "NVML could not read GPU-00000000-0000-0000-0000-000000000000: Not Found"),
+                   (None, f"NVML could not read {by_bus[4]['uuid']}: GPU is lost"),
+                   (None, "NVML did not start: Driver Not Loaded")]
+    # Three ranks on GPUs 0, 1 and 3: their shares follow NVML's free memory, and the log says so.
+    ranks = [choose(n, why, None) for n, why in got[:2] + got[3:4]]
+    weights, why = initial_weights("memory", [free for free, _ in ranks], [None] * 3)
+    assert weights == [70.0 * gib, 40.0 * gib, 10.0 * gib]
+    assert f"{why}; {sources_line([src for _, src in ranks])}" == \
+        "in proportion to free memory (70.0, 40.0, 10.0 GiB); free memory from NVML"
+
+
 # ---- the decisions, on plain data ----
 
 def gpu(i: int, uuid: str, bus: str | None) -> DeviceInfo:
@@ -348,3 +391,12 @@ def test_the_kept_gpus_are_per_host_and_a_file_of_another_format_is_none():
     for damaged in (before_hosts, "{", "[]", '{"hosts": {"node1": {"x": {}}}}'):
         assert known_gpus.parse(damaged, "node1") == {}
         assert known_gpus.parse(known_gpus.merged(damaged, "node1", a), "node1") == a
+
+
+def test_free_memory_comes_from_nvml_else_cuda_and_the_log_says_which():
+    assert choose(5, None, 7) == (5, "from NVML")
+    assert choose(None, "NVML did not start: Driver Not Loaded", 7) == (7, "from CUDA (NVML did not start: Driver Not Loaded)")
+    assert choose(None, None, None) == (None, "unknown")
+    assert sources_line(["from NVML"] * 3) == "free memory from NVML"
+    assert sources_line(["from NVML", "from CUDA (NVML could not read GPU-b: GPU is lost)", "from NVML"]) == \
+        "free memory from NVML (ranks 0, 2), from CUDA (NVML could not read GPU-b: GPU is lost) (rank 1)"
