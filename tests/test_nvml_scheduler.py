@@ -338,6 +338,8 @@ def test_the_app_shows_the_emulated_temperatures_power_and_memory(machine, daemo
     assert [v for label, v in metrics if label == "Power"] == [f"{p} W" if p else "—" for p in power]
     assert [v for label, v in metrics if label == "Memory"] == ["10.0 GiB", "0.4 GiB"] + ["0.0 GiB"] * 6
     assert [v for label, v in metrics if label == "Utilisation"] == ["55%"] + ["0%"] * 7
+    units = per_gpu["chart_units"]  # GPU 5's temperature and power: no sparkline, never one at 0
+    assert (units.count("GiB"), units.count("%"), units.count("°C"), units.count("W")) == (8, 8, 7, 7), units
     # The Train page recommends by the free memory NVML reports: not 0 (busy), nor 1 (less free).
     assert shown["train"] == {"exception": [], "checked": [UUIDS[2], UUIDS[3]]}
 
