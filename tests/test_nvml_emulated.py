@@ -230,6 +230,7 @@ def known_file(env: dict) -> Path:
     return Path(env["SAE_DIST_HOME"]) / "nvml_devices.json"
 
 
+@pytest.mark.slow
 def test_a_fresh_process_while_nvml_is_broken_lists_the_gpus_this_host_saw(nvml_env, scenario):
     """nvmlInit failing in a process that never read the GPUs (`info`, the daemon, the app
     starting): the GPUs this host listed before, each unavailable with why, never virtual
@@ -248,6 +249,7 @@ def test_a_fresh_process_while_nvml_is_broken_lists_the_gpus_this_host_saw(nvml_
                       "SAE_DIST_VIRTUAL_GPUS=N for virtual CPU-backed GPUs)\n")
 
 
+@pytest.mark.slow
 def test_another_hosts_gpus_in_a_shared_state_home_are_never_this_hosts(nvml_env, scenario):
     """A state home shared between machines: the GPUs another host kept are not offered here,
     whether NVML fails to start (a host never seen: virtual devices, as without a file) or every
