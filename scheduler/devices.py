@@ -205,6 +205,7 @@ class _NvmlMemory:
         self.listed: list[DeviceInfo] = []
         self.fallback_told: str | None = None
         self.last_reason: str | None = None  # why the last read found no GPU
+        self.recalled = False  # the GPUs an earlier process of this host listed were looked for
 
 
 _memory = _NvmlMemory(persist=True)
@@ -297,7 +298,8 @@ def nvml_inventory(nvml: ModuleType | Any | None = None, memory: _NvmlMemory | N
 
 
 def _no_nvml(why: str, memory: _NvmlMemory) -> list[DeviceInfo] | None:
-    if not memory.listed and memory.persist:  # a fresh process: the GPUs this host listed before
+    if not memory.listed and memory.persist and not memory.recalled:  # a fresh process: the GPUs
+        memory.recalled = True  # this host listed before (read once: not at each of the daemon's passes)
         remembered = _load_identities()
         memory.listed = in_bus_order([remembered[i] for i in sorted(remembered)])
         if memory.listed:
