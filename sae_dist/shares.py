@@ -18,6 +18,7 @@ from sae_dist.balance import BatchPlan, bounded_split, initial_weights, plan_for
 from sae_dist.config import TrainConfig
 from sae_dist.contract import SLOW_RANKS_ENV
 from sae_dist.errors import UserError
+from sae_dist.free_memory import free_memory, sources_line
 from sae_dist.sae import SparseAutoencoder
 
 SPEED_PROBES = 3
@@ -68,19 +69,17 @@ def _balance_weights(cfg: TrainConfig, ctx: D.DistContext, sae, rows: int, slowd
     world = ctx.world_size
     if world == 1 or cfg.balance == "equal":
         return [1.0] * world, "equal"
-    free = D.gather_objects(_free_memory(ctx.device)) if cfg.balance == "memory" else [None] * world
+    if cfg.balance == "memory":
+        free, sources = zip(*D.gather_objects(free_memory(ctx.device)))
+        weights, why = initial_weights(cfg.balance, list(free), [None] * world)
+        return weights, f"{why}; {sources_line(list(sources))}"
     speed = [None] * world
     if cfg.balance == "speed":
         # Together: a rank still starting up (reading a model, filling its buffer) would take
         # the cores of one already measuring, on a machine whose devices share them.
         D.barrier()
         speed = D.gather_objects(_measure_speed(sae, ctx.device, rows, slowdown))
-    return initial_weights(cfg.balance, free, speed)
-
-
-def _free_memory(device: torch.device) -> int | None:
-    """Free bytes on a GPU; None for CPU ranks, which share one memory (no share of it is theirs)."""
-    return int(torch.cuda.mem_get_info(device)[0]) if device.type == "cuda" else None
+    return initial_weights(cfg.balance, [None] * world, speed)
 
 
 def _measure_speed(sae: SparseAutoencoder, device: torch.device, rows: int, slowdown: float) -> float | None:

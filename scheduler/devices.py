@@ -11,7 +11,6 @@ pynvml is imported inside functions so that `python -m scheduler queue` starts f
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field, replace
@@ -206,6 +205,7 @@ class _NvmlMemory:
         self.listed: list[DeviceInfo] = []
         self.fallback_told: str | None = None
         self.last_reason: str | None = None  # why the last read found no GPU
+        self.recalled = False  # the GPUs an earlier process of this host listed were looked for
 
 
 _memory = _NvmlMemory(persist=True)
@@ -219,35 +219,21 @@ def trusted_identities(read: list[DeviceInfo], cached: dict[int, DeviceInfo]) ->
     return cached if same and len(cached) == len(read) else {}
 
 
-IDENTITIES_FILE = "nvml_devices.json"  # in the state home: each NVML index's GPU, as last seen
-
-
-def _identity_file() -> Any:
-    from sae_dist.paths import state_home
-
-    return state_home() / IDENTITIES_FILE
-
-
 def _load_identities() -> dict[int, DeviceInfo]:
-    """What an earlier process saw at each NVML index, for a process that starts while a GPU
-    is lost (`info`, `submit --gpu-ids`, the app): without it the lost GPU would have no uuid,
-    no bus id, and shift the numbering of every GPU after it."""
-    try:
-        rows = json.loads(_identity_file().read_text())
-        return {int(i): DeviceInfo(index=int(i), uuid=r["uuid"], name=r["name"], pci_bus_id=r["pci_bus_id"])
-                for i, r in rows.items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
+    """What an earlier process saw on this host at each NVML index (scheduler.known_gpus), for a
+    process that starts while a GPU is lost (`info`, `submit --gpu-ids`, the app): without it
+    the lost GPU would have no uuid, no bus id, and shift the numbering of every GPU after it."""
+    from scheduler import known_gpus
+
+    return {i: DeviceInfo(index=i, uuid=uuid, name=name, pci_bus_id=bus)
+            for i, (uuid, name, bus) in known_gpus.load().items()}
 
 
 def _save_identities(by_index: dict[int, DeviceInfo]) -> None:
-    rows = {str(i): {"uuid": d.uuid, "name": d.name, "pci_bus_id": d.pci_bus_id} for i, d in sorted(by_index.items())}
+    from scheduler import known_gpus
+
     try:
-        path = _identity_file()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}")
-        partial.write_text(json.dumps(rows))
-        partial.replace(path)
+        known_gpus.save({i: (d.uuid, d.name, d.pci_bus_id) for i, d in by_index.items()})
     except OSError as exc:  # a read-only state home: the next process starting may not know a lost GPU
         _log().debug("could not keep the GPUs' identities: %s", exc)
 
@@ -269,8 +255,9 @@ def _read_all(nvml: Any, memory: _NvmlMemory) -> list[DeviceInfo]:
 
 def nvml_inventory(nvml: ModuleType | Any | None = None, memory: _NvmlMemory | None = None) -> list[DeviceInfo] | None:
     """Every GPU NVML sees, in PCI bus order; None when NVML cannot start or finds none (the
-    reason is kept for the one line `inventory` says), unless this process has seen GPUs
-    before: then they are listed, unavailable, with the reason.
+    reason is kept for the one line `inventory` says), unless this process, or an earlier one
+    on this host (scheduler.known_gpus), has seen GPUs: then they are listed, unavailable,
+    with the reason, so that no GPU job is started on the CPU in their place.
 
     Sets CUDA_DEVICE_ORDER=PCI_BUS_ID in this process (and so in what it spawns) so that CUDA's
     numbering agrees with the indices reported here. `nvml` defaults to pynvml, with this
@@ -311,6 +298,17 @@ def nvml_inventory(nvml: ModuleType | Any | None = None, memory: _NvmlMemory | N
 
 
 def _no_nvml(why: str, memory: _NvmlMemory) -> list[DeviceInfo] | None:
+    if not memory.listed and memory.persist and not memory.recalled:  # a fresh process: the GPUs
+        memory.recalled = True  # this host listed before (read once: not at each of the daemon's passes)
+        remembered = _load_identities()
+        memory.listed = in_bus_order([remembered[i] for i in sorted(remembered)])
+        if memory.listed:
+            from scheduler.known_gpus import path
+
+            _log().warning("the GPUs this host listed before are unavailable: %s (they are kept in %s: "
+                           "delete it if this host has no GPU now, or set %s=N for virtual CPU-backed "
+                           "GPUs)", why, path(), VIRTUAL_ENV_VAR)
+            memory.fallback_told = why
     if memory.listed:
         if memory.fallback_told != why:
             _log().warning("the GPUs are unavailable: %s", why)

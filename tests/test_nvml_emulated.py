@@ -10,6 +10,7 @@ loads the library once.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -21,6 +22,9 @@ import pytest
 import fake_nvml
 from fake_nvml import CPU_TORCH
 from conftest import REPO
+from sae_dist.balance import initial_weights
+from sae_dist.free_memory import choose, sources_line
+from scheduler import known_gpus
 from scheduler.devices import DeviceInfo, in_bus_order, keep_identity, trusted_identities
 from scheduler.busy import classify
 from scheduler.faults import Fault
@@ -222,6 +226,97 @@ def test_a_process_starting_while_a_gpu_is_lost_knows_it_from_an_earlier_one(nvm
     assert after[1]["lost"] and not after[1]["available"]
 
 
+def known_file(env: dict) -> Path:
+    return Path(env["SAE_DIST_HOME"]) / "nvml_devices.json"
+
+
+@pytest.mark.slow
+def test_a_fresh_process_while_nvml_is_broken_lists_the_gpus_this_host_saw(nvml_env, scenario):
+    """nvmlInit failing in a process that never read the GPUs (`info`, the daemon, the app
+    starting): the GPUs this host listed before, each unavailable with why, never virtual
+    devices (GPU jobs must not land on the CPU)."""
+    [before], _ = reads(nvml_env)  # an earlier process saw them: kept in the state home by host
+    hosts = json.loads(known_file(nvml_env).read_text())["hosts"]
+    assert list(hosts) == [socket.gethostname()] and len(hosts[socket.gethostname()]) == 8
+    fake_nvml.write(scenario, dict(fake_nvml.eight_a100s(), init_error="DRIVER_NOT_LOADED"))
+    [after], stderr = reads(nvml_env)
+    assert [(d["index"], d["uuid"], d["pci_bus_id"], d["name"]) for d in after] == \
+        [(d["index"], d["uuid"], d["pci_bus_id"], d["name"]) for d in before]
+    why = "NVML did not start: Driver Not Loaded"
+    assert all((d["available"], d["virtual"], d["error"], d["memory_free"]) == (False, False, why, None) for d in after)
+    assert stderr == (f"the GPUs this host listed before are unavailable: {why} (they are kept in "
+                      f"{known_file(nvml_env)}: delete it if this host has no GPU now, or set "
+                      "SAE_DIST_VIRTUAL_GPUS=N for virtual CPU-backed GPUs)\n")
+
+
+@pytest.mark.slow
+def test_another_hosts_gpus_in_a_shared_state_home_are_never_this_hosts(nvml_env, scenario):
+    """A state home shared between machines: the GPUs another host kept are not offered here,
+    whether NVML fails to start (a host never seen: virtual devices, as without a file) or every
+    GPU answers GPU_IS_LOST (unknown, not the other host's uuids); this host's entry is added
+    beside the other's."""
+    theirs = {str(i): {"uuid": f"GPU-other-{i}", "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": f"00000000:{i + 1:02X}:00.0"}
+              for i in range(8)}
+    known_file(nvml_env).parent.mkdir(parents=True, exist_ok=True)
+    known_file(nvml_env).write_text(json.dumps({"hosts": {"another-host": theirs}}))
+    s = fake_nvml.eight_a100s()
+    lost = json.loads(json.dumps(s))
+    for d in lost["devices"]:
+        d["errors"] = {"all": "GPU_IS_LOST"}
+    fake_nvml.write(scenario, dict(s, init_error="DRIVER_NOT_LOADED"))
+    [broken], stderr = reads(nvml_env)
+    assert [d["uuid"] for d in broken] == ["virtual-0", "virtual-1"] and "virtual CPU-backed GPUs instead" in stderr
+    fake_nvml.write(scenario, lost)
+    [all_lost], _ = reads(nvml_env)
+    assert [d["uuid"] for d in all_lost] == [f"unknown-gpu-{i}" for i in range(8)] and all(d["lost"] for d in all_lost)
+    fake_nvml.write(scenario, s)
+    reads(nvml_env)  # a working read: this host's GPUs kept beside the other host's
+    hosts = json.loads(known_file(nvml_env).read_text())["hosts"]
+    assert hosts["another-host"] == theirs
+    assert sorted(r["uuid"] for r in hosts[socket.gethostname()].values()) == sorted(d["uuid"] for d in s["devices"])
+
+
+FREE_MEMORY = """
+import json, os, sys
+from sae_dist.free_memory import nvml_free_memory
+asks = json.loads(sys.argv[1])
+out = [nvml_free_memory(uuid, bus) for uuid, bus in asks]
+os.replace(sys.argv[2], os.environ["FAKE_NVML_SCENARIO"])  # the driver stops loading
+out.append(nvml_free_memory(*asks[0]))
+print(json.dumps(out))
+"""
+
+
+def test_balance_memory_reads_each_ranks_free_memory_from_nvml_by_uuid_or_bus_id(nvml_env, scenario):
+    """What a rank of `--balance memory` asks NVML for its GPU (named by the UUID, else the PCI
+    bus id, CUDA reports for it: CUDA itself is what no emulation reaches), with unequal free
+    memory; and why NVML could not say, for the log, where the rank falls back to CUDA."""
+    s = fake_nvml.eight_a100s()
+    by_bus = fake_nvml.in_bus_order(s)  # index order
+    for d, used in zip(by_bus, [10, 40, 0, 70, 0, 0, 0, 0]):
+        d["memory_used"] = used * fake_nvml.GIB
+    by_bus[4]["errors"] = {"all": "GPU_IS_LOST"}
+    fake_nvml.write(scenario, s)
+    broken = fake_nvml.write(scenario.with_name("broken.json"), dict(s, init_error="DRIVER_NOT_LOADED"))
+    asks = [[by_bus[0]["uuid"], None], [by_bus[1]["uuid"], None], [None, "0000:0f:00.0"],  # bus 0F: index 1
+            [None, by_bus[3]["pci_bus_id"]], ["GPU-00000000-0000-0000-0000-000000000000", None],
+            [by_bus[4]["uuid"], None]]
+    out = run_python(FREE_MEMORY, nvml_env, json.dumps(asks), str(broken))
+    assert out.returncode == 0, out.stderr
+    got = [tuple(r) for r in json.loads(out.stdout)]
+    gib = fake_nvml.GIB
+    assert got == [(70 * gib, None), (40 * gib, None), (40 * gib, None), (10 * gib, None),
+                   (None, "NVML could not read GPU-00000000-0000-0000-0000-000000000000: Not Found"),
+                   (None, f"NVML could not read {by_bus[4]['uuid']}: GPU is lost"),
+                   (None, "NVML did not start: Driver Not Loaded")]
+    # Three ranks on GPUs 0, 1 and 3: their shares follow NVML's free memory, and the log says so.
+    ranks = [choose(n, why, None) for n, why in got[:2] + got[3:4]]
+    weights, why = initial_weights("memory", [free for free, _ in ranks], [None] * 3)
+    assert weights == [70.0 * gib, 40.0 * gib, 10.0 * gib]
+    assert f"{why}; {sources_line([src for _, src in ranks])}" == \
+        "in proportion to free memory (70.0, 40.0, 10.0 GiB); free memory from NVML"
+
+
 # ---- the decisions, on plain data ----
 
 def gpu(i: int, uuid: str, bus: str | None) -> DeviceInfo:
@@ -285,3 +380,25 @@ def test_a_jobs_process_on_a_gpu_no_job_holds_makes_it_busy():
     assert states["GPU-0"].state == "allocated"
     assert (states["GPU-4"].state, states["GPU-4"].reason) == (
         "busy", "used by pid 321 of a scheduler job, outside the devices it was given")
+
+
+def test_the_kept_gpus_are_per_host_and_a_file_of_another_format_is_none():
+    a = {0: ("GPU-a", "A100", "00000000:07:00.0"), 1: ("GPU-b", "A100", None)}
+    text = known_gpus.merged(None, "node1", a)
+    assert known_gpus.parse(text, "node1") == a and known_gpus.parse(text, "node2") == {}
+    both = known_gpus.merged(text, "node2", {0: ("GPU-z", "H100", None)})
+    assert known_gpus.parse(both, "node1") == a and known_gpus.parse(both, "node2") == {0: ("GPU-z", "H100", None)}
+    assert known_gpus.parse(known_gpus.merged(both, "node1", {}), "node2") == {0: ("GPU-z", "H100", None)}
+    before_hosts = json.dumps({"0": {"uuid": "GPU-a", "name": "A100", "pci_bus_id": None}})  # the old, host-less file
+    for damaged in (before_hosts, "{", "[]", '{"hosts": {"node1": {"x": {}}}}'):
+        assert known_gpus.parse(damaged, "node1") == {}
+        assert known_gpus.parse(known_gpus.merged(damaged, "node1", a), "node1") == a
+
+
+def test_free_memory_comes_from_nvml_else_cuda_and_the_log_says_which():
+    assert choose(5, None, 7) == (5, "from NVML")
+    assert choose(None, "NVML did not start: Driver Not Loaded", 7) == (7, "from CUDA (NVML did not start: Driver Not Loaded)")
+    assert choose(None, None, None) == (None, "unknown")
+    assert sources_line(["from NVML"] * 3) == "free memory from NVML"
+    assert sources_line(["from NVML", "from CUDA (NVML could not read GPU-b: GPU is lost)", "from NVML"]) == \
+        "free memory from NVML (ranks 0, 2), from CUDA (NVML could not read GPU-b: GPU is lost) (rank 1)"

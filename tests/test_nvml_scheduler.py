@@ -233,6 +233,45 @@ def test_nvml_failing_under_the_daemon_leaves_gpus_unavailable_never_virtual(mac
     wait_state(job, "COMPLETED")
 
 
+ONE_PASS = ("import json; from scheduler.daemon import Daemon; from sae_dist.db import get_engine\n"
+            "print(json.dumps(Daemon(get_engine()).scheduling_pass()))")
+
+
+def one_pass() -> list[int]:
+    """One whole scheduling pass of a daemon process that never read the GPUs before: what a
+    daemon (re)started while NVML is broken does first. Returns the jobs it started."""
+    out = subprocess.run([sys.executable, "-c", ONE_PASS], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_fresh_info_and_daemon_while_nvml_is_broken_show_the_gpus_unavailable_and_start_nothing(machine):
+    machine()
+    info()  # a process that saw the GPUs: this host's are kept in the state home
+    fake_nvml.write(Path(_scenario_path()), dict(fake_nvml.eight_a100s(), init_error="DRIVER_NOT_LOADED"))
+    out = run_cli("info", "--json", module="scheduler")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    why = "NVML did not start: Driver Not Loaded"
+    assert [(r["index"], r["uuid"], r["virtual"], r["state"], r["reason"]) for r in rows] == \
+        [(i, u, False, "unavailable", why) for i, u in enumerate(UUIDS)]
+    assert out.stderr.startswith(f"the GPUs this host listed before are unavailable: {why} (they are kept in ")
+    assert len(out.stderr.splitlines()) == 1
+    text = cli("info").stdout.splitlines()
+    assert len(text) == 9 and all(re.split(r"\s{2,}", line.strip())[2:4] == ["gpu", "unavailable"] for line in text[1:])
+
+    job = submit("-G", "1", "--", "true")
+    assert one_pass() == []  # a fresh daemon's pass: no GPU to give, and no virtual device instead
+    assert _device_rows() == UUIDS and get_job(get_engine(), job).state == "PENDING"
+    machine()  # the driver is back: the same pass starts it on a GPU
+    try:
+        assert one_pass() == [job]
+        assert json.loads(wait_state(job, "COMPLETED").devices_json) == UUIDS[:1]
+    finally:
+        kill_running_jobs()
+
+
 def _faults(uuid: str):
     from sqlmodel import Session, select
 
@@ -299,6 +338,8 @@ def test_the_app_shows_the_emulated_temperatures_power_and_memory(machine, daemo
     assert [v for label, v in metrics if label == "Power"] == [f"{p} W" if p else "—" for p in power]
     assert [v for label, v in metrics if label == "Memory"] == ["10.0 GiB", "0.4 GiB"] + ["0.0 GiB"] * 6
     assert [v for label, v in metrics if label == "Utilisation"] == ["55%"] + ["0%"] * 7
+    units = per_gpu["chart_units"]  # GPU 5's temperature and power: no sparkline, never one at 0
+    assert (units.count("GiB"), units.count("%"), units.count("°C"), units.count("W")) == (8, 8, 7, 7), units
     # The Train page recommends by the free memory NVML reports: not 0 (busy), nor 1 (less free).
     assert shown["train"] == {"exception": [], "checked": [UUIDS[2], UUIDS[3]]}
 

@@ -20,7 +20,10 @@ for view in ("Aggregated", "Per-GPU"):
     out[view] = {"exception": [str(e.value) for e in at.exception],
                  "metrics": [(m.label, m.value) for m in at.metric],
                  "markdown": [m.value for m in at.markdown], "caption": [c.value for c in at.caption],
-                 "warning": [w.value for w in at.warning]}
+                 "warning": [w.value for w in at.warning],
+                 # each chart's y axis title (its unit): a sensor nobody measured has no chart, not a line at 0
+                 "chart_units": [json.loads(c.proto.spec).get("encoding", {}).get("y", {}).get("title")
+                                 for c in at.get("vega_lite_chart")]}
 at = AppTest.from_file(f"{REPO}/app.py", default_timeout=60).run()
 at.switch_page("pages/1_Train.py").run()
 at.number_input(key="tr_n_gpus").set_value(2).run()

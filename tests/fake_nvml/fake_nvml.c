@@ -192,6 +192,37 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
     return leave(NVML_ERROR_NOT_FOUND);
 }
 
+/* "domain:bus:device.function" (domain of 4 or 8 hex digits) or "bus:device.function", in
+ * either case, as NVML accepts; 0 with the numbers, or -1. */
+static int parse_bus_id(const char *text, unsigned *domain, unsigned *bus, unsigned *dev) {
+    unsigned function;
+    char end;
+    if (sscanf(text, "%x:%x:%x.%x%c", domain, bus, dev, &function, &end) == 4) return 0;
+    *domain = 0;
+    return sscanf(text, "%x:%x.%x%c", bus, dev, &function, &end) == 3 ? 0 : -1;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlDevice_t *device) {
+    nvmlReturn_t rc = enter();
+    if (rc != NVML_SUCCESS) return rc;
+    unsigned domain, bus, dev;
+    if (!pciBusId || !device || parse_bus_id(pciBusId, &domain, &bus, &dev) != 0)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    for (int i = 0; i < current.count; i++) {
+        const fake_device *d = &current.devices[i];
+        if (d->domain == domain && d->bus == bus && d->device == dev) {
+            rc = (nvmlReturn_t)d->errors[CALL_HANDLE];
+            if (rc == NVML_SUCCESS) *device = (nvmlDevice_t)&slots[i];
+            return leave(rc);
+        }
+    }
+    return leave(NVML_ERROR_NOT_FOUND);
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId, nvmlDevice_t *device) {
+    return nvmlDeviceGetHandleByPciBusId_v2(pciBusId, device);
+}
+
 /* ---- identity --------------------------------------------------------------------------- */
 
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
