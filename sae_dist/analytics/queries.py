@@ -37,7 +37,7 @@ _STEP_METRIC_NAMES = frozenset(StepMetric.__table__.columns.keys()) - {"id", "ru
 
 
 def list_runs(engine: Engine, limit: int = 200) -> list[dict[str, Any]]:
-    """The newest `limit` training runs, newest first, as run summaries (see `_summary`)."""
+    """The newest `limit` training runs, newest first, as run summaries (see `summarize_run`)."""
     return _summaries(engine, None, limit)
 
 
@@ -210,10 +210,10 @@ def _summaries(engine: Engine, run_id: int | None, limit: int) -> list[dict[str,
         query = query.where(TrainingRun.id == run_id)
     with Session(engine) as session:
         rows = session.execute(query).all()
-        return [_summary(run, latest, with_config=run_id is not None) for run, latest in rows]
+        return [summarize_run(run, latest, with_config=run_id is not None) for run, latest in rows]
 
 
-def _summary(run: TrainingRun, latest: StepMetric | None, *, with_config: bool) -> dict[str, Any]:
+def summarize_run(run: TrainingRun, latest: StepMetric | None, *, with_config: bool) -> dict[str, Any]:
     """A run as plain data. Keys: id, name, status, architecture, world_size, backend,
     devices (list), host, job_id, run_dir, export_dir, total_steps, last_step, progress
     (0..1, None when total_steps is 0), created_at, started_at, finished_at, last_update

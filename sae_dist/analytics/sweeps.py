@@ -60,7 +60,7 @@ def load_sweep(engine: Engine, sweep_id: int) -> dict[str, Any] | None:
              .outerjoin(StepMetric, and_(StepMetric.run_id == TrainingRun.id, StepMetric.step == latest_step))
              .where(TrainingRun.sweep_id == sweep_id).order_by(TrainingRun.id))
     with Session(engine) as session:
-        runs = [{**queries._summary(run, latest, with_config=True), "point": run.sweep_point or run.name}
+        runs = [{**queries.summarize_run(run, latest, with_config=True), "point": run.sweep_point or run.name}
                 for run, latest in session.execute(query).all()]
     return {**_sweep(row), "runs": runs}
 
