@@ -16,7 +16,7 @@ import streamlit as st
 from sae_dist.analytics import cards, charts, jobs, progress, queries, samples, sparklines, tables, units
 from sae_dist import format as fmt
 from sae_dist.db import get_engine
-from webui.widgets import card_row, events_toggle, log_tail
+from webui.widgets import card_row, chart_columns, events_toggle, log_tail, stacked_charts
 from webui.sidebar import page_frame
 
 engine = page_frame("Monitor", ":material/speed:")
@@ -212,14 +212,9 @@ def aggregated(devices: list[dict], start: datetime, end: datetime) -> None:
     if not len(series):
         st.info("No reading in this window.")
         return
-    grid = st.columns(2)
-    for i, (field, panel) in enumerate(panels.items()):
-        with grid[i % 2]:
-            if panel.chart is None:
-                st.caption(f"{charts.TOTAL_TITLES[field]}: not measured on these devices "
-                           f"({fmt.MISSING})")
-            else:
-                st.altair_chart(panel.chart, alt=f"{charts.TOTAL_TITLES[field]} over time")
+    chart_columns([(panel.chart, f"{charts.TOTAL_TITLES[field]} over time",
+                    f"{charts.TOTAL_TITLES[field]}: not measured on these devices ({fmt.MISSING})")
+                   for field, panel in panels.items()])
 
 
 def per_gpu(devices: list[dict], latest: dict, start: datetime, end: datetime,
@@ -293,14 +288,13 @@ def training(job: dict, now: datetime) -> None:
     if not curves["step"]:
         st.info("No step logged yet.")
         return
-    grid = st.columns(2)
-    for i, (metric, panel) in enumerate(panels.items()):
-        with grid[i % 2]:
-            if panel.chart is None:
-                st.caption(f"{panel.unit.title}: not measured ({fmt.MISSING})")
-            else:
-                st.altair_chart(panel.chart, alt=f"{panel.unit.title} against step")
-    with grid[len(TRAIN_CURVES) % 2]:
+    left, right = st.columns(2)
+    plots = [(panel.chart, f"{panel.unit.title} against step",
+              f"{panel.unit.title}: not measured ({fmt.MISSING})") for panel in panels.values()]
+    with left:  # loss, L0, throughput; beside them FVU, dead latents and the ranks' times
+        stacked_charts(plots[0::2])
+    with right:
+        stacked_charts(plots[1::2])
         rank_times(run, db_url, drawn)
         shares(window)
     feature_recovery(run, curves)
@@ -393,11 +387,8 @@ def feature_recovery(run: dict, curves: dict) -> None:
     st.caption("Synthetic data plants a known dictionary: how much of it the SAE has found "
                "(measured at checkpoints).")
     card_row(cards.training_cards(recovery, run["final"]))
-    columns = st.columns(2)
-    for column, panel in zip(columns, recovery.values()):
-        with column:
-            if panel.chart is not None:
-                st.altair_chart(panel.chart, alt=f"{panel.unit.title} against step")
+    chart_columns([(panel.chart, f"{panel.unit.title} against step", None)
+                   for panel in recovery.values()])
 
 
 def load_balance(run: dict, events: list[dict], window: list[dict]) -> None:

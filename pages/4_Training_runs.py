@@ -14,7 +14,7 @@ from sae_dist.analytics import (cards, charts, compare_charts, config_diff, eval
 from sae_dist.analytics.smoothing import MAX_WEIGHT
 from sae_dist import format as fmt
 from sae_dist.db import get_engine
-from webui.widgets import card_row, events_toggle
+from webui.widgets import card_row, chart_columns, events_toggle
 from webui.sidebar import REFRESH_SECONDS, page_frame
 
 engine = page_frame("Training runs", ":material/monitoring:")
@@ -27,9 +27,13 @@ RUNS_READ = 200  # the newest runs offered and drawn on the L0-FVU chart
 
 # Keyed by what changes when new rows land, so a finished run is read once and a live one
 # once per new logged step. The URL is in the key: one process may serve several databases.
+# What is cached is what the charts plot (<= 2,000 rows a curve), not every logged step:
+# thinning 20,000 steps x 7 curves and 160,000 rank rows took the page over a second a run.
 @st.cache_data(max_entries=32, show_spinner=False)
-def load_metrics(db_url: str, run_id: int, last_step: int, last_update: datetime | None):
-    return queries.run_step_metrics(get_engine(db_url), run_id, (*TRAIN_CURVES, *RECOVERY_CURVES))
+def load_frames(db_url: str, run_id: int, last_step: int, last_update: datetime | None):
+    metrics = queries.run_step_metrics(get_engine(db_url), run_id, (*TRAIN_CURVES, *RECOVERY_CURVES))
+    return len(metrics["step"]), {m: charts.training_frame(metrics, m)
+                                  for m in (*TRAIN_CURVES, *RECOVERY_CURVES)}
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -46,8 +50,14 @@ def load_overlays(db_url: str, chosen: list[dict], x: str, weight: float, log: b
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def load_rank_stats(db_url: str, run_id: int, last_step: int, last_update: datetime | None):
-    return queries.run_rank_stats(get_engine(db_url), run_id)
+def load_rank_frames(db_url: str, run_id: int, field: str, last_step: int,
+                     last_update: datetime | None):
+    return charts.rank_time_frames(queries.run_rank_stats(get_engine(db_url), run_id), field)
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def load_rank_summary(db_url: str, run_id: int, last_step: int, last_update: datetime | None):
+    return queries.rank_summary(get_engine(db_url), run_id)  # a GROUP BY over every rank row
 
 
 def sync_url() -> None:
@@ -124,12 +134,12 @@ def run_view(run_id: int, live: bool) -> None:
     if live and run["status"] != "RUNNING":
         st.rerun()  # it just ended: redraw the page once, without the timer
     run_header(run)
-    metrics = load_metrics(db_url, run_id, run["last_step"], run["last_update"])
+    logged, frames = load_frames(db_url, run_id, run["last_step"], run["last_update"])
     events = queries.run_events(engine, run_id)  # a few indexed rows: not cached
     show = events_toggle("runs_show_events", events)
     drawn = events if show else None
-    training_curves(run, metrics, drawn)
-    feature_recovery(run, metrics)
+    training_curves(run, logged, frames, drawn)
+    feature_recovery(run, frames)
     evaluation_section(run_id)
     ranks_section(run, db_url, drawn)
     with st.expander("Configuration and files"):
@@ -167,40 +177,33 @@ def run_header(run: dict) -> None:
                    "may have stopped without recording it.")
 
 
-def training_curves(run: dict, metrics: dict, drawn: list[dict] | None) -> None:
+def training_curves(run: dict, logged: int, frames: dict, drawn: list[dict] | None) -> None:
     # Cards and charts from the same panels: a card is its chart's last point (cards.py).
-    panels = {metric: charts.training_panel(metrics, metric, drawn) for metric in TRAIN_CURVES}
+    panels = {metric: charts.frame_panel(frames[metric], metric, drawn) for metric in TRAIN_CURVES}
     card_row(cards.training_cards(panels, run["final"]))
     st.subheader("Training curves", anchor=False)
-    if not metrics["step"]:
+    if not logged:
         st.info("No step logged yet.")
         return
-    grid = st.columns(2)
-    for i, panel in enumerate(panels.values()):
-        with grid[i % 2]:
-            if panel.chart is None:
-                st.caption(f"{panel.unit.title}: not measured ({fmt.MISSING})")
-            else:
-                st.altair_chart(panel.chart, alt=f"{panel.unit.title} against training step")
+    chart_columns([(panel.chart, f"{panel.unit.title} against training step",
+                    f"{panel.unit.title}: not measured ({fmt.MISSING})") for panel in panels.values()])
 
 
-def feature_recovery(run: dict, metrics: dict) -> None:
-    recovery = {metric: charts.training_panel(metrics, metric) for metric in RECOVERY_CURVES}
+def feature_recovery(run: dict, frames: dict) -> None:
+    recovery = {metric: charts.frame_panel(frames[metric], metric) for metric in RECOVERY_CURVES}
     if not any(panel.chart is not None for panel in recovery.values()):
         return
     st.subheader("Feature recovery", anchor=False)
     st.caption("Synthetic data plants a known dictionary: how much of it the SAE has found "
                "(measured at checkpoints).")
     card_row(cards.training_cards(recovery, run["final"]))
-    for column, panel in zip(st.columns(2), recovery.values()):
-        with column:
-            if panel.chart is not None:
-                st.altair_chart(panel.chart, alt=f"{panel.unit.title} against training step")
+    chart_columns([(panel.chart, f"{panel.unit.title} against training step", None)
+                   for panel in recovery.values()])
 
 
 def ranks_section(run: dict, db_url: str, drawn: list[dict] | None) -> None:
     st.subheader("Ranks", anchor=False)
-    ranks = queries.rank_summary(engine, run["id"])
+    ranks = load_rank_summary(db_url, run["id"], run["last_step"], run["last_update"])
     if not ranks:
         st.info("No per-rank statistics logged yet.")
         return
@@ -209,15 +212,19 @@ def ranks_section(run: dict, db_url: str, drawn: list[dict] | None) -> None:
     st.caption("A rank is a straggler at a logged step when its compute time is over "
                "1.3 × the median of the ranks. Peak memory: allocated GPU memory, or the "
                "growth of the process's resident memory on a CPU rank.")
-    stats = load_rank_stats(db_url, run["id"], run["last_step"], run["last_update"])
     left, right = st.columns(2)
     with left:
         field = st.segmented_control(
             "Time", ["compute_time_s", "step_time_s"], default="compute_time_s",
             key="rank_time_field", label_visibility="collapsed",
             format_func={"compute_time_s": "Compute time", "step_time_s": "Step time"}.get)
-        chart = charts.rank_time_chart(stats, field or "compute_time_s", drawn)
-        st.altair_chart(chart, alt="Time per step of each rank, stragglers marked")
+        field = field or "compute_time_s"
+        frames = load_rank_frames(db_url, run["id"], field, run["last_step"], run["last_update"])
+        if frames is None:
+            st.caption("Time per rank: no per-rank statistics logged yet.")
+        else:
+            st.altair_chart(charts.rank_time_chart_of(*frames, field, drawn),
+                            alt="Time per step of each rank, stragglers marked")
     with right:
         chart = charts.peak_memory_chart(ranks)
         if chart is None:

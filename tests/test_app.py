@@ -18,6 +18,7 @@ from scheduler.control import daemon_running
 from scheduler.store import finish_job, list_jobs
 from webui.sidebar import PAGES
 
+from chart_views import page_charts
 from conftest import REPO
 from test_status import command_job, running_job, training_run
 
@@ -123,9 +124,10 @@ def test_runs_page_defaults_to_latest_and_shows_curves(runs):
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Latest FVU"] == "0.03333"
     assert metrics["Latest samples/s"] == "1,000"
-    charts = at.get("vega_lite_chart")
+    charts = page_charts(at)
     assert len(charts) == 6  # five training curves and the per-rank times
-    titles = " ".join(str(c.proto.spec) for c in charts)
+    assert len(at.get("vega_lite_chart")) == 3  # sent as a stack per column, and the ranks' view
+    titles = " ".join(chart.title for chart in charts)
     for label in ("Loss", "FVU", "L0", "Dead latents", "Throughput", "Compute time per rank"):
         assert label in titles
     assert "Peak memory per rank: not measured (—)" in texts(at)  # None is not drawn as 0

@@ -4,8 +4,8 @@ A real state database in a temporary home is filled through the trainer's own wr
 run whose feature recovery is written at checkpoints only (as the trainer does), so the last
 logged step has none, and whose throughput is missing at its last step. The pages are opened
 with AppTest (from app.py, then switch_page); for each card, the chart beside it is found in
-the page by title, its plotted rows are read back from the element (the Arrow data
-Streamlit sends the browser) and the card must equal the last non-null value there, written
+the page by title (`chart_views`: a view may stack several charts), its plotted rows are read
+back from the element (the Arrow data Streamlit sends the browser) and the card must equal the last non-null value there, written
 with the chart's own tooltip format. No exception after any run.
 """
 
@@ -16,7 +16,6 @@ from datetime import timedelta
 
 import pytest
 from sqlalchemy import insert
-from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
 from sae_dist.analytics import charts, units
@@ -26,6 +25,7 @@ from sae_dist.db import (DatabaseMetricsLogger, GpuSample, add_run_event, create
                          get_engine, update_run, utcnow)
 from scheduler.store import NewJob, start_jobs, submit
 
+from chart_views import page_charts
 from conftest import REPO, add_virtual_devices
 
 MONITOR = "pages/2_Monitor.py"
@@ -98,30 +98,12 @@ def open_page(page: str, **query) -> AppTest:
 
 def chart_data(at: AppTest) -> dict[str, list[tuple[dict, object]]]:
     """Each chart on the page by title: its layers (the spec's) with the rows they plot."""
-    found = {}
-    for element in at.get("vega_lite_chart"):
-        spec = json.loads(element.proto.spec)
-        frames = {d.name: convert_arrow_bytes_to_pandas_df(d.data.data)
-                  for d in element.proto.datasets}
-        title = spec.get("title")
-        title = title.get("text") if isinstance(title, dict) else title
-        layers = spec.get("layer", [spec])
-        found[title] = [(layer, frames[(layer.get("data") or spec["data"])["name"]])
-                        for layer in layers]
-    return found
+    return {chart.title: chart.layers for chart in page_charts(at)}
 
 
 def chart_data_in_order(at: AppTest) -> list[tuple[str | None, list[tuple[dict, object]]]]:
     """Every chart on the page in page order: (title, its layers with their rows)."""
-    found = []
-    for element in at.get("vega_lite_chart"):
-        spec = json.loads(element.proto.spec)
-        frames = {d.name: convert_arrow_bytes_to_pandas_df(d.data.data) for d in element.proto.datasets}
-        title = spec.get("title")
-        title = title.get("text") if isinstance(title, dict) else title
-        found.append((title, [(layer, frames[(layer.get("data") or spec["data"])["name"]])
-                              for layer in spec.get("layer", [spec])]))
-    return found
+    return [(chart.title, chart.layers) for chart in page_charts(at)]
 
 
 def last_point_text(layers, field: str = "value", suffix: str = "") -> str:

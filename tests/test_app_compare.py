@@ -9,7 +9,6 @@ import json
 import pytest
 from streamlit.proto.WidgetStates_pb2 import WidgetState
 from streamlit.testing.v1 import AppTest
-from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 
 from sae_dist.analytics.pareto import SELECTION
 from sae_dist.analytics.run_compare import PALETTE
@@ -17,6 +16,7 @@ from sae_dist.analytics.smoothing import ema_debiased
 from sae_dist.db import create_run, get_engine, update_run
 from sae_dist.db.evaluations import record_evaluation
 
+from chart_views import page_charts
 from conftest import REPO
 from test_app import add_run
 
@@ -58,14 +58,8 @@ def open_page(**query) -> AppTest:
 
 
 def charts(at: AppTest) -> dict[str, dict]:
-    """Each chart on the page by title: its spec, with its datasets as lists of rows."""
-    found = {}
-    for element in at.get("vega_lite_chart"):
-        spec = json.loads(element.proto.spec)
-        spec["rows"] = {d.name: convert_arrow_bytes_to_pandas_df(d.data.data) for d in element.proto.datasets}
-        title = spec.get("title")
-        found[title.get("text") if isinstance(title, dict) else title] = spec
-    return found
+    """Each chart on the page by title: its spec, with its view's datasets as lists of rows."""
+    return {chart.title: {**chart.spec, "rows": chart.frames} for chart in page_charts(at)}
 
 
 def compared(at: AppTest) -> dict[str, dict]:

@@ -18,6 +18,7 @@ from streamlit.testing.v1 import AppTest
 from sae_dist.db import DatabaseMetricsLogger, GpuSample, Job, create_run, get_engine, utcnow
 from scheduler.store import NewJob, finish_job, get_job, start_jobs, submit
 
+from chart_views import page_charts
 from conftest import REPO, add_virtual_devices
 
 MONITOR = "pages/2_Monitor.py"
@@ -165,7 +166,7 @@ def test_monitor_every_window(busy, window):
     at = open_page(MONITOR)
     at.segmented_control(key="monitor_window").set_value(window).run()
     assert not at.exception
-    assert len(at.get("vega_lite_chart")) >= 4
+    assert len(page_charts(at)) >= 4
 
 
 def test_monitor_finished_job_shows_its_final_state(busy):

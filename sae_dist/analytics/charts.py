@@ -88,8 +88,13 @@ def training_panel(metrics: dict[str, list], metric: str, events: list[dict] | N
     """One metric against step (`metrics` from `queries.run_step_metrics`) and the data it
     plots; `events` (`queries.run_events`) as grouped marks. No chart when the run has no
     measured value of it yet."""
+    return frame_panel(training_frame(metrics, metric, max_points), metric, events)
+
+
+def frame_panel(data: pd.DataFrame, metric: str, events: list[dict] | None = None) -> Panel:
+    """`training_panel` from its rows already thinned (`training_frame`: a page caches those,
+    not the run's every logged step)."""
     unit = units.training_unit(metric)
-    data = training_frame(metrics, metric, max_points)
     row = last_plotted_row(data)
     help_text = None if row is None else f"The chart's last point: step {int(row['step']):,}."
     if not len(data):
@@ -113,6 +118,15 @@ def rank_time_chart(stats: dict[str, list], field: str = "step_time_s",
     """Per-rank `field` ("step_time_s" or "compute_time_s", seconds) against step, one line
     per rank, stragglers marked as red triangles, `events` as grouped marks; None without
     rank stats."""
+    frames = rank_time_frames(stats, field)
+    return None if frames is None else rank_time_chart_of(*frames, field, events)
+
+
+def rank_time_frames(stats: dict[str, list], field: str = "step_time_s"
+                     ) -> tuple[pd.DataFrame, pd.DataFrame, int] | None:
+    """The rows `rank_time_chart` plots (lines, straggler marks), thinned, and how many rows
+    were flagged stragglers; None without rank stats (a page caches these, not the run's
+    every per-rank row)."""
     if field not in ("step_time_s", "compute_time_s"):
         raise ValueError(f"field must be step_time_s or compute_time_s, got {field!r}")
     ranks = sorted(set(stats["rank"]))
@@ -137,20 +151,26 @@ def rank_time_chart(stats: dict[str, list], field: str = "step_time_s",
             marks["step"].append(stats["step"][rows[j]])
             marks["rank"].append(label)
             marks["ms"].append(values[j] * units.RANK_TIME.factor)
+    return pd.DataFrame(lines), pd.DataFrame(marks), sum(map(bool, stats["is_straggler"]))
+
+
+def rank_time_chart_of(lines: pd.DataFrame, marks: pd.DataFrame, flagged: int,
+                       field: str = "step_time_s", events: list[dict] | None = None
+                       ) -> alt.LayerChart:
+    """`rank_time_chart` from its rows (`rank_time_frames`)."""
     title = "Step time per rank" if field == "step_time_s" else "Compute time per rank"
     unit = units.RANK_TIME
     tooltip = [alt.Tooltip("rank:N", title="Rank"), alt.Tooltip("step:Q", title="Step", format=","),
                alt.Tooltip("ms:Q", title="Time (ms)", format=unit.value)]
     x = step_x()
     y = value_y(unit, "ms")
-    line = alt.Chart(pd.DataFrame(lines)).mark_line().encode(
+    line = alt.Chart(lines).mark_line().encode(
         x=x, y=y, color=alt.Color("rank:N", title="Rank"), tooltip=tooltip)
-    straggler = alt.Chart(pd.DataFrame(marks)).mark_point(
+    straggler = alt.Chart(marks).mark_point(
         shape="triangle-up", filled=True, size=70, color=STRAGGLER_COLOR, opacity=0.9,
     ).encode(x=x, y=y, tooltip=[*tooltip, alt.Tooltip("straggler:N", title="Straggler")]
              ).transform_calculate(straggler="'yes'")
-    subtitle = (f"{sum(stats['is_straggler'])} straggler marks (red)" if any(stats["is_straggler"])
-                else "no straggler flagged")
+    subtitle = f"{flagged} straggler marks (red)" if flagged else "no straggler flagged"
     return _with_events([line, straggler], events, title, subtitle)
 
 

@@ -1,0 +1,54 @@
+"""A column's charts stacked as one Vega view (chart_stack): every chart keeps its title,
+axes (the 24-hour UTC time axis included), tooltips and rows; None charts are left out."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import vl_convert
+
+from sae_dist.analytics import chart_stack, charts, units
+
+START = datetime(2026, 11, 24, 19, 20, tzinfo=timezone.utc)
+
+
+def device_columns(n: int = 30) -> dict[str, list]:
+    return {"time": [START + timedelta(seconds=10 * i) for i in range(n)],
+            "memory_used": [2**30 * 3] * n, "memory_total": [2**33] * n,
+            "utilization_pct": [float(i) for i in range(n)], "power_w": [None] * n}
+
+
+def test_a_stack_keeps_each_chart_whole_and_leaves_out_the_missing():
+    cols = device_columns()
+    panels = [charts.device_panel(cols, f, 10, total=True) for f in ("memory_used", "power_w",
+                                                                     "utilization_pct")]
+    assert panels[1].chart is None  # power not measured: no chart
+    spec = chart_stack.stack([p.chart for p in panels]).to_dict()
+    memory, util = spec["concat"]
+    assert spec["columns"] == 1 and spec["resolve"]["scale"] == {"x": "independent", "y": "independent"}
+    assert spec["autosize"] == {"type": "fit-x", "contains": "padding"}
+    assert spec["params"] == [{"name": "width", "expr": chart_stack.CONTAINER_WIDTH}]
+    assert memory["title"]["text"] == charts.TOTAL_TITLES["memory_used"]
+    assert [layer["encoding"]["y"]["field"] for layer in memory["layer"]] == ["value", "total"]
+    assert util["title"]["text"] == charts.TOTAL_TITLES["utilization_pct"]
+    x = util["encoding"]["x"]
+    assert x["title"] == "time (UTC)" and x["axis"]["format"] == "%H:%M" and x["scale"]["type"] == "utc"
+    assert {t["title"] for t in util["encoding"]["tooltip"]} == {"Time (UTC)", "Utilisation (%)"}
+    assert len(spec["datasets"]) == 2  # each chart its own rows
+
+
+def test_a_lone_chart_stays_itself_and_nothing_gives_none():
+    m = {"step": [10, 20], "loss": [1.0, 0.5]}
+    chart = charts.training_panel(m, "loss").chart
+    assert chart_stack.stack([None, chart, None]) is chart
+    assert chart_stack.stack([None, None]) is None and chart_stack.stack([]) is None
+
+
+def test_a_stack_draws_every_title_and_takes_the_width_it_is_given():
+    m = {"step": list(range(10, 210, 10))}
+    m.update(loss=[1 / s for s in m["step"]], fvu=[0.5 / s for s in m["step"]])
+    stack = chart_stack.stack([charts.training_panel(m, k).chart for k in ("loss", "fvu")])
+    svg = vl_convert.vegalite_to_svg(stack.to_dict())  # no container here: the fallback width
+    assert units.TRAINING["loss"].title in svg and units.TRAINING["fvu"].title in svg
+    width = int(svg.split('width="', 1)[1].split('"', 1)[0])
+    assert 390 <= width <= 410  # axes fitted inside the width, not added to it
