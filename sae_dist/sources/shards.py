@@ -25,6 +25,7 @@ import itertools
 import logging
 import os
 from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from torch import Tensor
 
 from sae_dist.errors import DataError
 from sae_dist.shard_format import REDO, ShardLayout, dtype_name, read_layout
+from sae_dist.sources.base import UnseenRows
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +107,20 @@ def read_rows(dataset: ShardDataset, start: int, stop: int, dtype: torch.dtype =
             out[lo - start:hi - start].copy_(view[lo - first:hi - first])
         first += rows
     return out
+
+
+def tail_batches(dataset: ShardDataset, count: int, batch_rows: int) -> Iterator[Tensor]:
+    """The last `count` rows of a dataset, in order, as float32 batches of at most `batch_rows`
+    (a batch never spans two files); only the pages of those rows are read."""
+    first = dataset.total_rows - count  # global index of the first row wanted
+    starts = [0, *itertools.accumulate(dataset.rows)]
+    for path, file_rows, offset, file_start in zip(dataset.files, dataset.rows, dataset.data_offsets, starts):
+        if file_start + file_rows <= first:
+            continue
+        view = _map_rows(path, offset, file_rows, dataset.d_in, dataset.dtype)
+        lo = max(first - file_start, 0)
+        for i in range(lo, file_rows, batch_rows):
+            yield view[i:min(i + batch_rows, file_rows)].to(torch.float32, copy=True)  # not a view of the map
 
 
 class ShardStream:
@@ -277,6 +293,15 @@ class ShardStream:
         count = self.holdout_rows if limit is None else max(0, min(limit, self.holdout_rows))
         total = self.dataset.total_rows
         return read_rows(self.dataset, total - count, total, dtype)
+
+    def unseen_rows(self, rows: int, batch_rows: int, ctx, plan) -> UnseenRows | None:
+        """The held-out tail, on rank 0 (sae_dist.sources.base); its size was fixed when the stream
+        was opened (sae_dist.defaults.heldout_rows_of), so `rows` is not read again here."""
+        n = self.holdout_rows
+        if not ctx.is_main or n == 0:
+            return None
+        return UnseenRows(tail_batches(self.dataset, n, batch_rows),
+                          f"the shards' held-out tail ({n:,} rows no batch drew)")
 
     def _gather(self, indices: Tensor, out: Tensor) -> None:
         files, counts = torch.unique_consecutive(torch.searchsorted(self._ends, indices, right=True),
