@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import run_cli
+from conftest import main_here, run_cli
 from sae_dist.config import TrainConfig, build_config
 from sae_dist.evaluate import evaluate_sae, heldout_rows, load_planted, load_sae, planted_from_settings
 from sae_dist.evaluate.planted import write_planted_shards
@@ -63,22 +63,11 @@ def test_a_shard_run_holds_out_the_tail_and_is_evaluated_on_it(tmp_path):
 
 
 @pytest.mark.slow
-def test_eval_rows_0_means_no_evaluation_and_bad_values_are_one_error(tmp_path, capsys):
+def test_eval_rows_0_means_no_evaluation_and_bad_values_are_one_error(tmp_path):
     ok(run_cli("train", *TINY, "--d-in", "16", "--eval-rows", "0", "--no-db", "--out-dir", str(tmp_path / "run")))
     assert not (tmp_path / "run" / "evaluation.json").exists()
     # The refusal through sae_dist.cli.main in this process (a real process's refusal: tests/test_config.py).
-    import logging
-
-    from sae_dist.cli import main
-
-    handlers, level = logging.root.handlers[:], logging.root.level
-    try:
-        capsys.readouterr()
-        code = main(["train", *TINY, "--eval-rows", "-5", "--no-db"])
-        err = capsys.readouterr().err
-    finally:
-        logging.root.handlers[:] = handlers
-        logging.root.setLevel(level)
+    code, _, err = main_here("train", *TINY, "--eval-rows", "-5", "--no-db")
     assert code == 2 and err.strip().splitlines() == ["error: eval_rows: must be non-negative, got -5"]
 
 
