@@ -287,3 +287,20 @@ def test_two_rank_errors_are_reported_once(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: [rank 0] NaN or inf in the loss"), result.stderr
 
+
+def test_a_train_validates_its_config_once_per_source_of_values(tmp_path, monkeypatch):
+    from sae_dist.config import TrainConfig
+
+    validated, validate = [], TrainConfig.validate
+
+    def counted(self):
+        validated.append(self.d_in)
+        validate(self)
+
+    monkeypatch.setattr(TrainConfig, "validate", counted)
+    ok(main_here("train", "--d-sae", "32", "--k", "4", "--synthetic-features", "64", "--batch-size", "16",
+                 "--steps", "3", "--log-every", "1", "--eval-rows", "0", "--no-db", "--devices", "cpu:1",
+                 "--out-dir", str(tmp_path / "run")))
+    # The flags, then the source's d_in (synthetic's default width); resolving the defaults, the
+    # rank's copy and every step's lr reuse the validated config (8 validations for 2 steps before).
+    assert validated == [None, 512]
