@@ -191,7 +191,8 @@ def test_bad_slow_rank_knob_is_one_error(tmp_path):
     args = [*SMALL, "--steps", "2", "--devices", "cpu:1", "--batch-size", "32", "--no-db"]
     result = main_here("train", *args, "--out-dir", str(tmp_path / "r"), env={SLOW_RANKS_ENV: "1:fast"})
     assert result.returncode == 2
-    assert "SAE_DIST_TEST_SLOW_RANKS='1:fast': give rank:factor pairs" in result.stderr
+    assert "SAE_DIST_TEST_SLOW_RANKS='1:fast': give rank:value pairs such as 1:3 (rank 1 computes 3x slower" \
+        in result.stderr
     result = main_here("train", *SMALL, "--balance", "fastest", "--steps", "2", "--no-db", "--devices", "cpu:1")
     assert result.returncode == 2 and "balance: unknown value 'fastest'" in result.stderr
 
@@ -203,5 +204,5 @@ def test_bad_kill_rank_knob_is_one_error(tmp_path, raw):
                         "--out-dir", str(tmp_path / "r"), env={KILL_RANK_AT_ENV: raw})
     assert result.returncode == 2 and result.stdout == ""
     lines = result.stderr.strip().splitlines()
-    assert lines == [f"error: SAE_DIST_TEST_KILL_RANK_AT={raw!r}: give rank:step, such as 2:15 "
+    assert lines == [f"error: SAE_DIST_TEST_KILL_RANK_AT={raw!r}: give rank:value pairs such as 2:15 "
                      "(rank 2 SIGKILLs itself after step 15)"], result.stderr
