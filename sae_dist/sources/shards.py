@@ -11,8 +11,8 @@ rank reads its own slice of each step, and SGD wants the rows shuffled. So:
   blocks while a batch still mixes rows from far apart, and batches are consecutive slices of it;
 * the whole stream state is one integer (rows taken so far) and the settings that fix the order,
   so a run resumed from a checkpoint gets exactly the batches the uninterrupted run would have;
-* an optional held-out tail (the last holdout_rows rows) is never trained on: an evaluation at the
-  end of a run reads it with ShardStream.heldout_rows.
+* an optional held-out tail (the last holdout_rows rows) is never trained on: the evaluation at
+  the end of a run reads it through ShardStream.unseen_rows.
 
 The directory's layout, its validation and its writers are in sae_dist.shard_format.
 """
