@@ -22,6 +22,7 @@ from sae_dist.config import (ARCHITECTURES, BALANCES, ON_RANK_LOSS, PRECISIONS, 
 from sae_dist.defaults import describe_resolved
 from sae_dist.errors import ConfigError, UserError
 from sae_dist.paths import state_home
+from sae_dist.shard_format import read_layout  # the shards' headers, without torch
 from sae_dist.sweep_argv import SWEEP_KEY
 from scheduler import status
 from scheduler.recommend import recommend
@@ -83,9 +84,7 @@ def use_recommended() -> None:
 
 @st.cache_data(ttl=30, show_spinner=False, max_entries=16)
 def shards_d_in(path: str) -> int:
-    from sae_dist.sources.shards import open_shards
-
-    return open_shards(path).d_in
+    return read_layout(path).d_in
 
 
 def run_dir_taken(name: str) -> Path | None:

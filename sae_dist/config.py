@@ -7,6 +7,7 @@ all say the same thing. `validate()` is the only place that decides what is a ba
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import math
@@ -114,7 +115,8 @@ class TrainConfig:
 
     @property
     def resolved_lr(self) -> float:
-        return self.resolved(self._known_world_size()).lr
+        # Read every step: a resolved config (what a rank trains with) has its number already.
+        return self.lr if self.lr is not None else self.resolved(self._known_world_size()).lr
 
     def _known_world_size(self) -> int:
         kind, count = parse_devices(self.devices)
@@ -125,8 +127,7 @@ class TrainConfig:
         `world_size` devices: what the run stores and the Train page shows before submit."""
         global_batch = self.batch_size * self.grad_accum * world_size
         assert self.d_in is not None, "d_in is set from the source before resolving"
-        return dataclasses.replace(
-            self,
+        return self._unchecked(
             lr=(self.lr if self.lr is not None
                 else float(f"{default_lr(global_batch, self.resolved_d_sae, self.k, self.d_in):.3g}")),
             lr_warmup_steps=(self.lr_warmup_steps if self.lr_warmup_steps is not None
@@ -135,6 +136,15 @@ class TrainConfig:
             dead_after_samples=(self.dead_after_samples if self.dead_after_samples is not None
                                 else default_dead_after_samples(self.steps * global_batch, global_batch)),
         )
+
+    def _unchecked(self, **changes: Any) -> TrainConfig:
+        """A copy with `changes`, not validated again: only for values valid by construction (the
+        rule-based defaults are positive numbers), so a run validates its config once per source
+        of new values (its flags, then the source's d_in), not once per copy."""
+        new = copy.copy(self)
+        for name, value in changes.items():
+            setattr(new, name, value)
+        return new
 
     @property
     def resolved_auxk_k(self) -> int:
@@ -211,7 +221,9 @@ class TrainConfig:
         """The config with d_in from the source; a given d_in that differs is an error."""
         if self.d_in is not None and self.d_in != d_in:
             raise ConfigError("d_in", f"is {self.d_in} but the source's activations have width {d_in}")
-        return dataclasses.replace(self, d_in=d_in)
+        if self.d_in == d_in:
+            return self._unchecked()  # nothing new to check: a rank gets a config whose d_in is known
+        return dataclasses.replace(self, d_in=d_in)  # validated: k and auxk_k are checked against d_sae
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

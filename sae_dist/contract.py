@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sae_dist.errors import ConfigError, UserError
@@ -45,6 +45,23 @@ SLOW_RANKS_ENV = "SAE_DIST_TEST_SLOW_RANKS"  # "1:3" makes rank 1's compute 3x s
 # Test-only, a stand-in for a device that dies mid-run: "2:15" makes rank 2 SIGKILL itself right
 # after step 15. Name the last rank: a run restarted without it has no such rank, so it fires once.
 KILL_RANK_AT_ENV = "SAE_DIST_TEST_KILL_RANK_AT"
+
+
+def rank_values(name: str, raw: str, convert: Callable[[str], float], least: float, example: str) -> dict[int, Any]:
+    """A knob's "rank:value" pairs, comma-separated ("1:3,2:2"), as {rank: value}; {} when blank.
+    Every mistake (no colon, a rank below 0, a value `convert` refuses or below `least`) is one
+    UserError in one format: the knob, what it was given, and `example` ("2:15 (rank 2 ...)")."""
+    values = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        rank_text, _, value_text = item.partition(":")
+        try:
+            rank, value = int(rank_text), convert(value_text)
+        except ValueError:
+            rank, value = -1, least
+        if rank < 0 or not value >= least:  # `not >=`: NaN is refused too
+            raise UserError(f"{name}={raw!r}: give rank:value pairs such as {example}")
+        values[rank] = value
+    return values
 
 # Names a user's --env may not set: the supervisor sets them for every job, and a user's value would
 # break device isolation or the port reservation (two jobs on one rendezvous port).

@@ -16,7 +16,7 @@ import torch
 from sae_dist import distributed as D
 from sae_dist.balance import BatchPlan, bounded_split, initial_weights, plan_for
 from sae_dist.config import TrainConfig
-from sae_dist.contract import SLOW_RANKS_ENV
+from sae_dist.contract import SLOW_RANKS_ENV, rank_values
 from sae_dist.errors import UserError
 from sae_dist.free_memory import free_memory, sources_line
 from sae_dist.sae import SparseAutoencoder
@@ -27,16 +27,8 @@ SPEED_PROBES = 3
 def slowdown_for_tests(rank: int) -> float:
     """This rank's factor from $SAE_DIST_TEST_SLOW_RANKS ("rank:factor,..."), 1.0 when unset: a
     stand-in for a slower card on virtual devices."""
-    raw = os.environ.get(SLOW_RANKS_ENV, "").strip()
-    factors = {}
-    for item in filter(None, (part.strip() for part in raw.split(","))):
-        r, _, f = item.partition(":")
-        try:
-            factors[int(r)] = float(f)
-        except ValueError:
-            raise UserError(f"{SLOW_RANKS_ENV}={raw!r}: give rank:factor pairs such as 1:3") from None
-        if not factors[int(r)] >= 1.0:
-            raise UserError(f"{SLOW_RANKS_ENV}={raw!r}: a factor is at least 1 (1 = normal speed)")
+    factors = rank_values(SLOW_RANKS_ENV, os.environ.get(SLOW_RANKS_ENV, "").strip(), float, 1.0,
+                          "1:3 (rank 1 computes 3x slower; a factor is at least 1)")
     return factors.get(rank, 1.0)
 
 

@@ -29,8 +29,8 @@ import torch
 from sae_dist import distributed as D
 from sae_dist.balance import BalanceDecision, BatchPlan, rebalance
 from sae_dist.config import TrainConfig
-from sae_dist.contract import KILL_RANK_AT_ENV, THREADS_PER_RANK_ENV
-from sae_dist.errors import TrainingStopped, UserError
+from sae_dist.contract import KILL_RANK_AT_ENV, THREADS_PER_RANK_ENV, rank_values
+from sae_dist.errors import TrainingStopped
 from sae_dist.evaluate.end_of_run import end_of_run_evaluation, summary_lines
 from sae_dist.evaluate.metrics import dictionary_recovery
 from sae_dist.export import export_saelens
@@ -268,18 +268,9 @@ def set_threads(ctx: D.DistContext) -> None:
 def kill_step_for_tests(rank: int) -> int | None:
     """The step after which this rank SIGKILLs itself, from $SAE_DIST_TEST_KILL_RANK_AT
     ("rank:step"); None when unset or naming another rank."""
-    raw = os.environ.get(KILL_RANK_AT_ENV, "").strip()
-    if not raw:
-        return None
-    rank_text, _, step_text = raw.partition(":")
-    try:
-        kill_rank, kill_step = int(rank_text), int(step_text)
-    except ValueError:
-        kill_rank = kill_step = -1
-    if kill_rank < 0 or kill_step < 1:
-        raise UserError(f"{KILL_RANK_AT_ENV}={raw!r}: give rank:step, such as 2:15 "
-                        "(rank 2 SIGKILLs itself after step 15)")
-    return kill_step if kill_rank == rank else None
+    steps = rank_values(KILL_RANK_AT_ENV, os.environ.get(KILL_RANK_AT_ENV, "").strip(), int, 1,
+                        "2:15 (rank 2 SIGKILLs itself after step 15)")
+    return steps.get(rank)
 
 
 received_stop: list[int] = []  # signals seen: a peer's error caused by its own stop is a stop too

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -48,25 +52,49 @@ def run_cli(*args: str, timeout: float = 240, env: dict | None = None, module: s
                           capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture
-def cli(capsys):
-    """`python -m sae_dist ARGS` as `sae_dist.cli.main(ARGS)` in this process, for tests of what it
-    decides and prints rather than of the process (its logging set-up is undone after); returns
-    (exit code, stdout, stderr)."""
-    import logging
+class Ran(NamedTuple):
+    """What an in-process `main` did: unpacks as (code, stdout, stderr)."""
 
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def main_here(*args: str, env: dict[str, str] | None = None) -> Ran:
+    """`python -m sae_dist ARGS` as `sae_dist.cli.main(ARGS)` in this process, for tests of what it
+    decides and prints rather than of the process (no new interpreter's start-up to pay): stdout
+    and stderr captured; the logging set-up (main installs handlers), the environment (the
+    launcher writes to it) and anything in `env` put back afterwards. A `train` on cpu:1 trains in
+    this process (more devices would start torchrun: use run_cli for those). What it printed
+    before raising (argparse's usage, then SystemExit) is passed on to the real streams, for capsys."""
     from sae_dist.cli import main
 
-    handlers, level = logging.root.handlers[:], logging.root.level
+    root, alembic = logging.getLogger(), logging.getLogger("alembic")
+    saved_logging = (root.handlers[:], root.level, alembic.level)
+    saved_env = dict(os.environ)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        os.environ.update(env or {})
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+    except BaseException:
+        sys.stdout.write(out.getvalue())
+        sys.stderr.write(err.getvalue())
+        raise
+    finally:
+        root.handlers[:] = saved_logging[0]
+        root.setLevel(saved_logging[1])
+        alembic.setLevel(saved_logging[2])
+        for key in set(os.environ) - set(saved_env):
+            del os.environ[key]
+        os.environ.update(saved_env)
+    return Ran(code, out.getvalue(), err.getvalue())
 
-    def run(*args: str) -> tuple[int, str, str]:
-        code = main(list(args))
-        out, err = capsys.readouterr()
-        return code, out, err
 
-    yield run
-    logging.root.handlers[:] = handlers
-    logging.root.setLevel(level)
+@pytest.fixture
+def cli():
+    """main_here, for the tests that take it as a fixture."""
+    return main_here
 
 
 def wait_for(predicate, timeout: float = 30, what: str = "condition"):

@@ -9,13 +9,13 @@ import signal
 import pytest
 import torch
 
-from conftest import LENGTH_FREE_SCHEDULE, run_cli
+from conftest import LENGTH_FREE_SCHEDULE, main_here, run_cli
 from sae_dist.balance import BalanceState
 from sae_dist.checkpoint import STATE, latest_checkpoint
 from sae_dist.contract import KILL_RANK_AT_ENV, SLOW_RANKS_ENV
 from sae_dist.shard_format import write_shards
 from sae_dist.survive import DEVICE_ERROR_EXIT, Failure, device_ids, lost_ranks, survivors_env
-from test_train import REFERENCE, SMALL, final_weights, ok, one_rank_reference, rel_diff, shares_in, train_here
+from test_train import REFERENCE, SMALL, final_weights, ok, one_rank_reference, rel_diff, shares_in
 
 __all__ = ["one_rank_reference", "shares_in"]  # the session's 1-rank reference; shares_in for test_harvest
 
@@ -48,7 +48,7 @@ def test_rebalancing_evens_out_a_slow_rank(tmp_path):
     rule rightly waited for evidence that never came in 60 steps.)"""
     args = ["--d-in", "128", "--d-sae", "1024", "--k", "16", "--steps", "60", "--log-every", "5",
             "--checkpoint-every", "0", "--seed", "1", "--eval-rows", "0"]  # (what is checked comes before it)
-    ok(train_here(*args, "--devices", "cpu:1", "--batch-size", "1024", "--no-db", "--out-dir", str(tmp_path / "one")))
+    ok(main_here("train", *args, "--devices", "cpu:1", "--batch-size", "1024", "--no-db", "--out-dir", str(tmp_path / "one")))
     run_dir = tmp_path / "two"
     out = ok(run_cli("train", *args, "--devices", "cpu:2", "--batch-size", "512", "--out-dir", str(run_dir),
                      env={"SAE_DIST_TEST_SLOW_RANKS": "1:6"}))
@@ -123,7 +123,7 @@ def three_ranks_straight(tmp_path_factory):
     here), and the 3-rank processes are the runs compared with it. --no-db: no state home written."""
     base = tmp_path_factory.mktemp("three_ranks")
     run_dir = base / "straight"
-    ok(train_here(*THREE_RANKS, "--batch-size", "384", "--devices", "cpu:1", "--no-db", "--out-dir", str(run_dir),
+    ok(main_here("train", *THREE_RANKS, "--batch-size", "384", "--devices", "cpu:1", "--no-db", "--out-dir", str(run_dir),
                   env={"SAE_DIST_HOME": str(base / "home")}))
     return run_dir
 
@@ -196,19 +196,20 @@ def test_survivors_see_only_their_devices(monkeypatch):
 def test_bad_slow_rank_knob_is_one_error(tmp_path):
     # Every rank reads the knobs at its start: one device (in this process) shows the error.
     args = [*SMALL, "--steps", "2", "--devices", "cpu:1", "--batch-size", "32", "--no-db"]
-    result = train_here(*args, "--out-dir", str(tmp_path / "r"), env={SLOW_RANKS_ENV: "1:fast"})
+    result = main_here("train", *args, "--out-dir", str(tmp_path / "r"), env={SLOW_RANKS_ENV: "1:fast"})
     assert result.returncode == 2
-    assert "SAE_DIST_TEST_SLOW_RANKS='1:fast': give rank:factor pairs" in result.stderr
-    result = train_here(*SMALL, "--balance", "fastest", "--steps", "2", "--no-db", "--devices", "cpu:1")
+    assert "SAE_DIST_TEST_SLOW_RANKS='1:fast': give rank:value pairs such as 1:3 (rank 1 computes 3x slower" \
+        in result.stderr
+    result = main_here("train", *SMALL, "--balance", "fastest", "--steps", "2", "--no-db", "--devices", "cpu:1")
     assert result.returncode == 2 and "balance: unknown value 'fastest'" in result.stderr
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("raw", ["2", "2:six", "two:6", "2:0", "2:-1"])
 def test_bad_kill_rank_knob_is_one_error(tmp_path, raw):
-    result = train_here(*SMALL, "--steps", "2", "--devices", "cpu:1", "--batch-size", "32", "--no-db",
+    result = main_here("train", *SMALL, "--steps", "2", "--devices", "cpu:1", "--batch-size", "32", "--no-db",
                         "--out-dir", str(tmp_path / "r"), env={KILL_RANK_AT_ENV: raw})
     assert result.returncode == 2 and result.stdout == ""
     lines = result.stderr.strip().splitlines()
-    assert lines == [f"error: SAE_DIST_TEST_KILL_RANK_AT={raw!r}: give rank:step, such as 2:15 "
+    assert lines == [f"error: SAE_DIST_TEST_KILL_RANK_AT={raw!r}: give rank:value pairs such as 2:15 "
                      "(rank 2 SIGKILLs itself after step 15)"], result.stderr

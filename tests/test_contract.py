@@ -158,3 +158,17 @@ def test_import_is_light():
             "print([m for m in sys.modules if m.split('.')[0] in ('torch', 'streamlit', 'altair', 'scheduler')])")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_a_rank_knob_reads_pairs_and_refuses_in_one_format():
+    from sae_dist.contract import rank_values
+    from sae_dist.errors import UserError
+
+    assert rank_values("K", "", float, 1.0, "1:3") == {}
+    assert rank_values("K", " 1:3, 0:1.5 ,", float, 1.0, "1:3") == {1: 3.0, 0: 1.5}
+    assert rank_values("K", "2:15", int, 1, "2:15") == {2: 15}
+    for raw, convert, least in [("2", int, 1), ("2:six", int, 1), ("two:6", int, 1), ("2:0", int, 1),
+                                ("-1:3", float, 1.0), ("1:0.5", float, 1.0), ("1:nan", float, 1.0)]:
+        with pytest.raises(UserError) as refused:
+            rank_values("K", raw, convert, least, "1:3 (rank 1 ...)")
+        assert str(refused.value) == f"K={raw!r}: give rank:value pairs such as 1:3 (rank 1 ...)"

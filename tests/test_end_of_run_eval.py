@@ -7,12 +7,11 @@ import json
 
 import pytest
 
-from conftest import run_cli
+from conftest import main_here, run_cli
 from sae_dist.config import TrainConfig, build_config
 from sae_dist.evaluate import evaluate_sae, heldout_rows, load_planted, load_sae, planted_from_settings
 from sae_dist.evaluate.planted import write_planted_shards
 from sae_dist.sources.synthetic import SyntheticSource
-from test_train import train_here
 
 TINY = ["--d-sae", "64", "--k", "4", "--batch-size", "64", "--steps", "6", "--log-every", "3", "--seed", "1",
         "--devices", "cpu:1"]
@@ -54,7 +53,7 @@ def test_a_shard_run_holds_out_the_tail_and_is_evaluated_on_it(tmp_path):
     write_planted_shards(tmp_path / "p", rows=2000, d_in=16, features=32, seed=2, rows_per_shard=700)
     # In this process (a 1-device run trains in the launcher's own: the same code path); the
     # real process's end-of-run evaluation is the synthetic run's above.
-    ok(train_here(*TINY, "--source", "shards", "--shards-path", str(tmp_path / "p"), "--no-db",
+    ok(main_here("train", *TINY, "--source", "shards", "--shards-path", str(tmp_path / "p"), "--no-db",
                   "--out-dir", str(tmp_path / "run")))
     stored = json.loads((tmp_path / "run" / "evaluation.json").read_text())
     assert stored["which_rows"] == "the shards' held-out tail (200 rows no batch drew)"  # a tenth of 2,000
@@ -66,23 +65,12 @@ def test_a_shard_run_holds_out_the_tail_and_is_evaluated_on_it(tmp_path):
 
 
 @pytest.mark.slow
-def test_eval_rows_0_means_no_evaluation_and_bad_values_are_one_error(tmp_path, capsys):
+def test_eval_rows_0_means_no_evaluation_and_bad_values_are_one_error(tmp_path):
     # In this process; --eval-rows 0 in real processes: tests/test_balance_train.py's runs.
-    ok(train_here(*TINY, "--d-in", "16", "--eval-rows", "0", "--no-db", "--out-dir", str(tmp_path / "run")))
+    ok(main_here("train", *TINY, "--d-in", "16", "--eval-rows", "0", "--no-db", "--out-dir", str(tmp_path / "run")))
     assert not (tmp_path / "run" / "evaluation.json").exists()
     # The refusal through sae_dist.cli.main in this process (a real process's refusal: tests/test_config.py).
-    import logging
-
-    from sae_dist.cli import main
-
-    handlers, level = logging.root.handlers[:], logging.root.level
-    try:
-        capsys.readouterr()
-        code = main(["train", *TINY, "--eval-rows", "-5", "--no-db"])
-        err = capsys.readouterr().err
-    finally:
-        logging.root.handlers[:] = handlers
-        logging.root.setLevel(level)
+    code, _, err = main_here("train", *TINY, "--eval-rows", "-5", "--no-db")
     assert code == 2 and err.strip().splitlines() == ["error: eval_rows: must be non-negative, got -5"]
 
 

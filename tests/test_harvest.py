@@ -298,11 +298,14 @@ def straight(minilm, text, tmp_path_factory) -> tuple[Path, str]:
 def test_training_straight_from_the_model_balances_and_learns(straight):
     from test_balance_train import shares_in
 
-    _, stdout = straight
+    out, stdout = straight
     (first, _), = shares_in(stdout)
     assert first[0] > first[1], stdout  # measured speeds: rank 1 slower, by as much as the machine allows
     fvu = float(re.search(r"done: step 20, FVU ([\d.]+)", stdout).group(1))
     assert fvu < 0.85, stdout
+    # The end-of-run evaluation read the stream's next rows (ModelSource.unseen_rows), 128 of them.
+    which = json.loads((out / "evaluation.json").read_text())["which_rows"]
+    assert which == "the model's next 128 rows (text after the run's)"
 
 
 @pytest.mark.slow

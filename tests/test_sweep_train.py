@@ -15,10 +15,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import run_cli
+from conftest import main_here, run_cli
 from sae_dist.checkpoint import WEIGHTS, list_checkpoints
 from sae_dist.export import load_sae
-from test_train import train_here
 
 pytestmark = pytest.mark.slow  # every test here reads runs trained by the module fixture
 
@@ -50,10 +49,10 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     out: dict[str, Path] = {"home": root / "home"}
     for k in ("2", "4", "8"):
         out[f"alone-k{k}"] = root / f"alone-k{k}"
-        ok(train_here(*BASE, "--k", k, "--lr", LR, "--batch-size", "128", "--devices", "cpu:1", "--no-db",
+        ok(main_here("train", *BASE, "--k", k, "--lr", LR, "--batch-size", "128", "--devices", "cpu:1", "--no-db",
                       "--out-dir", str(out[f"alone-k{k}"]), env=home))
     out["one"] = root / "one"
-    out["one_log"] = ok(train_here(*BASE, "--batch-size", "128", "--devices", "cpu:1", "--sweep", "k=2,4,8",
+    out["one_log"] = ok(main_here("train", *BASE, "--batch-size", "128", "--devices", "cpu:1", "--sweep", "k=2,4,8",
                                    "--sweep", f"lr={LR},1e30", "--out-dir", str(out["one"]), "--name", "sw1", env=home))
     out["shared"] = root / "shared"
     out["shared_log"] = ok(run_cli("train", *BASE, "--lr", LR, "--batch-size", "64", "--devices", "cpu:2", "--no-db",
@@ -69,7 +68,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     for export in resumed.glob("saes/*/sae"):
         shutil.rmtree(export)
     out["resumed"] = resumed
-    ok(train_here(*BASE, "--batch-size", "128", "--devices", "cpu:1", "--sweep", "k=2,4,8", "--sweep",
+    ok(main_here("train", *BASE, "--batch-size", "128", "--devices", "cpu:1", "--sweep", "k=2,4,8", "--sweep",
                   f"lr={LR},1e30", "--out-dir", str(resumed), "--resume", "--no-db", env=home))
     return out
 

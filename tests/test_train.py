@@ -1,30 +1,26 @@
 """The trainer for real: torchrun-launched gloo ranks on CPU, real files, the real state database.
 
 A 1-device run trains in the launcher's own process (no torchrun), so a test whose run has one
-device calls the CLI's `main` here (`train_here`) instead of paying a new interpreter's start-up;
+device calls the CLI's `main` here (conftest's `main_here`) instead of paying a new interpreter's start-up;
 what it checks is the same code path. Runs with several ranks are real processes."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
 import json
-import logging
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import LENGTH_FREE_SCHEDULE, REPO, run_cli
+from conftest import LENGTH_FREE_SCHEDULE, REPO, main_here, run_cli
 from sae_dist.checkpoint import STATE, WEIGHTS, latest_checkpoint, list_checkpoints
 from sae_dist.export import load_sae
 from sae_dist.shard_format import write_shards
@@ -43,45 +39,10 @@ def shares_in(stdout: str) -> list[tuple[list[int], int]]:
     return [([int(v) for v in m.group(1).split(",")], int(m.group(2))) for m in SHARES.finditer(stdout)]
 
 
-@dataclass
-class Ran:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def train_here(*args: str, env: dict[str, str] | None = None) -> Ran:
-    """`python -m sae_dist train args...` on one device, in this process: the CLI's own main(),
-    its stdout (the log) and stderr captured. The logging set-up, the environment (the launcher
-    writes to it) and anything in `env` are put back afterwards."""
-    from sae_dist import cli
-
-    assert "--devices" in args and args[args.index("--devices") + 1] == "cpu:1", args
-    root, alembic = logging.getLogger(), logging.getLogger("alembic")
-    saved_logging = (root.handlers[:], root.level, alembic.level)
-    saved_env = dict(os.environ)
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        os.environ.update(env or {})
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = cli.main(["train", *args])
-    finally:
-        for handler in root.handlers[:]:
-            root.removeHandler(handler)
-        for handler in saved_logging[0]:
-            root.addHandler(handler)
-        root.setLevel(saved_logging[1])
-        alembic.setLevel(saved_logging[2])
-        for key in set(os.environ) - set(saved_env):
-            del os.environ[key]
-        os.environ.update(saved_env)
-    return Ran(code, out.getvalue(), err.getvalue())
-
-
 @functools.cache
 def _reference_run(base: str) -> Path:
     out_dir = Path(base) / "one_rank_reference"
-    ok(train_here(*REFERENCE, "--devices", "cpu:1", "--batch-size", "256", "--out-dir", str(out_dir),
+    ok(main_here("train", *REFERENCE, "--devices", "cpu:1", "--batch-size", "256", "--out-dir", str(out_dir),
                   env={"SAE_DIST_HOME": str(Path(base) / "reference_home")}))
     return out_dir
 
@@ -169,7 +130,7 @@ def test_resume_reaches_the_same_weights(tmp_path, source, devices):
         args += ["--source", "shards", "--shards-path", str(tmp_path / "acts")]
     common = [*args, "--devices", devices, "--batch-size", "64", "--checkpoint-every", "4",
               *LENGTH_FREE_SCHEDULE, "--dead-after-samples", "512"]  # latents die early: AuxK and its counters matter
-    train = train_here if devices == "cpu:1" else functools.partial(run_cli, "train")
+    train = functools.partial(main_here if devices == "cpu:1" else run_cli, "train")
     ok(train(*common, "--steps", "12", "--out-dir", str(tmp_path / "straight")))
     ok(train(*common, "--steps", "6", "--out-dir", str(tmp_path / "split")))
     assert latest_checkpoint(tmp_path / "split").name == "step_00000006"
@@ -208,7 +169,7 @@ def test_sigkill_leaves_only_whole_checkpoints(tmp_path):
     step = int(latest_checkpoint(run_dir).name.split("_")[1])
     # Resumed on 1 device, in this process (resuming on another device count is allowed:
     # tests/test_balance_train.py); what matters here is that the checkpoint loads and goes on.
-    out = ok(train_here(*SMALL, "--devices", "cpu:1", "--batch-size", "64", "--steps", str(step + 4),
+    out = ok(main_here("train", *SMALL, "--devices", "cpu:1", "--batch-size", "64", "--steps", str(step + 4),
                         "--checkpoint-every", "2", "--out-dir", str(run_dir), "--resume"))
     assert f"at step {step}" in out.stdout
     assert latest_checkpoint(run_dir).name == f"step_{step + 4:08d}"
@@ -217,7 +178,7 @@ def test_sigkill_leaves_only_whole_checkpoints(tmp_path):
 def test_topk_recovers_planted_features(tmp_path):
     """On a small planted dictionary, TopK finds >= 90% of the features at cosine 0.9 (~10 s here)."""
     start = time.perf_counter()
-    out = ok(train_here("--d-in", "64", "--synthetic-features", "512", "--d-sae", "1024", "--k", "8",
+    out = ok(main_here("train", "--d-in", "64", "--synthetic-features", "512", "--d-sae", "1024", "--k", "8",
                         "--batch-size", "1024", "--steps", "200", "--log-every", "50", "--checkpoint-every", "0",
                         "--eval-rows", "0",  # the recovery checked is the training's, at its last step
                         "--devices", "cpu:1", "--out-dir", str(tmp_path / "r")))
@@ -260,7 +221,7 @@ def test_nan_in_data_stops_and_keeps_the_last_checkpoint(tmp_path):
     rows[300] = float("nan")
     write_shards(tmp_path / "acts", [rows])
     run_dir = tmp_path / "r"
-    result = train_here(*SMALL, "--source", "shards", "--shards-path", str(tmp_path / "acts"),
+    result = main_here("train", *SMALL, "--source", "shards", "--shards-path", str(tmp_path / "acts"),
                         "--devices", "cpu:1", "--batch-size", "8", "--steps", "200", "--log-every", "1",
                         "--checkpoint-every", "1", "--out-dir", str(run_dir))
     assert result.returncode == 2
@@ -277,7 +238,7 @@ def test_nan_in_data_stops_and_keeps_the_last_checkpoint(tmp_path):
 
 
 def test_diverging_loss_stops_with_a_clear_error(tmp_path):
-    result = train_here(*SMALL, "--devices", "cpu:1", "--batch-size", "64", "--steps", "50",
+    result = main_here("train", *SMALL, "--devices", "cpu:1", "--batch-size", "64", "--steps", "50",
                         "--lr", "1e30", "--log-every", "1", "--checkpoint-every", "0", "--out-dir", str(tmp_path / "r"))
     assert result.returncode == 2, result.stderr
     assert "NaN or inf in the loss" in result.stderr and "lower --lr" in result.stderr
@@ -301,7 +262,7 @@ def test_bad_shards_give_one_clear_error(tmp_path, make, words, real_process):
     make(tmp_path)
     path = tmp_path / ("mixed" if "mixed" in str(list(tmp_path.iterdir())) else "acts")
     args = ["--source", "shards", "--shards-path", str(path), "--steps", "1"]
-    result = run_cli("train", *args, timeout=60) if real_process else train_here(*args, "--devices", "cpu:1")
+    result = run_cli("train", *args, timeout=60) if real_process else main_here("train", *args, "--devices", "cpu:1")
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], result.stderr
@@ -310,10 +271,10 @@ def test_bad_shards_give_one_clear_error(tmp_path, make, words, real_process):
 def test_run_directory_mistakes(tmp_path):
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "something").write_text("x")
-    result = train_here("--steps", "1", "--out-dir", str(tmp_path / "busy"), "--devices", "cpu:1")
+    result = main_here("train", "--steps", "1", "--out-dir", str(tmp_path / "busy"), "--devices", "cpu:1")
     assert result.returncode == 2 and "already exists" in result.stderr
     assert (tmp_path / "busy" / "something").read_text() == "x"  # nothing stored is lost
-    result = train_here("--steps", "1", "--out-dir", str(tmp_path / "empty"), "--resume", "--devices", "cpu:1")
+    result = main_here("train", "--steps", "1", "--out-dir", str(tmp_path / "empty"), "--resume", "--devices", "cpu:1")
     assert result.returncode == 2 and "no checkpoint" in result.stderr
 
 
@@ -325,3 +286,21 @@ def test_two_rank_errors_are_reported_once(tmp_path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: [rank 0] NaN or inf in the loss"), result.stderr
+
+
+def test_a_train_validates_its_config_once_per_source_of_values(tmp_path, monkeypatch):
+    from sae_dist.config import TrainConfig
+
+    validated, validate = [], TrainConfig.validate
+
+    def counted(self):
+        validated.append(self.d_in)
+        validate(self)
+
+    monkeypatch.setattr(TrainConfig, "validate", counted)
+    ok(main_here("train", "--d-sae", "32", "--k", "4", "--synthetic-features", "64", "--batch-size", "16",
+                 "--steps", "3", "--log-every", "1", "--eval-rows", "0", "--no-db", "--devices", "cpu:1",
+                 "--out-dir", str(tmp_path / "run")))
+    # The flags, then the source's d_in (synthetic's default width); resolving the defaults, the
+    # rank's copy and every step's lr reuse the validated config (8 validations for 2 steps before).
+    assert validated == [None, 512]

@@ -10,7 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 from conftest import REPO
+from sae_dist.shard_format import write_shards
 
 HARVEST = REPO / "sae_dist" / "harvest"
 
@@ -39,3 +43,16 @@ def test_harvest_does_not_import_the_sources():
     found = {f.name: sorted(m for m in _imports(f) if m == "sae_dist.sources" or m.startswith("sae_dist.sources."))
              for f in files}
     assert not any(found.values()), found
+
+
+@pytest.mark.slow
+def test_the_train_page_reads_shards_without_torch(tmp_path):
+    # The page's own module-level imports, run as written, then what it calls for a shards directory.
+    page = ast.parse((REPO / "pages" / "1_Train.py").read_text())
+    imports = "\n".join(ast.unparse(node) for node in page.body if isinstance(node, (ast.Import, ast.ImportFrom)))
+    write_shards(tmp_path / "acts", [torch.randn(5, 12), torch.randn(3, 12)])
+    code = (f"import sys\n{imports}\nlayout = read_layout({str(tmp_path / 'acts')!r})\n"
+            "assert (layout.d_in, layout.total_rows, layout.dtype_name) == (12, 8, 'float32'), layout\n"
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr

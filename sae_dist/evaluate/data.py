@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Iterator
 
@@ -12,7 +11,7 @@ from torch import Tensor
 from sae_dist.errors import DataError
 from sae_dist.evaluate.metrics import Evaluable, Evaluation, evaluate_sae
 from sae_dist.evaluate.planted import load_planted
-from sae_dist.sources.shards import _map_rows, open_shards
+from sae_dist.sources.shards import open_shards, tail_batches
 
 DEFAULT_ROWS = 16384
 BATCH_ROWS = 4096
@@ -41,19 +40,7 @@ def heldout_batches(shards_dir: str | os.PathLike, rows: int = DEFAULT_ROWS, bat
     if d_in is not None and ds.d_in != d_in:
         raise DataError(f"{ds.directory} holds activations of width {ds.d_in}, but the SAE reads d_in={d_in}: "
                         f"evaluate it on shards of its own activation site")
-    return _tail(ds, min(rows, ds.total_rows), batch_rows)
-
-
-def _tail(ds, count: int, batch_rows: int) -> Iterator[Tensor]:
-    first = ds.total_rows - count  # global index of the first held-out row
-    starts = [0, *itertools.accumulate(ds.rows)]
-    for path, file_rows, offset, file_start in zip(ds.files, ds.rows, ds.data_offsets, starts):
-        if file_start + file_rows <= first:
-            continue
-        view = _map_rows(path, offset, file_rows, ds.d_in, ds.dtype)
-        lo = max(first - file_start, 0)
-        for i in range(lo, file_rows, batch_rows):
-            yield view[i:min(i + batch_rows, file_rows)].to(torch.float32, copy=True)  # not a view of the map
+    return tail_batches(ds, min(rows, ds.total_rows), batch_rows)
 
 
 def heldout_rows(shards_dir: str | os.PathLike, rows: int = DEFAULT_ROWS) -> Tensor:

@@ -1,7 +1,8 @@
 """The evaluation every run ends with: its SAE on rows it never trained on.
 
-Which rows: shards hold out their tail (the stream never draws it); the synthetic stream's rows
-after the run's last sample; the model source's next rows (the text after what it trained on).
+Which rows is the source's to say (ActivationSource.unseen_rows in sae_dist.sources.base): shards
+hold out their tail (the stream never draws it); the synthetic stream gives its rows after the
+run's last sample; the model source its next rows (the text after what it trained on).
 Planted data (synthetic, or shards written by make-planted) also gets feature recovery, and
 shards harvested from a model get the model's own check (the SAE spliced in).
 """
@@ -9,67 +10,47 @@ shards harvested from a model get the model's own check (the SAE spliced in).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
-
-import torch
-from torch import Tensor
+from collections.abc import Iterator
 
 from sae_dist import distributed as D
 from sae_dist.format import fmt_percent
-from sae_dist.evaluate.data import batch_rows_for, heldout_batches
+from sae_dist.evaluate.data import batch_rows_for
 from sae_dist.evaluate.metrics import Evaluation, Planted, evaluate_sae
 from sae_dist.evaluate.planted import load_planted, planted_from_settings
+from sae_dist.sources.base import ActivationSource
 
 log = logging.getLogger(__name__)
 
 
-def end_of_run_evaluation(cfg, sae, source, ctx: D.DistContext, plan) -> tuple[Evaluation, str] | None:
+def end_of_run_evaluation(cfg, sae, source: ActivationSource, ctx: D.DistContext,
+                          plan) -> tuple[Evaluation, str] | None:
     """Every rank calls this (the model source draws its rows collectively); rank 0 gets the
     evaluation and a few words saying which rows, the others None. None too when eval_rows is 0."""
     if cfg.eval_rows == 0:
         return None
-    model_rows = _model_rows(source, ctx, plan, cfg.eval_rows) if cfg.source == "model" else None
-    if not ctx.is_main:
+    unseen = source.unseen_rows(cfg.eval_rows, batch_rows_for(sae.d_sae), ctx, plan)
+    if unseen is None:
         return None
-    planted: Planted | None = None
-    batch = batch_rows_for(sae.d_sae)
-    if cfg.source == "synthetic":
-        n = cfg.eval_rows
-        start = source.position  # the stream's rows after the run's last: never trained on
-        batches: Iterable[Tensor] = (source.samples(start + i, min(batch, n - i)) for i in range(0, n, batch))
-        planted = planted_from_settings(cfg.d_in, cfg.synthetic_features, cfg.synthetic_active,
-                                        cfg.synthetic_power_law, cfg.synthetic_noise, cfg.seed)
-        where = f"{n:,} synthetic rows after the run's last sample"
-    elif cfg.source == "shards":
-        n = source.holdout_rows
-        if n == 0:
-            return None
-        batches = heldout_batches(cfg.shards_path, n, batch)
-        planted = load_planted(cfg.shards_path)
-        where = f"the shards' held-out tail ({n:,} rows no batch drew)"
-    else:
-        batches = model_rows.split(batch)
-        where = f"the model's next {len(model_rows):,} rows (text after the run's)"
     was_training = sae.training
     sae.eval()  # BatchTopK encodes with its learned threshold, as exported
     try:
-        evaluation = evaluate_sae(sae, batches, planted)
+        evaluation = evaluate_sae(sae, unseen.batches, _planted(cfg))
         if cfg.source == "shards":
             evaluation.model_check = _model_check(sae, cfg.shards_path)
     finally:
         sae.train(was_training)
-    return evaluation, where
+    return evaluation, unseen.where
 
 
-def _model_rows(source, ctx: D.DistContext, plan, rows: int) -> Tensor | None:
-    """The model stream's next `rows` rows (drawn in whole steps by every rank), on rank 0."""
-    mine: list[Tensor] = []
-    for _ in range(-(-rows // plan.global_batch)):
-        mine += [x.detach().float().cpu() for x in source.next_batches(plan, ctx.rank, ctx.device)]
-    gathered = D.gather_objects(mine)
-    if not ctx.is_main:
-        return None
-    return torch.cat([x for rank_rows in gathered for x in rank_rows])[:rows]
+def _planted(cfg) -> Planted | None:
+    """The dictionary the data was made from, when it was: the synthetic stream's settings, or
+    planted shards' own file (make-planted)."""
+    if cfg.source == "synthetic":
+        return planted_from_settings(cfg.d_in, cfg.synthetic_features, cfg.synthetic_active,
+                                     cfg.synthetic_power_law, cfg.synthetic_noise, cfg.seed)
+    if cfg.source == "shards":
+        return load_planted(cfg.shards_path)
+    return None
 
 
 def _model_check(sae, shards_path: str) -> dict | None:

@@ -4,15 +4,25 @@ Every source is one stream shared by every rank: a step takes the next global ba
 each rank reads its slice of each micro-batch (sae_dist.balance.BatchPlan). So a step's samples
 never depend on the number of ranks or their shares, and the stream's position is the same on
 every rank (a checkpoint keeps rank 0's). The end-of-run evaluation also reads rows the run never
-trained on, in a way of each source's own (sae_dist.evaluate.end_of_run).
+trained on, each source its own way (`unseen_rows`, read by sae_dist.evaluate.end_of_run).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor
+
+
+@dataclass
+class UnseenRows:
+    """Rows a run never trained on, for its end-of-run evaluation."""
+
+    batches: Iterable[Tensor]  # float32 [at most batch_rows, d_in] on the CPU, read as they are iterated
+    where: str  # which rows, in a few words ("the shards' held-out tail (200 rows no batch drew)")
 
 
 class ActivationSource(Protocol):
@@ -36,3 +46,9 @@ class ActivationSource(Protocol):
         """The stream's position: continuing from it gives exactly the rows that come next."""
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def unseen_rows(self, rows: int, batch_rows: int, ctx, plan) -> UnseenRows | None:
+        """About `rows` rows the run never trained on, in batches of at most `batch_rows`. Every rank
+        calls it once the run is over (the model source draws them collectively, in whole steps of
+        `plan`, a sae_dist.balance.BatchPlan); rank 0 gets them, the others None. None too when the
+        source has none (shards hold out their tail from the start, sized by the config)."""

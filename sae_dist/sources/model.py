@@ -24,10 +24,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from sae_dist import distributed as D
 from sae_dist.errors import UserError
 from sae_dist.harvest.contexts import text_files
 from sae_dist.harvest.run import HarvestSpec, SiteReader, load_tokenizer, plan
 from sae_dist.harvest.sites import site_module_path
+from sae_dist.sources.base import UnseenRows
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +133,18 @@ class ModelSource:
         """This rank's equal part of the next batch_size x world_size rows."""
         return self._take(self.batch_size * self.world_size, [(self.rank * self.batch_size, self.batch_size)],
                           device, dtype)[0]
+
+    def unseen_rows(self, rows: int, batch_rows: int, ctx, plan) -> UnseenRows | None:
+        """The stream's next `rows` rows (the text after the run's), drawn in whole steps by every
+        rank and gathered on rank 0 (sae_dist.sources.base)."""
+        mine: list[Tensor] = []
+        for _ in range(-(-rows // plan.global_batch)):
+            mine += [x.detach().float().cpu() for x in self.next_batches(plan, ctx.rank, ctx.device)]
+        gathered = D.gather_objects(mine)
+        if not ctx.is_main:
+            return None
+        drawn = torch.cat([x for rank_rows in gathered for x in rank_rows])[:rows]
+        return UnseenRows(drawn.split(batch_rows), f"the model's next {len(drawn):,} rows (text after the run's)")
 
     def state_dict(self) -> dict[str, Any]:
         return {"stream": "global", "epoch": self.epoch, "fill": self.fill, "offset": self.offset}

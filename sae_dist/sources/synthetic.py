@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from sae_dist.sources.base import UnseenRows
+
 CHUNK = 64  # samples generated per seeded chunk: the unit of determinism
 
 
@@ -63,6 +65,14 @@ class SyntheticSource:
             out.append(self.samples(start, plan.shares[rank]).to(device=device, dtype=dtype, non_blocking=True))
         self.position += plan.global_batch
         return out
+
+    def unseen_rows(self, rows: int, batch_rows: int, ctx, plan) -> UnseenRows | None:
+        """The stream's `rows` samples after the run's last (sae_dist.sources.base), on rank 0."""
+        if not ctx.is_main:
+            return None
+        start = self.position  # the stream's rows after the run's last: never trained on
+        batches = (self.samples(start + i, min(batch_rows, rows - i)) for i in range(0, rows, batch_rows))
+        return UnseenRows(batches, f"{rows:,} synthetic rows after the run's last sample")
 
     def samples(self, start: int, count: int) -> Tensor:
         """Samples [start, start + count) of the stream."""
