@@ -302,7 +302,10 @@ def test_dependencies(sched):
     assert state(after_ok) == "PENDING"
 
 
-def test_hold_release_and_requeue(sched, tmp_path):
+def test_hold_release_and_requeue(sched, tmp_path, capsys):
+    """release and requeue as real processes; hold's refusal through the same main() in this process."""
+    from test_scheduler_cli import cli_in_process
+
     engine = get_engine()
     held = submit(engine, job("true", held=True))
     marker = tmp_path / "tried"
@@ -318,7 +321,7 @@ def test_hold_release_and_requeue(sched, tmp_path):
     result = run_cli("requeue", str(held), module="scheduler")
     assert result.returncode == 0 and "requeued" in result.stdout
     assert wait_state(held, "COMPLETED", 30).requeue_count == 1
-    bad = run_cli("hold", str(held), module="scheduler")
+    bad = cli_in_process(capsys, "hold", str(held))
     assert bad.returncode == 2 and "only PENDING jobs" in bad.stderr
 
 
@@ -363,24 +366,26 @@ def test_one_daemon_per_state_directory(sched):
     assert first.poll() is None
 
 
-def test_daemon_detach_and_stop(sched):
-    """`daemon --detach` starts one in the background (once); `daemon --stop` ends it, not its jobs."""
+def test_daemon_detach_and_stop(sched, capsys):
+    """`daemon --detach` starts one in the background (once); `daemon --stop` ends it, not its jobs.
+    The start and the stop are real processes; the two answers of nothing to do come from the same
+    main() in this process."""
     from scheduler.control import daemon_running
+    from test_scheduler_cli import cli_in_process
 
     started = run_cli("daemon", "--detach", module="scheduler", timeout=30)
     assert started.returncode == 0 and "daemon started" in started.stdout, started.stderr
     wait_for(daemon_running, 20, "the detached daemon")
-    again = run_cli("daemon", "--detach", module="scheduler", timeout=30)
+    again = cli_in_process(capsys, "daemon", "--detach")
     assert again.returncode == 0 and "already runs" in again.stdout
     gate = sched.home / "gate"
     job_id = submit(get_engine(), gated(gate))
-    run_cli("queue", module="scheduler")  # nothing to wait on; the daemon wakes every second anyway
-    wait_state(job_id, "RUNNING", 30)
+    wait_state(job_id, "RUNNING", 30)  # the daemon wakes every second
     stopped = run_cli("daemon", "--stop", module="scheduler", timeout=30)
     assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stderr
     assert not daemon_running()
     assert state(job_id) == "RUNNING"  # the job carries on without the daemon
     gate.touch()
     assert wait_state(job_id, "COMPLETED", 30).exit_code == 0
-    none = run_cli("daemon", "--stop", module="scheduler", timeout=30)
+    none = cli_in_process(capsys, "daemon", "--stop")
     assert none.returncode == 0 and "no daemon runs" in none.stdout
