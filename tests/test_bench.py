@@ -206,7 +206,7 @@ def test_queued_benchmark_runs_each_point_as_a_job(monkeypatch):
         result = run_cli("bench", "--devices", "2", "--mode", "weak", "--repeats", "1", *SMALL, timeout=300)
         assert result.returncode == 0, result.stderr
     finally:
-        run_cli("daemon", "--stop", module="scheduler", timeout=60)
+        stop_daemon()
     run, points = bench_rows(1)
     assert run["queued"] and run["mode"] == "weak" and run["status"] == "COMPLETED"
     assert {p["per_device_batch"] for p in points} == {256}  # weak: each device keeps its batch
@@ -261,8 +261,21 @@ def test_a_point_that_cannot_get_the_machine_alone_stops_the_benchmark(monkeypat
         assert mine["state"] == "CANCELLED" and mine["exclusive"]
     finally:
         if sleeper is not None:
-            run_cli("cancel", str(sleeper), module="scheduler", timeout=60)
-        run_cli("daemon", "--stop", module="scheduler", timeout=60)
+            scheduler_main(["cancel", str(sleeper)])
+        stop_daemon()
+
+
+def scheduler_main(argv: list[str]) -> int:
+    """The scheduler's CLI in this process: the clean-up after a queued benchmark (a process each
+    took the cores the rest of the run shares)."""
+    from scheduler.cli import main
+
+    return main(argv)
+
+
+def stop_daemon() -> None:
+    """`daemon --stop`, in this process: the daemon `bench` started ends, not its jobs."""
+    scheduler_main(["daemon", "--stop"])
 
 
 BAD_ARGUMENTS = [
