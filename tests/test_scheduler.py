@@ -86,27 +86,34 @@ def active_devices() -> dict[str, int]:
         return active_allocations(conn)
 
 
-PER_WORKER = 40  # 8 x 40 submits: the writers overlap for most of their run (each one imports for ~1 s)
+PER_WORKER = 20  # 8 x 20 submits, started together (forked): the writers overlap for all of their run
+
+
+def _submitter(worker: int, out) -> None:
+    """One writer, in a process forked from this one (the imports are done: a fresh interpreter
+    spent ~1 s CPU on them, 8 of them beside each other on a loaded machine took most of the test)."""
+    engine = get_engine()
+    engine.dispose(close=False)  # the parent's pooled connections stay the parent's: none crosses the fork
+    out.send([submit(engine, NewJob(name=f"w{worker}-{i}", kind="command", argv=["true"], gpus=1, workdir="/",
+                                    held=True)) for i in range(PER_WORKER)])
+    out.close()
 
 
 def test_eight_concurrent_submitters_lose_nothing(sched):
+    import multiprocessing
+
     get_engine()  # migrate once, before the crowd
-    code = textwrap.dedent("""
-        import sys
-        from sae_dist.db import get_engine
-        from scheduler.store import NewJob, submit
-        engine = get_engine()
-        ids = [submit(engine, NewJob(name=f"w{sys.argv[1]}-{i}", kind="command", argv=["true"], gpus=1,
-                                     workdir="/", held=True)) for i in range(PER_WORKER)]
-        print(",".join(map(str, ids)))
-    """).replace("PER_WORKER", str(PER_WORKER))
-    workers = [subprocess.Popen([sys.executable, "-c", code, str(w)], cwd=REPO, stdout=subprocess.PIPE, text=True)
-               for w in range(8)]
-    ids = []
+    fork = multiprocessing.get_context("fork")
+    pipes = [fork.Pipe(duplex=False) for _ in range(8)]
+    workers = [fork.Process(target=_submitter, args=(w, send)) for w, (_, send) in enumerate(pipes)]
     for w in workers:
-        out, _ = w.communicate(timeout=120)
-        assert w.returncode == 0
-        ids += [int(x) for x in out.strip().split(",")]
+        w.start()
+    ids = []
+    for w, (receive, _) in zip(workers, pipes):
+        assert receive.poll(120), f"writer {w.name} sent nothing"
+        ids += receive.recv()
+        w.join(30)
+        assert w.exitcode == 0
     assert len(ids) == 8 * PER_WORKER and len(set(ids)) == 8 * PER_WORKER
     names = {j.name for j in list_jobs(get_engine())}
     assert names == {f"w{w}-{i}" for w in range(8) for i in range(PER_WORKER)}
