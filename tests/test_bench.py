@@ -206,7 +206,7 @@ def test_queued_benchmark_runs_each_point_as_a_job(monkeypatch):
         result = run_cli("bench", "--devices", "2", "--mode", "weak", "--repeats", "1", *SMALL, timeout=300)
         assert result.returncode == 0, result.stderr
     finally:
-        run_cli("daemon", "--stop", module="scheduler", timeout=60)
+        stop_daemon()
     run, points = bench_rows(1)
     assert run["queued"] and run["mode"] == "weak" and run["status"] == "COMPLETED"
     assert {p["per_device_batch"] for p in points} == {256}  # weak: each device keeps its batch
@@ -240,8 +240,13 @@ def test_a_point_that_cannot_get_the_machine_alone_stops_the_benchmark(monkeypat
         def jobs():
             return {j["job_id"]: j for j in json.loads(run_cli("queue", "--all", "--json", module="scheduler").stdout)}
 
-        user = wait_for(lambda: jobs()[sleeper]["state"] == "RUNNING" and jobs()[sleeper]["user"], timeout=60,
-                        what="the other job to run")
+        # Waited on in the database (a `queue` process a poll would take the cores the daemon needs);
+        # the listing below is still the real `queue` process's.
+        from scheduler.store import get_job
+
+        wait_for(lambda: get_job(get_engine(), sleeper).state == "RUNNING", timeout=60, what="the other job to run")
+        user = jobs()[sleeper]["user"]
+        assert user
         result = run_cli("bench", "--devices", "1", "--repeats", "1", "--start-within", "3", *SMALL, timeout=120)
         assert result.returncode == 2, result.stderr
         lines = result.stderr.strip().splitlines()
@@ -256,8 +261,21 @@ def test_a_point_that_cannot_get_the_machine_alone_stops_the_benchmark(monkeypat
         assert mine["state"] == "CANCELLED" and mine["exclusive"]
     finally:
         if sleeper is not None:
-            run_cli("cancel", str(sleeper), module="scheduler", timeout=60)
-        run_cli("daemon", "--stop", module="scheduler", timeout=60)
+            scheduler_main(["cancel", str(sleeper)])
+        stop_daemon()
+
+
+def scheduler_main(argv: list[str]) -> int:
+    """The scheduler's CLI in this process: the clean-up after a queued benchmark (a process each
+    took the cores the rest of the run shares)."""
+    from scheduler.cli import main
+
+    return main(argv)
+
+
+def stop_daemon() -> None:
+    """`daemon --stop`, in this process: the daemon `bench` started ends, not its jobs."""
+    scheduler_main(["daemon", "--stop"])
 
 
 BAD_ARGUMENTS = [
@@ -299,13 +317,14 @@ def test_bad_bench_arguments_are_one_line_and_store_nothing(args, message, capsy
 
 
 @pytest.mark.slow
-def test_report_of_a_missing_benchmark_or_a_bad_link():
-    missing = run_cli("report", "7")
-    assert missing.returncode == 2 and "no benchmark 7" in missing.stderr
+def test_report_of_a_missing_benchmark_or_a_bad_link(cli):
+    """Through the CLI's main in-process (the csv test runs `report` as a process)."""
+    code, _, err = cli("report", "7")
+    assert code == 2 and "no benchmark 7" in err
     with Session(get_engine()) as s:
         s.add(BenchmarkRun(name="b", mode="strong", device_counts="[1]", config_json="{}", steps=1, warmup_steps=0,
                            repeats=1, queued=False, device_kind="cpu", device_names="[]", virtual=True,
                            backend="gloo", torch_version="x", host="h"))
         s.commit()
-    bad = run_cli("report", "1", "--link", "fast")
-    assert bad.returncode == 2 and bad.stderr.startswith("error: --link: link 'fast'")
+    code, _, err = cli("report", "1", "--link", "fast")
+    assert code == 2 and err.startswith("error: --link: link 'fast'")

@@ -86,27 +86,34 @@ def active_devices() -> dict[str, int]:
         return active_allocations(conn)
 
 
-PER_WORKER = 40  # 8 x 40 submits: the writers overlap for most of their run (each one imports for ~1 s)
+PER_WORKER = 20  # 8 x 20 submits, started together (forked): the writers overlap for all of their run
+
+
+def _submitter(worker: int, out) -> None:
+    """One writer, in a process forked from this one (the imports are done: a fresh interpreter
+    spent ~1 s CPU on them, 8 of them beside each other on a loaded machine took most of the test)."""
+    engine = get_engine()
+    engine.dispose(close=False)  # the parent's pooled connections stay the parent's: none crosses the fork
+    out.send([submit(engine, NewJob(name=f"w{worker}-{i}", kind="command", argv=["true"], gpus=1, workdir="/",
+                                    held=True)) for i in range(PER_WORKER)])
+    out.close()
 
 
 def test_eight_concurrent_submitters_lose_nothing(sched):
+    import multiprocessing
+
     get_engine()  # migrate once, before the crowd
-    code = textwrap.dedent("""
-        import sys
-        from sae_dist.db import get_engine
-        from scheduler.store import NewJob, submit
-        engine = get_engine()
-        ids = [submit(engine, NewJob(name=f"w{sys.argv[1]}-{i}", kind="command", argv=["true"], gpus=1,
-                                     workdir="/", held=True)) for i in range(PER_WORKER)]
-        print(",".join(map(str, ids)))
-    """).replace("PER_WORKER", str(PER_WORKER))
-    workers = [subprocess.Popen([sys.executable, "-c", code, str(w)], cwd=REPO, stdout=subprocess.PIPE, text=True)
-               for w in range(8)]
-    ids = []
+    fork = multiprocessing.get_context("fork")
+    pipes = [fork.Pipe(duplex=False) for _ in range(8)]
+    workers = [fork.Process(target=_submitter, args=(w, send)) for w, (_, send) in enumerate(pipes)]
     for w in workers:
-        out, _ = w.communicate(timeout=120)
-        assert w.returncode == 0
-        ids += [int(x) for x in out.strip().split(",")]
+        w.start()
+    ids = []
+    for w, (receive, _) in zip(workers, pipes):
+        assert receive.poll(120), f"writer {w.name} sent nothing"
+        ids += receive.recv()
+        w.join(30)
+        assert w.exitcode == 0
     assert len(ids) == 8 * PER_WORKER and len(set(ids)) == 8 * PER_WORKER
     names = {j.name for j in list_jobs(get_engine())}
     assert names == {f"w{w}-{i}" for w in range(8) for i in range(PER_WORKER)}
@@ -302,7 +309,10 @@ def test_dependencies(sched):
     assert state(after_ok) == "PENDING"
 
 
-def test_hold_release_and_requeue(sched, tmp_path):
+def test_hold_release_and_requeue(sched, tmp_path, capsys):
+    """release and requeue as real processes; hold's refusal through the same main() in this process."""
+    from test_scheduler_cli import cli_in_process
+
     engine = get_engine()
     held = submit(engine, job("true", held=True))
     marker = tmp_path / "tried"
@@ -318,7 +328,7 @@ def test_hold_release_and_requeue(sched, tmp_path):
     result = run_cli("requeue", str(held), module="scheduler")
     assert result.returncode == 0 and "requeued" in result.stdout
     assert wait_state(held, "COMPLETED", 30).requeue_count == 1
-    bad = run_cli("hold", str(held), module="scheduler")
+    bad = cli_in_process(capsys, "hold", str(held))
     assert bad.returncode == 2 and "only PENDING jobs" in bad.stderr
 
 
@@ -345,7 +355,9 @@ def test_backfill_starts_a_short_job_but_not_one_that_would_delay_the_head(sched
     wait_state(short, {"RUNNING", "COMPLETED"}, 15)
     assert get_job(engine, head).reason == "Resources"
     assert state(endless) == "PENDING" and get_job(engine, endless).reason == "Priority"
-    run_cli("cancel", str(long), module="scheduler")
+    from scheduler.cli import main  # in this process: cancel as a process is test_cancel_two_rank_training's
+
+    assert main(["cancel", str(long)]) == 0
     wait_state(head, "RUNNING", 30)
     assert state(endless) == "PENDING"  # after the head, not before it
     gate.touch()
@@ -363,24 +375,26 @@ def test_one_daemon_per_state_directory(sched):
     assert first.poll() is None
 
 
-def test_daemon_detach_and_stop(sched):
-    """`daemon --detach` starts one in the background (once); `daemon --stop` ends it, not its jobs."""
+def test_daemon_detach_and_stop(sched, capsys):
+    """`daemon --detach` starts one in the background (once); `daemon --stop` ends it, not its jobs.
+    The start and the stop are real processes; the two answers of nothing to do come from the same
+    main() in this process."""
     from scheduler.control import daemon_running
+    from test_scheduler_cli import cli_in_process
 
     started = run_cli("daemon", "--detach", module="scheduler", timeout=30)
     assert started.returncode == 0 and "daemon started" in started.stdout, started.stderr
     wait_for(daemon_running, 20, "the detached daemon")
-    again = run_cli("daemon", "--detach", module="scheduler", timeout=30)
+    again = cli_in_process(capsys, "daemon", "--detach")
     assert again.returncode == 0 and "already runs" in again.stdout
     gate = sched.home / "gate"
     job_id = submit(get_engine(), gated(gate))
-    run_cli("queue", module="scheduler")  # nothing to wait on; the daemon wakes every second anyway
-    wait_state(job_id, "RUNNING", 30)
+    wait_state(job_id, "RUNNING", 30)  # the daemon wakes every second
     stopped = run_cli("daemon", "--stop", module="scheduler", timeout=30)
     assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stderr
     assert not daemon_running()
     assert state(job_id) == "RUNNING"  # the job carries on without the daemon
     gate.touch()
     assert wait_state(job_id, "COMPLETED", 30).exit_code == 0
-    none = run_cli("daemon", "--stop", module="scheduler", timeout=30)
+    none = cli_in_process(capsys, "daemon", "--stop")
     assert none.returncode == 0 and "no daemon runs" in none.stdout

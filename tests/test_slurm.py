@@ -176,7 +176,21 @@ def cluster_row(env: dict, job_id: str) -> dict | None:
     return next((r for r in json.loads(listed.stdout) if r["job_id"] == job_id), None)
 
 
+def settle(env: dict, job_id: str, states: set[str], timeout: float) -> None:
+    """Until SLURM's own squeue (a small C program) shows the job in one of states, or no longer
+    shows it: waiting by polling `queue` (a Python process a second) took the cores the job needs."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        shown = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id.removeprefix("slurm:"), "-o", "%T"],
+                               env={**os.environ, **env}, capture_output=True, text=True).stdout.strip()
+        if not shown or shown in states:
+            return
+        time.sleep(0.5)
+
+
 def wait_state(env: dict, job_id: str, states: set[str], timeout: float = 240) -> dict:
+    """The job's row in our `queue` once it is in one of states (read from SLURM by `queue` itself)."""
+    settle(env, job_id, states, timeout)
     deadline = time.time() + timeout
     while time.time() < deadline:
         row = cluster_row(env, job_id)
@@ -215,7 +229,7 @@ def test_submit_to_slurm_trains_on_two_ranks_into_postgres(slurm, postgres_url, 
     assert run_cli("queue", module="scheduler", env=env).stdout.count(job_id) == 0  # ended: not in the queue
 
 
-def test_cancel_a_cluster_job_with_scancel(slurm, tmp_path, monkeypatch):
+def test_cancel_a_cluster_job_with_scancel(slurm, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SAE_DIST_AUTOSTART", "0")
     env = slurm_env(slurm)
     sub = run_cli("submit", "--cluster", "slurm", "--cpu", "-J", "sleeper", "-D", str(tmp_path), "--json",
@@ -228,9 +242,12 @@ def test_cancel_a_cluster_job_with_scancel(slurm, tmp_path, monkeypatch):
     assert cancelled.returncode == 0 and "cancel sent to SLURM" in cancelled.stdout, cancelled.stderr
     assert wait_state(env, job_id, {"CANCELLED"}, timeout=60)["state"] == "CANCELLED"
 
-    unknown = run_cli("cancel", "slurm:999999", module="scheduler", env=env)
+    # The two refusals are decided before SLURM is asked: the same main() in this process.
+    from test_scheduler_cli import cli_in_process
+
+    unknown = cli_in_process(capsys, "cancel", "slurm:999999")
     assert unknown.returncode == 2 and "was not submitted by sae-dist" in unknown.stderr
-    bad = run_cli("cancel", "slurm:abc", module="scheduler", env=env)
+    bad = cli_in_process(capsys, "cancel", "slurm:abc")
     assert bad.returncode == 2 and "slurm:<SLURM job id>" in bad.stderr
 
 
