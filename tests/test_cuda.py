@@ -4,8 +4,8 @@ without one the NVML side is covered by the emulated driver (tests/test_nvml_*.p
 NCCL and bf16 are not covered at all.
 
 - NVML's view (the product's inventory) and CUDA's under CUDA_DEVICE_ORDER=PCI_BUS_ID name the
-  same GPU at every index, and their free memory roughly agrees (what `--balance memory` reads
-  through CUDA, `recommend` reads through NVML);
+  same GPU at every index, and their free memory roughly agrees; `--balance memory` finds each
+  rank's GPU in NVML by CUDA's UUID and PCI bus id and reads its free memory there;
 - the health probe's whole path (NVML, then a CUDA allocation, computation and synchronize) on
   a healthy GPU says HEALTHY with nothing left unchecked;
 - one training step on CUDA (fp32) matches the CPU's; a bf16 step stays finite and close;
@@ -59,6 +59,26 @@ def test_nvml_and_cuda_in_pci_bus_order_name_the_same_gpus():
     for n, c in zip(nvml, cuda):
         assert n["total"] >= c["total"]  # NVML counts memory CUDA reserves for itself
         assert abs(n["free"] - c["free"]) < 2 * GIB, (n, c)  # CUDA's context takes a few hundred MiB
+
+
+def test_balance_memory_finds_each_gpu_in_nvml_and_reads_what_cuda_sees():
+    """`--balance memory` reads a rank's free memory from NVML, finding its GPU by CUDA's UUID or
+    PCI bus id (sae_dist.free_memory): both ways name a GPU NVML knows, and the figure agrees with
+    CUDA's own within 1 GiB (other processes may allocate in between)."""
+    from sae_dist.free_memory import cuda_identity, free_memory, nvml_free_memory
+
+    for i in range(torch.cuda.device_count()):
+        device = torch.device("cuda", i)
+        uuid, bus = cuda_identity(device)
+        assert uuid is not None, "this torch reports no UUID: the NVML read falls back to the bus id"
+        by_uuid, why = nvml_free_memory(uuid)
+        assert by_uuid is not None, why
+        if bus is not None:
+            by_bus, why = nvml_free_memory(None, bus)
+            assert by_bus is not None, why
+        free, source = free_memory(device)
+        assert "NVML" in source, source
+        assert abs(free - torch.cuda.mem_get_info(device)[0]) < GIB
 
 
 def test_the_health_probe_checks_cuda_too_on_a_healthy_gpu():
