@@ -148,26 +148,36 @@ def harvest(spec: HarvestSpec, workers: int = 1, device_kind: str = "cpu") -> Ha
 
 
 class SiteReader:
-    """The model on a device, hooked at the site: contexts in, text-token activations out."""
+    """The model on a device, hooked at the site: contexts in, text-token activations out.
 
-    def __init__(self, spec: HarvestSpec, device: torch.device):
+    `sites` (a list of (layer, site)) hooks several instead, in one forward pass: rows come out
+    shaped [rows, len(sites), d_in], each token's sites together. The forward stops once every
+    hook has fired (after the deepest needed block), as it does for one site."""
+
+    def __init__(self, spec: HarvestSpec, device: torch.device, sites: list[tuple[int, str]] | None = None):
         self.tokenizer, self.model, self.config = load_model(spec.model)
-        module = self.model.get_submodule(site_module_path(self.config, spec.site, spec.layer))
+        self.sites = list(sites) if sites else [(spec.layer, spec.site)]
+        modules = [self.model.get_submodule(site_module_path(self.config, site, layer)) for layer, site in self.sites]
         self.device = device
         self.model.to(device).eval()
-        self.captured: list[torch.Tensor] = []
+        self.captured: dict[int, torch.Tensor] = {}
 
-        def hook(_module, _inputs, output):
-            self.captured.append(output[0] if isinstance(output, tuple) else output)
-            raise _StopForward  # the layers after the site are not needed
+        def hook_for(index: int):
+            def hook(_module, _inputs, output):
+                self.captured[index] = output[0] if isinstance(output, tuple) else output
+                if len(self.captured) == len(modules):
+                    raise _StopForward  # the layers after the deepest site are not needed
+            return hook
 
-        self.handle = module.register_forward_hook(hook)
+        self.handles = [m.register_forward_hook(hook_for(i)) for i, m in enumerate(modules)]
 
     def rows(self, contexts: list[Context], batch_size: int, store=torch.float32, progress=None) -> torch.Tensor:
-        return _activations(self.model, contexts, batch_size, self.device, self.captured, store, progress)
+        return _activations(self.model, contexts, batch_size, self.device, self.captured, store, progress,
+                            len(self.sites))
 
     def close(self) -> None:
-        self.handle.remove()
+        for handle in self.handles:
+            handle.remove()
 
 
 def harvest_worker(spec: HarvestSpec, worker: int, workers: int, the_plan: Plan | None = None) -> int:
@@ -282,8 +292,9 @@ def _device(spec: str) -> torch.device:
     return torch.device(spec)
 
 
-def _activations(model, contexts: list[Context], batch_size: int, device, captured, store,
-                 progress=None) -> torch.Tensor:
+def _activations(model, contexts: list[Context], batch_size: int, device, captured: dict, store,
+                 progress=None, n_sites: int = 1) -> torch.Tensor:
+    """Rows [tokens, d_in] for one hooked site; [tokens, n_sites, d_in] for several."""
     pieces = []
     for start in range(0, len(contexts), batch_size):
         batch = contexts[start:start + batch_size]
@@ -297,9 +308,12 @@ def _activations(model, contexts: list[Context], batch_size: int, device, captur
                 model(input_ids=ids, attention_mask=attention)
             except _StopForward:
                 pass
-        if not captured:
-            raise RuntimeError("the site's hook did not run; the model skipped the hooked module")
-        pieces.append(captured[0][keep].to(store))
+        if len(captured) < n_sites:
+            raise RuntimeError("a site's hook did not run; the model skipped the hooked module")
+        if n_sites == 1:
+            pieces.append(captured[0][keep].to(store))
+        else:
+            pieces.append(torch.stack([captured[i][keep] for i in range(n_sites)], dim=1).to(store))
         if progress is not None:
             progress.update(int(keep.sum()))
     return torch.cat(pieces)  # on the model's device: the writer moves it, the trainer keeps it

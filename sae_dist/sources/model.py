@@ -13,6 +13,12 @@ rank would cost world_size x the model time; fixed shares would lose rebalancing
 memory: every rank holds the fill (about FILL_BATCHES global batches of rows) on its device. The
 stream's position is three integers, so a resumed run, on as many ranks or not, recomputes the
 fill it was in and goes on exactly.
+
+A sweep over the model's layers or sites (sae_dist/sweep_train.py) hooks every (layer, site) it
+needs in one forward pass (`sites`): its rows are [rows, n_sites, d_in], each token's sites
+together, so one shuffle orders every site alike and each SAE takes its site's slice (`site_of`).
+Its fill holds n_sites x as much memory. With one site (every run but such a sweep) rows stay
+[rows, d_in] and everything is as above.
 """
 
 from __future__ import annotations
@@ -40,8 +46,14 @@ READ_BATCH = 32  # contexts per forward pass of the model
 def check_model_source(model: str, layer: int, site: str, text: str) -> int:
     """Before any rank starts: the model is on disk, has this layer and site, the text exists.
     Returns d_in, the width of the model's residual stream (what every site of it writes)."""
+    return check_model_sites(model, [(layer, site)], text)
+
+
+def check_model_sites(model: str, sites: list[tuple[int, str]], text: str) -> int:
+    """check_model_source for several (layer, site): the first bad one is the error."""
     _, config = load_tokenizer(model)
-    site_module_path(config, site, layer)
+    for layer, site in sites:
+        site_module_path(config, site, layer)
     text_files([text])
     for name in ("hidden_size", "n_embd", "d_model"):
         if getattr(config, name, None):
@@ -51,10 +63,15 @@ def check_model_source(model: str, layer: int, site: str, text: str) -> int:
 
 class ModelSource:
     def __init__(self, model: str, layer: int, site: str, text: str, context_length: int, batch_size: int,
-                 seed: int, rank: int, world_size: int, device: torch.device, global_batch: int | None = None):
-        self.d_in = check_model_source(model, layer, site, text)
+                 seed: int, rank: int, world_size: int, device: torch.device, global_batch: int | None = None,
+                 sites: list[tuple[int, str]] | None = None):
+        self.sites = list(sites) if sites else [(layer, site)]
+        self.d_in = check_model_sites(model, self.sites, text)
+        layer, site = self.sites[0]
         spec = HarvestSpec(model=model, layer=layer, site=site, texts=[text], out="", context_length=context_length)
-        self.reader = SiteReader(spec, device)
+        self.reader = SiteReader(spec, device, self.sites if len(self.sites) > 1 else None)
+        # One row: [d_in], or [n_sites, d_in] when several sites are hooked.
+        self.row_shape = (self.d_in,) if len(self.sites) == 1 else (len(self.sites), self.d_in)
         self.contexts = plan(spec, self.reader.tokenizer, self.reader.config).contexts
         if not self.contexts:
             raise UserError(f"text {text}: too little text (not one context)")
@@ -68,6 +85,10 @@ class ModelSource:
     @property
     def planted_features(self) -> None:
         return None
+
+    def site_of(self, layer: int, site: str) -> int | None:
+        """The index of (layer, site) in a row of several sites; None when rows are one site's."""
+        return None if len(self.sites) == 1 else self.sites.index((layer, site))
 
     def use_global_batch(self, global_batch: int) -> None:
         """Fills sized for this global batch (a resumed run keeps its checkpoint's, so its fills are
@@ -89,7 +110,7 @@ class ModelSource:
         if mine:
             rows = self.reader.rows([self.contexts[i] for i in mine], batch_size=READ_BATCH).clone()
         else:  # a fill of fewer contexts than ranks
-            rows = torch.empty(0, self.d_in, device=self.device)
+            rows = torch.empty(0, *self.row_shape, device=self.device)
         sizes = [sum(self.rows_per_context[i] for i in part) for part in assigned]
         parts = _all_gather_rows(rows, sizes)
         # Back in the fill's context order, whatever the number of ranks that computed it.
@@ -136,7 +157,8 @@ class ModelSource:
 
     def unseen_rows(self, rows: int, batch_rows: int, ctx, plan) -> UnseenRows | None:
         """The stream's next `rows` rows (the text after the run's), drawn in whole steps by every
-        rank and gathered on rank 0 (sae_dist.sources.base)."""
+        rank and gathered on rank 0 (sae_dist.sources.base). Rows of several sites stay
+        [rows, n_sites, d_in]: the caller takes its site's slice (site_of)."""
         mine: list[Tensor] = []
         for _ in range(-(-rows // plan.global_batch)):
             mine += [x.detach().float().cpu() for x in self.next_batches(plan, ctx.rank, ctx.device)]
@@ -166,7 +188,7 @@ def _all_gather_rows(rows: Tensor, sizes: list[int]) -> list[Tensor]:
     if len(sizes) == 1 or not (dist.is_available() and dist.is_initialized()):
         return [rows]
     most = max(sizes)
-    padded = torch.zeros(most, rows.shape[1], dtype=rows.dtype, device=rows.device)
+    padded = torch.zeros(most, *rows.shape[1:], dtype=rows.dtype, device=rows.device)
     padded[:len(rows)] = rows
     out = [torch.empty_like(padded) for _ in sizes]
     dist.all_gather(out, padded)
