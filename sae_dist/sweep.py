@@ -4,8 +4,9 @@ A run TOML's `[sweep]` table of lists (`k = [16, 32]`, `expansion_factor = [8, 1
 cartesian product of its lists; `[[sweep.points]]` tables give an explicit list instead. On the
 command line `--sweep KEY=V1,V2` (repeatable) adds or replaces a list (flags win over the TOML,
 as for every setting). Each point becomes a full, validated TrainConfig (the base settings plus
-the point's), named from its settings (`k32-x16`). Every mistake is one ConfigError naming the
-sweep; nothing here touches torch, the disk or a device (placement: sae_dist/placement.py).
+the point's), named from its settings (`k32-x16`, `L3-k32`). Every mistake is one ConfigError naming
+the sweep; nothing here touches torch, the disk or a device (placement: sae_dist/placement.py), but
+check_trainable, which reads a model-source sweep's model config to check its layers and sites.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from sae_dist.config import TrainConfig, _coerce, build_config, config_fields, field_types
-from sae_dist.errors import ConfigError
+from sae_dist.errors import ConfigError, UserError
 
 MAX_SAES = 256  # SAEs in one job: past this, a job array of sweeps
 
@@ -47,7 +48,7 @@ USED_BY = {
     "l0_coefficient": ("jumprelu",), "jumprelu_init_threshold": ("jumprelu",),
     "jumprelu_bandwidth": ("jumprelu",),
 }
-MODEL_ONLY = ("model_layer", "model_site")  # read by the model source only
+MODEL_ONLY = ("model_layer", "model_site")  # read by the model source only (one forward pass hooks every one swept)
 MAX_NAME = 100
 
 
@@ -216,13 +217,31 @@ def build_sweep(base: Mapping[str, Any], table: Any = None,
     return Sweep(keys, tuple(SweepPoint(n, s, c) for n, s, c in zip(names, settings, configs)))
 
 
+def model_sites(sweep: Sweep) -> list[tuple[int, str]]:
+    """The distinct (layer, site) a model-source sweep's SAEs read, in the sweep's order (one
+    forward pass hooks them all: sae_dist/sources/model.py); [] for another source."""
+    if sweep.points[0].config.source != "model":
+        return []
+    return list(dict.fromkeys((p.config.model_layer, p.config.model_site) for p in sweep.points))
+
+
 def check_trainable(sweep: Sweep) -> None:
-    """What the sweep trainer cannot do yet: the model source's layer or site per SAE (one forward
-    pass hooking several layers); each SAE would silently read the base config's layer instead."""
-    swept = [k for k in sweep.keys if k in MODEL_ONLY]
-    if swept and sweep.points[0].config.source == "model":
-        raise SweepError(f"{', '.join(swept)}: a sweep over the model's layer or site is not built yet; "
-                         f"run one sweep per layer (a job array), each with its --model-layer")
+    """Before any rank starts: every layer and site a model-source sweep reads exists in its
+    model (the model's config read from disk: the one check here that touches it)."""
+    sites = model_sites(sweep)
+    if not sites:
+        return
+    from sae_dist.harvest.run import load_tokenizer
+    from sae_dist.harvest.sites import site_module_path
+
+    cfg = sweep.points[0].config
+    _, model_config = load_tokenizer(cfg.model_path)
+    for p in sweep.points:
+        try:
+            site_module_path(model_config, p.config.model_site, p.config.model_layer)
+        except UserError as e:
+            raise SweepError(f"{p.name} (model_layer={p.config.model_layer}, model_site={p.config.model_site}) "
+                             f"cannot be read from {cfg.model_path}: {e}") from None
 
 
 def _check_count(count: int, how: str) -> None:

@@ -14,6 +14,7 @@ every SAE's of its step is written, so a resume from it finds them all.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -32,7 +33,8 @@ from sae_dist.placement import Device, Placement
 from sae_dist.run_record import RunRecord
 from sae_dist.sae import SparseAutoencoder
 from sae_dist.step import compress_hook, ddp_bucket_mb, make_optimizer
-from sae_dist.sweep import Sweep
+from sae_dist.sources.make import make_source
+from sae_dist.sweep import Sweep, model_sites
 from sae_dist.train_state import TrainState, on_main
 from sae_dist.window import MetricsWindow
 
@@ -56,6 +58,7 @@ class Member:
     model: Any = None  # the SAE, or DDP around it over its group
     group: Any = None  # its torch.distributed group (None: one rank, or the whole world)
     failed: str | None = None  # why it stopped (NaN / inf), the same on every rank
+    site: int | None = None  # its slice of rows of several model sites (None: rows are its own)
     last_metrics: dict = field(default_factory=dict)
 
     @property
@@ -80,6 +83,33 @@ class Member:
         return [x[start:start + self.plan.shares[gi]] for x in global_batches]
 
 
+def sweep_source(cfg: TrainConfig, sweep: Sweep, ctx: D.DistContext):
+    """The one stream of the sweep. From the model: one forward pass hooks every (layer, site)
+    its SAEs read (rows [rows, n_sites, d_in]); one site only is exactly a plain run's source."""
+    sites = model_sites(sweep)
+    if not sites:
+        return make_source(cfg, ctx)
+    (layer, site), *more = sites
+    if not more:
+        return make_source(dataclasses.replace(cfg, model_layer=layer, model_site=site), ctx)
+    from sae_dist.sources.model import ModelSource
+
+    if ctx.is_main:
+        log.info("the model source hooks %d sites in one forward pass (%s); its fill holds %dx a site's rows",
+                 len(sites), ", ".join(f"L{layer} {site}" for layer, site in sites), len(sites))
+    return ModelSource(cfg.model_path, layer, site, cfg.text_path, cfg.context_length, cfg.batch_size, cfg.seed,
+                       ctx.rank, ctx.world_size, ctx.device,
+                       global_batch=cfg.batch_size * ctx.world_size * cfg.grad_accum, sites=sites)
+
+
+def split_sites(batches: list[torch.Tensor], n_sites: int) -> dict[int | None, list[torch.Tensor]]:
+    """A step's batches by site: {None: them} for rows of one site; else {i: site i's rows}, each
+    made contiguous once per step (an SAE reads them as a run from that site alone would)."""
+    if n_sites <= 1:
+        return {None: batches}
+    return {i: [x[:, i].contiguous() for x in batches] for i in range(n_sites)}
+
+
 def rank_devices(ctx: D.DistContext) -> list[Device]:
     """The job's devices as the planner sees them: one per rank, named by rank, with its memory."""
     capacity = torch.cuda.get_device_properties(ctx.device).total_memory if ctx.device.type == "cuda" else None
@@ -94,10 +124,12 @@ def job_devices(kind: str, count: int) -> list[Device]:
 
 
 def build_members(sweep: Sweep, placement: Placement, ctx: D.DistContext, run_dir: Path,
-                  global_plan: BatchPlan) -> list[Member]:
+                  global_plan: BatchPlan, source=None) -> list[Member]:
     """Every SAE's group, plan, counters and window; its model where this rank is in its group.
-    new_group is called by every rank for every group, in the sweep's order (torch requires it)."""
+    new_group is called by every rank for every group, in the sweep's order (torch requires it).
+    A source with rows of several sites gives each SAE its site."""
     names = [d.device for d in placement.devices]
+    site_of = getattr(source, "site_of", None)
     members = []
     for point in sweep.points:
         cfg = point.config
@@ -109,7 +141,8 @@ def build_members(sweep: Sweep, placement: Placement, ctx: D.DistContext, run_di
         state = TrainState(0, 0, zeros, zeros.clone(), plan, BalanceState.fresh(len(ranks)))
         state.refresh_dead(cfg.dead_after_samples)
         m = Member(point.name, cfg, ranks, plan, state, MetricsWindow(cfg.d_in, cfg.resolved_d_sae, ctx.device),
-                   run_dir / "saes" / point.name, group=group)
+                   run_dir / "saes" / point.name, group=group,
+                   site=site_of(cfg.model_layer, cfg.model_site) if site_of else None)
         if ctx.rank in ranks:
             from sae_dist.train import build_sae
 

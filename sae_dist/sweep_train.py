@@ -30,11 +30,10 @@ from sae_dist.export import export_saelens
 from sae_dist.lr import lr_at
 from sae_dist.memory import PeakMemory
 from sae_dist.placement import Placement, needs_for, place
-from sae_dist.sources.make import make_source
 from sae_dist.step import autocast_for, train_step
 from sae_dist.sweep import Sweep, check_trainable
 from sae_dist.sweep_members import (Member, build_members, open_records, rank_devices, resume_members,
-                                    write_sweep_checkpoint)
+                                    split_sites, sweep_source, write_sweep_checkpoint)
 from sae_dist.sweep_record import SweepRecord
 from sae_dist.train import device_label, prepare_run_dir, received_stop, stop_on_signals, set_threads
 from sae_dist.train_state import on_main
@@ -54,7 +53,7 @@ def train_sweep(cfg: TrainConfig, sweep: Sweep) -> list[Member]:
 def _train_sweep(cfg: TrainConfig, sweep: Sweep, ctx: D.DistContext) -> list[Member]:
     set_threads(ctx)
     torch.manual_seed(cfg.seed)
-    source = make_source(cfg, ctx)
+    source = sweep_source(cfg, sweep, ctx)  # from the model: every layer the sweep reads, one pass
     cfg = cfg.with_d_in(source.d_in).resolved(ctx.world_size)
     sweep = _resolved(sweep.with_d_in(source.d_in), ctx.world_size)
     check_trainable(sweep)  # a torchrun started by hand skips the launcher's checks
@@ -65,7 +64,7 @@ def _train_sweep(cfg: TrainConfig, sweep: Sweep, ctx: D.DistContext) -> list[Mem
     record = SweepRecord(cfg, ctx, name, str(run_dir), sweep, placement)
     members: list[Member] = []
     try:
-        members = build_members(sweep, placement, ctx, run_dir, _global_plan(cfg, ctx))
+        members = build_members(sweep, placement, ctx, run_dir, _global_plan(cfg, ctx), source)
         latest = latest_checkpoint(run_dir) if cfg.resume else None
         step = resume_members(members, ctx, source, latest) if latest is not None else 0
         open_records(members, ctx, name, record.sweep_id, device_ids)
@@ -96,13 +95,14 @@ def _loop(cfg: TrainConfig, ctx: D.DistContext, source, members: list[Member], s
           device_ids: list[str]) -> None:
     plan = _global_plan(cfg, ctx)
     gather = any(len(m.ranks) < ctx.world_size for m in members)
+    n_sites = len(getattr(source, "sites", ()))  # > 1: rows [rows, n_sites, d_in], each SAE its slice
     autocast = autocast_for(cfg, ctx.device)
     peak = PeakMemory(ctx.device)
     peak.reset()
     first = None
     if step == 0:
         first = source.next_batches(plan, ctx.rank, ctx.device)
-        _init_b_dec(members, first)
+        _init_b_dec(members, split_sites(first, n_sites))
     started, first_step = time.perf_counter(), step
     while step < cfg.steps:
         step += 1
@@ -111,7 +111,8 @@ def _loop(cfg: TrainConfig, ctx: D.DistContext, source, members: list[Member], s
         t0 = time.perf_counter()
         local = first or source.next_batches(plan, ctx.rank, ctx.device)
         first = None
-        batches = _all_gathered(local) if gather else local
+        batches = split_sites(_all_gathered(local) if gather else local, n_sites)
+        local = split_sites(local, n_sites) if gather else batches
         grad_norms = torch.zeros(len(members), dtype=torch.float64)
         for i, m in enumerate(members):
             if not (m.here and m.live):
@@ -119,7 +120,7 @@ def _loop(cfg: TrainConfig, ctx: D.DistContext, source, members: list[Member], s
             lr = lr_at(step, m.cfg.resolved_lr, cfg.steps, m.cfg.lr_warmup_steps, m.cfg.lr_decay_fraction)
             for group in m.opt.param_groups:
                 group["lr"] = lr
-            xs = local if len(m.ranks) == ctx.world_size else m.slices(batches, ctx.rank)
+            xs = local[m.site] if len(m.ranks) == ctx.world_size else m.slices(batches[m.site], ctx.rank)
             result = train_step(m.model, m.sae, m.opt, xs, m.state.dead, autocast, grad_norm=report,
                                 loss_scale=m.plan.loss_scale(m.group_rank(ctx.rank)))
             m.window.add(xs, result.outputs)
@@ -225,14 +226,16 @@ def _all_gathered(local: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
-def _init_b_dec(members: list[Member], first: list[torch.Tensor]) -> None:
-    """b_dec at the mean of the first global batch (all-reduced), for every SAE, as train_state."""
+def _init_b_dec(members: list[Member], first: dict[int | None, list[torch.Tensor]]) -> None:
+    """b_dec at the mean of the first global batch of its site (all-reduced), for every SAE, as
+    train_state."""
     with torch.no_grad():
-        local = torch.cat(first)
-        total = D.all_reduce_sum(torch.cat([local.sum(0), local.new_tensor([len(local)])]))
-        for m in members:
-            if m.here:
-                m.sae.b_dec.copy_(total[:-1] / total[-1])
+        for site, batches in first.items():
+            local = torch.cat(batches)
+            total = D.all_reduce_sum(torch.cat([local.sum(0), local.new_tensor([len(local)])]))
+            for m in members:
+                if m.here and m.site == site:
+                    m.sae.b_dec.copy_(total[:-1] / total[-1])
 
 
 def _log_start(cfg: TrainConfig, ctx: D.DistContext, name: str, run_dir: Path, placement: Placement,

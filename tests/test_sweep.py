@@ -19,6 +19,7 @@ from sae_dist.sweep import (
     SWEEPABLE,
     build_sweep,
     check_trainable,
+    model_sites,
     parse_sweep_flags,
     point_name,
     split_sweep,
@@ -219,11 +220,14 @@ def test_a_sweep_as_stored():
                                                          {"name": "k32", "settings": {"k": 32}}]}
 
 
-def test_a_model_layer_sweep_is_refused_until_one_pass_hooks_every_layer():
-    """Each SAE would read the base config's layer: refused, with what to do instead."""
-    sweep = _sweep({"source": "model", "model_path": "/m", "text_path": "/t.txt"}, {"model_layer": [1, 2]})
-    with pytest.raises(ConfigError, match="model_layer: a sweep over the model's layer or site is not built yet"):
-        check_trainable(sweep)
+def test_a_model_sweep_reads_each_distinct_layer_and_site_once():
+    """The (layer, site) one forward pass hooks, in the sweep's order; none for another source (its
+    check reads no model). The model's own check: tests/test_sweep_model.py."""
+    sweep = _sweep({"source": "model", "model_path": "/m", "text_path": "/t.txt"},
+                   {"model_layer": [3, 1], "k": [16, 32], "model_site": ["resid", "mlp_out"]})
+    assert model_sites(sweep) == [(3, "resid"), (3, "mlp_out"), (1, "resid"), (1, "mlp_out")]
+    assert sweep.names[:2] == ["L3-k16-resid", "L3-k16-mlp_out"]
+    assert model_sites(_sweep({}, {"k": [16, 32]})) == []
     check_trainable(_sweep({}, {"k": [16, 32]}))
 
 
