@@ -25,40 +25,57 @@ def flags(minilm: str, text: str, out: Path, *extra: str) -> list[str]:
             "--eval-rows", "0", "--no-db", "--out-dir", str(out), *LENGTH_FREE_SCHEDULE, *extra]
 
 
+SWEEP = ("--sweep", "model_layer=" + ",".join(map(str, LAYERS)), "--sweep", "k=" + ",".join(map(str, KS)))
+
+
+# Three module fixtures, not one: each test's setup (what tests/time_limit.py bounds) pays one or two.
 @pytest.fixture(scope="module")
-def runs(minilm, text, tmp_path_factory) -> dict[str, Path]:  # noqa: F811
-    """Alone: each (layer, k) on 1 rank, batch 32. Sweeps of layers x k with the same global
-    batch: on 1 rank (in this process), and on 2 ranks (4 SAEs shared: all-gathered batches)."""
-    root = tmp_path_factory.mktemp("model_sweeps")
-    home = {"SAE_DIST_HOME": str(root / "home")}
-    out: dict[str, Path] = {}
+def alone(minilm, text, tmp_path_factory) -> dict[str, Path]:  # noqa: F811
+    """Each (layer, k) trained alone on 1 rank, batch 32 (in this process)."""
+    root = tmp_path_factory.mktemp("model_alone")
+    out = {}
     for layer in LAYERS:
         for k in KS:
-            out[f"L{layer}-k{k}"] = root / f"alone-L{layer}-k{k}"
+            out[f"L{layer}-k{k}"] = root / f"L{layer}-k{k}"
             ok(main_here(*flags(minilm, text, out[f"L{layer}-k{k}"], "--model-layer", str(layer), "--k", str(k),
-                                "--batch-size", "32", "--devices", "cpu:1"), env=home))
-    sweep = ("--sweep", "model_layer=" + ",".join(map(str, LAYERS)), "--sweep", "k=" + ",".join(map(str, KS)))
-    out["one"] = root / "one"
-    out["one_log"] = ok(main_here(*flags(minilm, text, out["one"], "--batch-size", "32", "--devices", "cpu:1", *sweep),
-                                  env=home))
-    out["two"] = root / "two"
-    ok(run_cli(*flags(minilm, text, out["two"], "--batch-size", "16", "--devices", "cpu:2", *sweep), env=home,
-               timeout=300))
+                                "--batch-size", "32", "--devices", "cpu:1"), env={"SAE_DIST_HOME": str(root)}))
     return out
 
 
-@pytest.mark.parametrize("which", ["one", "two"])
-def test_each_layer_sae_equals_it_trained_alone(runs, which):
-    for layer in LAYERS:
-        for k in KS:
-            name = f"L{layer}-k{k}"
-            diff = rel_diff(weights(runs[which] / "saes" / name), weights(runs[name]))
-            assert diff < 1e-5, f"{which} {name}: relative weight difference {diff:.2e}"
+@pytest.fixture(scope="module")
+def one_rank(minilm, text, tmp_path_factory):  # noqa: F811
+    """The layers x k sweep, same global batch, on 1 rank (in this process): its dir and output."""
+    root = tmp_path_factory.mktemp("model_sweep1")
+    ran = ok(main_here(*flags(minilm, text, root / "run", "--batch-size", "32", "--devices", "cpu:1", *SWEEP),
+                       env={"SAE_DIST_HOME": str(root)}))
+    return root / "run", ran
 
 
-def test_the_layers_differ_and_the_log_says_one_pass(runs):
-    assert rel_diff(weights(runs["one"] / "saes" / "L1-k8"), weights(runs["one"] / "saes" / "L3-k8")) > 1e-2
-    assert "4 SAEs from one model stream" in runs["one_log"].stdout
+@pytest.fixture(scope="module")
+def two_ranks(minilm, text, tmp_path_factory) -> Path:  # noqa: F811
+    """The same on 2 gloo ranks (4 SAEs shared by 2 devices: all-gathered batches)."""
+    root = tmp_path_factory.mktemp("model_sweep2")
+    ok(run_cli(*flags(minilm, text, root / "run", "--batch-size", "16", "--devices", "cpu:2", *SWEEP),
+               env={"SAE_DIST_HOME": str(root)}, timeout=300))
+    return root / "run"
+
+
+def same_as_alone(run: Path, alone: dict[str, Path]) -> None:
+    for name, path in alone.items():
+        diff = rel_diff(weights(run / "saes" / name), weights(path))
+        assert diff < 1e-5, f"{run} {name}: relative weight difference {diff:.2e}"
+
+
+def test_each_layer_sae_equals_it_trained_alone_on_one_rank(alone, one_rank):
+    run, ran = one_rank
+    same_as_alone(run, alone)
+    assert rel_diff(weights(run / "saes" / "L1-k8"), weights(run / "saes" / "L3-k8")) > 1e-2  # layers differ
+    assert "4 SAEs from one model stream" in ran.stdout
+    assert "hooks 2 sites in one forward pass (L1 resid, L3 resid)" in ran.stdout + ran.stderr
+
+
+def test_each_layer_sae_equals_it_trained_alone_on_two_ranks(alone, two_ranks):
+    same_as_alone(two_ranks, alone)
 
 
 def test_a_layer_the_model_lacks_is_one_error_and_starts_nothing(minilm, text, cli, tmp_path):  # noqa: F811
@@ -70,3 +87,22 @@ def test_a_layer_the_model_lacks_is_one_error_and_starts_nothing(minilm, text, c
                               "--sweep", "model_site=resid,embed"))
     assert code == 2 and "model_site" in err and "embed" in err and err.count("\n") == 1, err
     assert not (tmp_path / "r").exists()
+
+
+def test_one_pass_over_several_sites_gives_each_site_its_own_rows(minilm, text):  # noqa: F811
+    """Sites of one block and of an earlier one, hooked together (listed out of depth order): each
+    slice is the rows a source of that site alone gives, in the same shuffled order."""
+    import torch
+
+    from sae_dist.sources.model import ModelSource
+
+    def source(layer, site, sites=None):
+        return ModelSource(minilm, layer, site, text, 128, 32, 5, 0, 1, torch.device("cpu"), sites=sites)
+
+    both = source(3, "mlp_out", [(3, "mlp_out"), (1, "attn_out"), (3, "resid")])
+    rows = both.next_batch()
+    assert rows.shape == (32, 3, 384) and both.site_of(1, "attn_out") == 1
+    for layer, site in [(1, "attn_out"), (3, "resid")]:
+        alone = source(layer, site)
+        assert alone.site_of(layer, site) is None
+        assert torch.equal(rows[:, both.site_of(layer, site)], alone.next_batch()), (layer, site)
