@@ -12,7 +12,7 @@ load average is printed beside it).
 job per SAE pays it each. `--sweep-key model_layer` sweeps `--layers` x k (one forward pass hooks
 every layer) against one job per (layer, k). A small model: its forward pass (6 blocks of width
 384) is a smaller share of a step than an LLM's (tens of wider blocks before the hooked one), so
-the ratio here is lower than for an LLM; a larger --batch-size raises the share too (an SAE step's
+the ratio here should be lower than for an LLM (not measured); a larger --batch-size raises the share too (an SAE step's
 optimizer and per-step work do not grow with the batch, the forward pass does).
 
     .venv/bin/python scripts/bench_sweep.py --n 4 --source shards --steps 100 --devices cpu:1
