@@ -197,3 +197,25 @@ def test_each_sae_s_evaluation_is_in_its_own_run_row(runs, monkeypatch):
         assert (row.origin, row.rows, row.sae_path) == ("heldout", 16384, run.export_dir)
         assert row.fvu == pytest.approx(stored["fvu"])
 
+
+@pytest.fixture(scope="module")
+def resumed_on_2(runs) -> Path:
+    """The 2-rank shared sweep (3 SAEs, leaders on both ranks) again from its step-4 checkpoint."""
+    resumed = runs["shared"].parent / "resumed-2"
+    shutil.copytree(runs["shared"], resumed)
+    for done in [*resumed.glob("checkpoints/step_00000008"), *resumed.glob("saes/*/checkpoints/step_00000008"),
+                 *resumed.glob("saes/*/sae"), *resumed.glob("saes/*/evaluation.json")]:
+        shutil.rmtree(done) if done.is_dir() else done.unlink()
+    ok(run_cli("train", *BASE, "--lr", LR, "--batch-size", "64", "--devices", "cpu:2", "--no-db", "--sweep", "k=2,4,8",
+               "--out-dir", str(resumed), "--resume", env={"SAE_DIST_HOME": str(runs["home"])}))
+    return resumed
+
+
+def test_resume_on_2_ranks_equals_straight(runs, resumed_on_2):
+    for name in ("k2", "k4", "k8"):
+        straight, resumed = runs["shared"] / "saes" / name, resumed_on_2 / "saes" / name
+        assert rel_diff(weights(resumed), weights(straight)) < 1e-6, name
+        assert rel_diff(load_file(str(resumed / "sae" / "sae_weights.safetensors")),
+                        load_file(str(straight / "sae" / "sae_weights.safetensors"))) < 1e-6, name
+        mine, before = (json.loads((d / "evaluation.json").read_text()) for d in (resumed, straight))
+        assert mine["fvu"] == pytest.approx(before["fvu"], rel=1e-5) and mine["density"] == before["density"]
