@@ -1,7 +1,8 @@
-"""A sweep's end, for real: each SAE evaluated on the rows the sweep never trained on, recorded in
-its own run (sae_dist/sweep_eval.py). The 1- and 2-rank grids against SAEs trained alone are in
-tests/test_sweep_train.py (its shared runs); here the shard source's held-out tail and --eval-rows
-0. Each sweep is tiny and trains in this process."""
+"""A sweep's ends, for real: each SAE evaluated on the rows the sweep never trained on, recorded in
+its own run (sae_dist/sweep_eval.py), and every export loaded by the real SAELens. The 1- and
+2-rank grids against SAEs trained alone are in tests/test_sweep_train.py (its shared runs); here
+the shard source's held-out tail, --eval-rows 0, and an architecture sweep in SAELens. Each sweep
+is tiny and trains in this process."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 
 from conftest import main_here
 from sae_dist.evaluate import evaluate_sae, heldout_rows, load_planted, load_sae
@@ -17,6 +20,9 @@ from sae_dist.evaluate.planted import write_planted_shards
 
 TINY = ["--d-in", "16", "--d-sae", "64", "--batch-size", "64", "--steps", "4", "--log-every", "2", "--seed", "1",
         "--devices", "cpu:1"]
+ARCHS = ["topk", "standard", "jumprelu", "batchtopk"]
+SAELENS_CLASS = {"topk": "TopKSAE", "standard": "StandardSAE", "jumprelu": "JumpReLUSAE",
+                 "batchtopk": "JumpReLUSAE"}
 
 
 def ok(ran):
@@ -60,3 +66,58 @@ def test_eval_rows_0_skips_every_sae_s_evaluation(tmp_path):
     assert (tmp_path / "sw" / "saes" / "k2" / "sae" / "cfg.json").is_file()
     assert not list((tmp_path / "sw").rglob("evaluation.json"))
 
+
+# ---------------------------------------------------------------- the real SAELens
+
+SAELENS_SCRIPT = r"""
+import json, sys
+from pathlib import Path
+import torch
+from safetensors.torch import load_file, save_file
+from sae_lens import SAE
+
+root = Path(sys.argv[1])
+x = load_file(str(root / "input.safetensors"))["x"]
+outs, classes = {}, {}
+for export in sorted((root / "sweep" / "saes").glob("*/sae")):
+    name = export.parent.name
+    sae = SAE.load_from_disk(str(export), device="cpu")
+    sae.eval()
+    with torch.no_grad():
+        feats = sae.encode(x)
+        outs[name + ".encode"] = feats.contiguous()
+        outs[name + ".decode"] = sae.decode(feats).contiguous()
+    classes[name] = type(sae).__name__
+save_file(outs, str(root / "saelens_out.safetensors"))
+(root / "classes.json").write_text(json.dumps(classes))
+"""
+
+
+def prepare_saelens(root: Path) -> tuple[str, list]:
+    """A sweep of every architecture trained into root (in this process, no evaluation), and the
+    script that loads every export of it with the real sae-lens, in the one sae-lens process of the
+    session (tests/saelens_once.py runs it)."""
+    ok(main_here("train", *TINY, "--k", "4", "--sweep", "architecture=" + ",".join(ARCHS), "--eval-rows", "0",
+                 "--no-db", "--out-dir", str(root / "sweep"), env={"SAE_DIST_HOME": str(root / "home")}))
+    save_file({"x": torch.randn(40, 16, generator=torch.Generator().manual_seed(7)) * 1.5},
+              str(root / "input.safetensors"))
+    return SAELENS_SCRIPT, [root]
+
+
+@pytest.mark.slow
+@pytest.mark.saelens
+def test_saelens_loads_every_export_of_a_sweep(tmp_path_factory):
+    from saelens_once import saelens_folder
+
+    root = saelens_folder("sweep", tmp_path_factory)
+    x = load_file(str(root / "input.safetensors"))["x"]
+    outs, classes = load_file(str(root / "saelens_out.safetensors")), json.loads((root / "classes.json").read_text())
+    assert classes == {name: SAELENS_CLASS[name] for name in sorted(ARCHS)}
+    for name in ARCHS:
+        ours = load_sae(root / "sweep" / "saes" / name / "sae")
+        with torch.no_grad():
+            enc = ours.encode(x)
+            dec = ours.decode(enc)
+        assert (enc != 0).any(), name  # a nontrivial comparison
+        torch.testing.assert_close(outs[name + ".encode"], enc, rtol=1e-5, atol=1e-5 * max(1.0, enc.abs().max().item()))
+        torch.testing.assert_close(outs[name + ".decode"], dec, rtol=1e-5, atol=1e-5 * max(1.0, dec.abs().max().item()))
