@@ -127,17 +127,3 @@ def stored_job_flags(stored: Mapping[str, Any], devices_flag: str) -> list[str]:
     plain = {k: v for k, v in plain.items() if k not in swept}
     return [*stored_train_argv(plain, devices_flag), *sweep_flags(lists)]
 
-
-def points_table(text: str, table: Any) -> dict[str, Any]:
-    """The trainer's `--sweep-points JSON` as the [sweep] table it stands for; one error for text
-    that is no JSON list, or a TOML [sweep] table given as well."""
-    from sae_dist.sweep import SweepError
-
-    if table is not None:
-        raise SweepError(f"{POINTS_FLAG} and the TOML's [sweep] table both given; give the sweep once")
-    try:
-        points = json.loads(text)
-    except ValueError as e:
-        raise SweepError(f"{POINTS_FLAG}: not JSON ({e}); give a list of tables, e.g. "
-                         '\'[{"k": 16}, {"k": 32, "lr": 0.001}]\'') from None
-    return {POINTS: points}
