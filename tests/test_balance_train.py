@@ -81,12 +81,10 @@ def test_rebalancing_evens_out_a_slow_rank(tmp_path):
 @pytest.mark.parametrize("source", ["synthetic", "shards"])
 def test_shares_and_rebalancing_never_change_what_is_learnt(tmp_path, source):
     """Rank 1 slowed 3x, rebalancing on: a run stopped at a checkpoint and resumed (equal shares
-    first, then wherever timing moved them) equals a straight run on other shares from the start:
-    the samples of a step never depend on the shares. The straight run is 1 rank with the whole
-    batch, in this process (its one share of 512 is unlike any of the split run's; that unequal
-    shares of 2 ranks equal it is test_unequal_shares_give_the_whole_batch_result's)."""
+    first, then wherever timing moved them) equals a straight run on other shares from the start
+    (--balance speed): the samples of a step never depend on the shares."""
     # The SAE's forward outweighs making the data here, so the knob makes rank 1 clearly slower.
-    args = ["--d-in", "128", "--d-sae", "2048", "--k", "16",
+    args = ["--d-in", "128", "--d-sae", "2048", "--k", "16", "--batch-size", "256", "--devices", "cpu:2",
             "--log-every", "4", "--checkpoint-every", "8", "--seed", "4", "--no-db", *LENGTH_FREE_SCHEDULE,
             "--eval-rows", "0",  # the weights checked are the last checkpoint's: no end-of-run evaluation
             # Other shares round differently (~1e-7); where that flips a latent at the top-k boundary,
@@ -96,11 +94,11 @@ def test_shares_and_rebalancing_never_change_what_is_learnt(tmp_path, source):
         gen = torch.Generator().manual_seed(0)
         write_shards(tmp_path / "acts", [torch.randn(3000, 128, generator=gen) for _ in range(2)])
         args += ["--source", "shards", "--shards-path", str(tmp_path / "acts")]
-    straight = ok(main_here("train", *args, "--batch-size", "512", "--devices", "cpu:1", "--steps", "16",
-                            "--out-dir", str(tmp_path / "straight")))
-    assert shares_in(straight.stdout) == [([512], 1)], straight.stdout  # other shares than the split run's
-    args += ["--batch-size", "256", "--devices", "cpu:2"]
     slow = {"SAE_DIST_TEST_SLOW_RANKS": "1:3"}
+    straight = ok(run_cli("train", *args, "--steps", "16", "--balance", "speed", "--out-dir", str(tmp_path / "straight"),
+                          env=slow))
+    (first, _), = shares_in(straight.stdout)
+    assert first[0] > first[1], straight.stdout  # other shares than the split run's first ones
     ok(run_cli("train", *args, "--steps", "8", "--out-dir", str(tmp_path / "split"), env=slow))
     # The checkpoint holds the shares and the rebalancer's state; the resumed run goes on with both.
     saved = torch.load(latest_checkpoint(tmp_path / "split") / STATE, weights_only=False)
@@ -108,7 +106,7 @@ def test_shares_and_rebalancing_never_change_what_is_learnt(tmp_path, source):
     assert len(rebalancer.recent) + rebalancer.moves >= 1
     resumed = ok(run_cli("train", *args, "--steps", "16", "--out-dir", str(tmp_path / "split"), "--resume", env=slow))
     assert shares_in(resumed.stdout) == [(saved["plan"]["shares"], 1)] and "(the checkpoint's shares)" in resumed.stdout
-    print("shares:", saved["plan"]["shares"], [line for line in resumed.stdout.splitlines() if "rebalanced" in line])
+    print("shares:", first, saved["plan"]["shares"], [line for line in resumed.stdout.splitlines() if "rebalanced" in line])
     assert rel_diff(final_weights(tmp_path / "split"), final_weights(tmp_path / "straight")) < 1e-5
 
 
