@@ -372,11 +372,8 @@ def rank_times(run: dict, db_url: str, drawn: list[dict] | None) -> None:
     field = field or "step_time_s"
     times = load_rank_times(db_url, run["id"], field, run["last_step"], run["last_update"])
     chart = charts.binned_rank_time_chart(times, field, drawn)
-    if chart is None:
-        st.caption("Time per rank: no per-rank statistics logged yet.")
-    else:
-        st.altair_chart(chart, alt="Time per step of each rank against step, stragglers "
-                                   "and run events marked")
+    stacked_charts([(chart, "Time per step of each rank against step, stragglers and run "
+                            "events marked", "Time per rank: no per-rank statistics logged yet.")])
 
 
 def feature_recovery(run: dict, curves: dict) -> None:
