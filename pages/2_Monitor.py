@@ -13,10 +13,11 @@ from datetime import datetime, timedelta, timezone
 
 import streamlit as st
 
-from sae_dist.analytics import cards, charts, jobs, progress, queries, samples, sparklines, tables, units
+from sae_dist.analytics import (cards, charts, jobs, monitor_views, progress, queries, samples,
+                                sparklines, tables, units)
 from sae_dist import format as fmt
 from sae_dist.db import get_engine
-from webui.widgets import card_row, chart_columns, events_toggle, log_tail, stacked_charts
+from webui.widgets import card_row, chart_columns, draw_view, events_toggle, log_tail, view_columns
 from webui.sidebar import page_frame
 
 engine = page_frame("Monitor", ":material/speed:")
@@ -53,6 +54,22 @@ def load_curves(db_url: str, run_id: int, last_step: int, last_update: datetime 
 def load_rank_times(db_url: str, run_id: int, field: str, last_step: int,
                     last_update: datetime | None):
     return samples.rank_times(get_engine(db_url), run_id, field, max_rows=RANK_ROWS)
+
+
+# The charts built once per logged step, not on every 2 s redraw (building them is most of a
+# script run's time): keyed like the rows they draw, and by the events drawn on them.
+@st.cache_data(max_entries=32, show_spinner=False)
+def training_views(db_url: str, run_id: int, last_step: int, last_update: datetime | None,
+                   drawn: list[dict] | None, final: bool) -> monitor_views.TrainingViews:
+    return monitor_views.training_views(load_curves(db_url, run_id, last_step, last_update),
+                                        drawn, final, TRAIN_CURVES, RECOVERY_CURVES)
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def rank_time_view(db_url: str, run_id: int, field: str, last_step: int,
+                   last_update: datetime | None, drawn: list[dict] | None) -> monitor_views.View:
+    times = load_rank_times(db_url, run_id, field, last_step, last_update)
+    return monitor_views.rank_time_view(times, field, drawn)
 
 
 def job_label(job_id: int) -> str:
@@ -278,26 +295,24 @@ def training(job: dict, now: datetime) -> None:
     # Not cached: both are a few indexed rows, and an event can land after its step's metrics.
     events = queries.run_events(engine, run_id)
     window = queries.latest_rank_window(engine, run_id)
-    curves = load_curves(db_url, run_id, run["last_step"], run["last_update"])
     show = events_toggle("monitor_show_events", events)
     drawn = events if show else None
     # Cards and charts from the same panels: a card is its chart's last point (cards.py).
-    panels = {metric: charts.binned_panel(curves, metric, drawn) for metric in TRAIN_CURVES}
-    card_row(cards.training_cards(panels, run["final"]))
+    views = training_views(db_url, run_id, run["last_step"], run["last_update"], drawn,
+                           run["final"])
+    card_row(views.cards)
     load_balance(run, events, window)
-    if not curves["step"]:
+    if not views.has_steps:
         st.info("No step logged yet.")
         return
     left, right = st.columns(2)
-    plots = [(panel.chart, f"{panel.unit.title} against step",
-              f"{panel.unit.title}: not measured ({fmt.MISSING})") for panel in panels.values()]
     with left:  # loss, L0, throughput; beside them FVU, dead latents and the ranks' times
-        stacked_charts(plots[0::2])
+        draw_view(views.columns[0])
     with right:
-        stacked_charts(plots[1::2])
+        draw_view(views.columns[1])
         rank_times(run, db_url, drawn)
         shares(window)
-    feature_recovery(run, curves)
+    feature_recovery(run, views)
 
 
 def startup(job: dict, run: dict | None, now: datetime) -> bool:
@@ -370,25 +385,17 @@ def rank_times(run: dict, db_url: str, drawn: list[dict] | None) -> None:
         key="monitor_rank_time", label_visibility="collapsed",
         format_func={"step_time_s": "Step time", "compute_time_s": "Compute time"}.get)
     field = field or "step_time_s"
-    times = load_rank_times(db_url, run["id"], field, run["last_step"], run["last_update"])
-    chart = charts.binned_rank_time_chart(times, field, drawn)
-    if chart is None:
-        st.caption("Time per rank: no per-rank statistics logged yet.")
-    else:
-        st.altair_chart(chart, alt="Time per step of each rank against step, stragglers "
-                                   "and run events marked")
+    draw_view(rank_time_view(db_url, run["id"], field, run["last_step"], run["last_update"], drawn))
 
 
-def feature_recovery(run: dict, curves: dict) -> None:
-    recovery = {metric: charts.binned_panel(curves, metric) for metric in RECOVERY_CURVES}
-    if run["recovery_frac"] is None and all(p.chart is None for p in recovery.values()):
+def feature_recovery(run: dict, views: monitor_views.TrainingViews) -> None:
+    if run["recovery_frac"] is None and not views.recovery_drawn:
         return
     st.subheader("Feature recovery", anchor=False)
     st.caption("Synthetic data plants a known dictionary: how much of it the SAE has found "
                "(measured at checkpoints).")
-    card_row(cards.training_cards(recovery, run["final"]))
-    chart_columns([(panel.chart, f"{panel.unit.title} against step", None)
-                   for panel in recovery.values()])
+    card_row(views.recovery_cards)
+    view_columns(views.recovery)
 
 
 def load_balance(run: dict, events: list[dict], window: list[dict]) -> None:

@@ -73,8 +73,9 @@ def sweep_view(sweep_id: int) -> None:
         return
     evaluations = queries.latest_evaluations(engine)
     grid(sweep, evaluations)
-    pareto_plot(runs, evaluations)
-    curves(runs)
+    points = sweeps.sweep_points(runs, evaluations)
+    pareto_plot(runs, points)
+    curves(runs, points)
 
 
 def header(sweep: dict) -> None:
@@ -98,14 +99,15 @@ def grid(sweep: dict, evaluations: dict) -> None:
     st.dataframe(rows, hide_index=True, column_config={
         "Run": NUMBER(format="%d"), "FVU": NUMBER(format="%.4f"), "L0": NUMBER(format="%.1f"),
         "Dead fraction": NUMBER(format="percent")})
-    with st.container(horizontal=True):  # each SAE's run, as every run link in the app opens it
-        for run in sweep["runs"]:
-            st.page_link(RUNS_PAGE, label=run["point"], icon=":material/monitoring:",
-                         query_params={"run": str(run["id"])})
+    many = len(sweep["runs"]) > sweeps.MAX_CURVES
+    with st.expander(f"Each SAE's run ({len(sweep['runs']):,})") if many else st.container():
+        with st.container(horizontal=True):  # each SAE's run, as every run link in the app opens it
+            for run in sweep["runs"]:
+                st.page_link(RUNS_PAGE, label=run["point"], icon=":material/monitoring:",
+                             query_params={"run": str(run["id"])})
 
 
-def pareto_plot(runs: list[dict], evaluations: dict) -> None:
-    points = sweeps.sweep_points(runs, evaluations)
+def pareto_plot(runs: list[dict], points: list[dict]) -> None:
     chart = sweeps.pareto_chart(points)
     if chart is None:
         st.caption("L0 against FVU: no SAE has measured both yet.")
@@ -120,9 +122,12 @@ def pareto_plot(runs: list[dict], evaluations: dict) -> None:
                      query_params={"run": str(clicked)})
 
 
-def curves(runs: list[dict]) -> None:
-    st.markdown("**Curves, every SAE overlaid**")
-    named = sweeps.labelled(runs)
+def curves(runs: list[dict], points: list[dict]) -> None:
+    shown, note = sweeps.curve_runs(runs, points)
+    st.markdown("**Curves, every SAE overlaid**" if note is None else "**Curves overlaid**")
+    if note is not None:
+        st.caption(note)
+    named = sweeps.labelled(shown)
     series = [(r, load_steps(db_url, r["id"], r["last_step"], r["last_update"])) for r in named]
     st.markdown(run_compare.key_html(named), unsafe_allow_html=True)
     colors = run_compare.color_scale(named)

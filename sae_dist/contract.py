@@ -107,6 +107,9 @@ def add_sweep_flag(parser: argparse.ArgumentParser) -> None:
                         help="train one SAE per value (repeat for a grid: their cartesian product), all "
                              "from one data stream in this job, e.g. --sweep k=16,32 --sweep expansion_factor=8,16; "
                              "a run TOML's [sweep] table does the same")
+    parser.add_argument("--sweep-points", default=None, metavar="JSON",
+                        help="an explicit list of SAEs instead of a grid, as JSON: '[{\"k\": 16}, {\"k\": 32, "
+                             "\"lr\": 0.001}]' (a run TOML's [[sweep.points]] tables; how a queued job passes them)")
 
 
 def config_from_args(ns: argparse.Namespace) -> TrainConfig:
@@ -122,7 +125,25 @@ def sweep_from_args(ns: argparse.Namespace) -> Sweep | None:
     from sae_dist.sweep import build_sweep, parse_sweep_flags
 
     values, table = _given_values(ns)
+    if getattr(ns, "sweep_points", None) is not None:
+        table = _points_table(ns.sweep_points, table)
     return build_sweep(values, table, parse_sweep_flags(getattr(ns, "sweep", None) or []))
+
+
+def _points_table(text: str, table: Any) -> dict[str, Any]:
+    """`--sweep-points JSON` (how a queued job passes [[sweep.points]]: sae_dist/sweep_argv.py) as
+    the [sweep] table it stands for; one error for text that is no JSON, or a TOML [sweep] too."""
+    import json
+
+    from sae_dist.sweep import SweepError
+
+    if table is not None:
+        raise SweepError("--sweep-points and the TOML's [sweep] table both given; give the sweep once")
+    try:
+        return {"points": json.loads(text)}
+    except ValueError as e:
+        raise SweepError(f"--sweep-points: not JSON ({e}); give a list of tables, e.g. "
+                         '\'[{"k": 16}, {"k": 32, "lr": 0.001}]\'') from None
 
 
 def _given_values(ns: argparse.Namespace) -> tuple[dict[str, Any], Any]:

@@ -1,16 +1,18 @@
-"""A queued sweep job: its lists stored beside the job's config, and the `--sweep` flags they become.
+"""A queued sweep job: its sweep stored beside the job's config, and the flags it becomes.
 
 A sweep is one job (issue 20). The job's stored training config (`jobs.train_config_json`) holds
-the base settings as always, plus one key, `sweep`: {setting: [values]} in the sweep's order, the
-values as the validated points hold them. The job's command line is the base config's flags
-(sae_dist.contract.stored_train_argv) and one `--sweep=KEY=V1,V2` per swept setting, which the
-trainer reads back into the same grid (sae_dist.sweep.parse_sweep_flags). Only lists travel: an
-explicit `[[sweep.points]]` list has no flag spelling, so it is refused at submit (a job array
-runs explicit points as separate jobs). Torch-free: `python -m scheduler` imports it.
+the base settings as always, plus one key, `sweep`, in the shape of a run TOML's [sweep] table:
+either {setting: [values]} in the sweep's order (a grid), or {"points": [{setting: value}, ...]}
+(an explicit list), the values as the validated points hold them. The job's command line is the
+base config's flags (sae_dist.contract.stored_train_argv) and, for a grid, one
+`--sweep=KEY=V1,V2` per swept setting, which the trainer reads back into the same grid
+(sae_dist.sweep.parse_sweep_flags); for points, one `--sweep-points=JSON` (the list as compact
+JSON: a shell-quoted word in an sbatch script too). Torch-free: `python -m scheduler` imports it.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -19,6 +21,8 @@ from sae_dist.errors import ConfigError, UserError
 
 SWEEP_KEY = "sweep"  # the key of the stored config dict that holds the lists
 SWEEP_FLAG = "--sweep"
+POINTS_FLAG = "--sweep-points"
+POINTS = "points"  # the stored sweep's key for an explicit list, as in a TOML's [[sweep.points]]
 
 
 def split_stored(stored: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[Any]] | None]:
@@ -32,24 +36,36 @@ def sweep_size(stored: Mapping[str, Any] | None) -> int | None:
     lists = (stored or {}).get(SWEEP_KEY)
     if not lists:
         return None
+    if POINTS in lists:
+        return len(lists[POINTS])
     return math.prod(len(v) for v in lists.values())
+
+
+def swept_keys(lists: Mapping[str, Any] | None) -> list[str]:
+    """The settings a stored sweep sets, in its order (a grid's keys; every key of its points)."""
+    if not lists:
+        return []
+    if POINTS in lists:
+        return list(dict.fromkeys(k for point in lists[POINTS] for k in point))
+    return list(lists)
 
 
 def checked_lists(base: Mapping[str, Any], table: Any = None,
                   flag_lists: Mapping[str, list[Any]] | None = None) -> dict[str, list[Any]] | None:
-    """The lists to store for a sweep given as a TOML [sweep] table and/or parsed --sweep flags
-    over the user's own settings `base` (no defaults filled in, so a key both set and swept is
+    """The sweep to store for a TOML [sweep] table (lists or [[sweep.points]]) and/or parsed --sweep
+    flags over the user's own settings `base` (no defaults filled in, so a key both set and swept is
     caught); None when there is no sweep. Every mistake is one UserError naming the sweep."""
     from sae_dist.sweep import build_sweep
 
-    if isinstance(table, Mapping) and "points" in table:
-        raise UserError(f"{SWEEP_FLAG}: [[sweep.points]] cannot be queued: a job's command line carries "
-                        "lists only (--sweep KEY=V1,V2); give [sweep] lists, or run the points as a job "
-                        "array ([[array]] tables), one job per point")
     sweep = build_sweep(base, table, flag_lists)
     if sweep is None:
         return None
-    return lists_of(sweep)
+    return points_of(sweep) if isinstance(table, Mapping) and POINTS in table else lists_of(sweep)
+
+
+def points_of(sweep: Any) -> dict[str, list[dict[str, Any]]]:
+    """A built points sweep as stored: {"points": [each point's settings, validated]}."""
+    return {POINTS: [dict(p.settings) for p in sweep.points]}
 
 
 def lists_of(sweep: Any) -> dict[str, list[Any]]:
@@ -68,18 +84,24 @@ def lists_of(sweep: Any) -> dict[str, list[Any]]:
 
 
 def check_stored(config: Mapping[str, Any], lists: Any) -> dict[str, list[Any]]:
-    """Stored lists checked again against a full (defaults filled in) base config: the base's
-    own value of a swept key is dropped (the sweep sets it). Returns the lists as coerced."""
+    """A stored sweep (lists or points) checked again against a full (defaults filled in) base
+    config: the base's own value of a swept key is dropped (the sweep sets it). Returns the sweep
+    as coerced."""
     from sae_dist.sweep import build_sweep
 
     if not isinstance(lists, Mapping) or not lists:
-        raise UserError(f"{SWEEP_FLAG}: a sweep is a table of lists, e.g. {{'k': [16, 32]}}")
-    base = {k: v for k, v in config.items() if k not in lists}
+        raise UserError(f"{SWEEP_FLAG}: a sweep is a table of lists, e.g. {{'k': [16, 32]}}, or of points, "
+                        f"{{'points': [{{'k': 16}}, {{'k': 32, 'lr': 1e-3}}]}}")
+    points = lists.get(POINTS)
+    well_formed = isinstance(points, list) and all(isinstance(p, Mapping) for p in points)
+    # Malformed points keep every base key: build_sweep then says what is wrong with them.
+    swept = swept_keys(lists) if well_formed else [k for k in lists if k != POINTS]
+    base = {k: v for k, v in config.items() if k not in swept}
     try:
         sweep = build_sweep(base, dict(lists))
     except ConfigError as e:
         raise UserError(f"{SWEEP_FLAG}: {str(e).removeprefix('sweep: ')}") from None
-    return lists_of(sweep)
+    return points_of(sweep) if POINTS in lists else lists_of(sweep)
 
 
 def flag_value(value: Any) -> str:
@@ -89,7 +111,9 @@ def flag_value(value: Any) -> str:
 
 def sweep_flags(lists: Mapping[str, list[Any]] | None) -> list[str]:
     """One `--sweep=KEY=V1,V2` per swept setting, in the sweep's order ('=' keeps a value that
-    starts with '-' from reading as a flag)."""
+    starts with '-' from reading as a flag); for points, one `--sweep-points=JSON`."""
+    if lists and POINTS in lists:
+        return [f"{POINTS_FLAG}={json.dumps(lists[POINTS], separators=(',', ':'))}"]
     return [f"{SWEEP_FLAG}={key}={','.join(flag_value(v) for v in values)}" for key, values in (lists or {}).items()]
 
 
@@ -99,6 +123,7 @@ def stored_job_flags(stored: Mapping[str, Any], devices_flag: str) -> list[str]:
     from sae_dist.contract import stored_train_argv
 
     plain, lists = split_stored(stored)
-    if lists:
-        plain = {k: v for k, v in plain.items() if k not in lists}
+    swept = set(swept_keys(lists))
+    plain = {k: v for k, v in plain.items() if k not in swept}
     return [*stored_train_argv(plain, devices_flag), *sweep_flags(lists)]
+

@@ -34,8 +34,10 @@ from sae_dist.step import autocast_for, train_step
 from sae_dist.sweep import Sweep, check_trainable
 from sae_dist.sweep_members import (Member, build_members, open_records, rank_devices, resume_members,
                                     split_sites, sweep_source, write_sweep_checkpoint)
+from sae_dist.sweep_eval import evaluate_members
 from sae_dist.sweep_record import SweepRecord
-from sae_dist.train import device_label, prepare_run_dir, received_stop, stop_on_signals, set_threads
+from sae_dist.train import (record_evaluation, device_label, prepare_run_dir, received_stop, set_threads,
+                            stop_on_signals)
 from sae_dist.train_state import on_main
 from sae_dist.window import TrainingDiverged, progress_line
 
@@ -74,7 +76,8 @@ def _train_sweep(cfg: TrainConfig, sweep: Sweep, ctx: D.DistContext) -> list[Mem
         if ctx.is_main:
             _log_start(cfg, ctx, name, run_dir, placement, members, latest)
         _loop(cfg, ctx, source, members, step, run_dir, device_ids)
-        _finish(ctx, members, name, cfg.steps)
+        evaluated = evaluate_members(cfg, ctx, source, members, _global_plan(cfg, ctx))
+        _finish(cfg, ctx, members, name, evaluated)
     except BaseException as e:
         stopped = isinstance(e, TrainingStopped) or bool(received_stop)
         why = "stopped (a cancel, a time limit or Ctrl-C)" if stopped else f"{type(e).__name__}: {e}"[:2000]
@@ -170,8 +173,11 @@ def _drop(m: Member) -> None:
     m.sae = m.opt = m.model = None
 
 
-def _finish(ctx: D.DistContext, members: list[Member], sweep_name: str, step: int) -> None:
-    """Each live SAE's SAELens export (its leader writes it) and its run's final numbers (rank 0)."""
+def _finish(cfg: TrainConfig, ctx: D.DistContext, members: list[Member], sweep_name: str,
+            evaluated: dict[str, tuple]) -> None:
+    """Each live SAE's SAELens export (its leader writes it), its run's final numbers and its
+    end-of-run evaluation (rank 0; sae_dist/sweep_eval.py)."""
+    step = cfg.steps
     for m in members:
         if not m.live:
             continue
@@ -186,6 +192,8 @@ def _finish(ctx: D.DistContext, members: list[Member], sweep_name: str, step: in
                             final_loss=lm.get("loss"), final_mse=lm.get("mse"), final_fvu=lm.get("fvu"),
                             final_l0=lm.get("l0"), final_dead_fraction=lm.get("dead_fraction"),
                             final_samples_per_s=lm.get("samples_per_s"))
+            if m.name in evaluated:
+                record_evaluation(m.cfg, m.record, m.run_dir, export_dir.resolve(), *evaluated[m.name])
     D.barrier()
 
 

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from sae_dist.errors import UserError
-from sae_dist.sweep_argv import SWEEP_KEY
+from sae_dist.sweep_argv import SWEEP_KEY, swept_keys
 from scheduler.arrays import ArraySpec
 from scheduler.newjob import NewJob, job_row, new_job
 from scheduler.spec import JobSpec
@@ -81,7 +81,7 @@ def _override_task(spec: JobSpec, task: int, override: Any, array: ArraySpec,
     if "devices" in override:  # the tasks share --gpus: one device count for the whole array
         raise UserError(f"--train: [[array]] entry {task}: devices cannot differ between tasks of an array; "
                         "set it once outside [[array]]")
-    swept = sorted(set(override) & set((spec.train_config or {}).get(SWEEP_KEY) or {}))
+    swept = sorted(set(override) & set(swept_keys((spec.train_config or {}).get(SWEEP_KEY))))
     if swept:  # the task's sweep would set it anyway: say so rather than drop the override
         raise UserError(f"--train: [[array]] entry {task}: {swept[0]} is swept in every task ([sweep]); "
                         "set it in one of the two")

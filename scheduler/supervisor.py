@@ -26,13 +26,14 @@ from sae_dist.contract import (
     JOB_NAME_ENV,
     MASTER_PORT_ENV,
     NUM_GPUS_ENV,
+    THREADS_PER_RANK_ENV,
     VIRTUAL_DEVICES_ENV,
 )
 from sae_dist.db import get_engine
 from sae_dist.paths import state_home
 from sae_dist.sweep_argv import stored_job_flags
 from scheduler import procs
-from scheduler.devices import VIRTUAL_PREFIX
+from scheduler.devices import VIRTUAL_PREFIX, usable_cores, virtual_count, virtual_device_threads
 from scheduler.final_state import FinalState, record_until_stored
 from scheduler.storage_errors import storage_problem
 from scheduler.store import array_tasks, claim_supervision, get_job, record_process
@@ -69,6 +70,8 @@ def job_environment(job, devices: list[str], base: dict[str, str],
     })
     if job.port:
         env[MASTER_PORT_ENV] = str(job.port)
+    if virtual and devices and THREADS_PER_RANK_ENV not in base:  # the operator's own setting wins
+        env[THREADS_PER_RANK_ENV] = str(virtual_device_threads(usable_cores(), virtual_count()))
     env.update(json.loads(job.env_json or "{}"))
     return env
 

@@ -15,7 +15,18 @@ from typing import NamedTuple
 
 import pytest
 
+from sae_dist.contract import THREADS_PER_RANK_ENV  # torch-free
+
 REPO = Path(__file__).resolve().parents[1]
+
+# One torch thread in every process of the tests (this one, before torch is imported, and every
+# process it starts: 1-rank runs in it or in a process of their own, each rank of a multi-rank
+# run). Two xdist workers on two cores, each running torch's OpenMP pool of two threads beside
+# the ranks they start, oversubscribe the cores; an OpenMP thread then waits for its peer to be
+# scheduled at every parallel region, and a run beside other load took minutes instead of
+# seconds (tests/test_train.py's planted TopK run: over 300 s beside two CPU hogs, 8 s quiet).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault(THREADS_PER_RANK_ENV, "1")
 
 pytest_plugins = ["time_limit"]  # the guard on one test's time (tests/time_limit.py)
 

@@ -1,6 +1,7 @@
 """The real sae-lens, in one process for the whole session: importing sae_lens takes seconds, so
 the test modules that check our export and our loader against it (tests/test_export.py,
-tests/test_evaluate.py) each prepare a folder and a script, and one process runs every script."""
+tests/test_evaluate.py, tests/test_sweep_eval.py) each prepare a folder and a script, and one
+process runs every script."""
 
 from __future__ import annotations
 
@@ -33,12 +34,13 @@ _ran: dict[str, Path] = {}
 def _preparers():
     from test_evaluate import prepare_saelens as evaluate_job
     from test_export import prepare_saelens as export_job
+    from test_sweep_eval import prepare_saelens as sweep_job
 
-    return {"export": export_job, "evaluate": evaluate_job}
+    return {"export": export_job, "evaluate": evaluate_job, "sweep": sweep_job}
 
 
 def saelens_folder(job: str, tmp_path_factory) -> Path:
-    """The folder of `job` ("export" or "evaluate") after the one sae-lens process ran every job's
+    """The folder of `job` ("export", "evaluate" or "sweep") after the one sae-lens process ran every job's
     script (the first call runs it; later ones, in any module, find it done). Skipped where there is
     no sae-lens environment; fails with the job's traceback where its script raised."""
     if not SAELENS_PYTHON.exists():

@@ -127,3 +127,16 @@ def test_shaping_counts_and_utc_times():
     assert sweeps.utc_text(datetime(2026, 11, 24, 19, 5, tzinfo=UTC)) == "2026-11-24 19:05 UTC"
     assert sweeps.utc_text(datetime(2026, 11, 24, 21, 5)) == "2026-11-24 21:05 UTC"  # naive: UTC already
     assert sweeps.utc_text(None) == "—"
+
+
+def test_past_the_limit_the_frontier_s_curves_then_the_lowest_fvu():
+    runs = [{"id": i, "point": f"p{i}"} for i in range(1, 8)]
+    # (run, l0, fvu): the frontier is 1 (l0 2) and 3 (l0 8); 5 has the lowest FVU off it; 7 has no point.
+    points = [{"run": r, "l0": l0, "fvu": fvu} for r, l0, fvu in
+              [(1, 2.0, 0.5), (2, 4.0, 0.6), (3, 8.0, 0.1), (4, 9.0, 0.4), (5, 16.0, 0.2), (6, 16.0, 0.3)]]
+    shown, note = sweeps.curve_runs(runs, points, limit=3)
+    assert [r["id"] for r in shown] == [1, 3, 5]  # in the sweep's order
+    assert note == ("3 of 7 SAEs' curves shown: the Pareto frontier's (2), then the lowest FVU. Each SAE's own "
+                    "curves: its run page.")
+    assert sweeps.curve_runs(runs, points, limit=7) == (runs, None)
+    assert [r["id"] for r in sweeps.curve_runs(runs, [], limit=2)[0]] == [1, 2]  # no points yet: the first ones

@@ -3,8 +3,11 @@ axes (the 24-hour UTC time axis included), tooltips and rows; None charts are le
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import datetime, timedelta, timezone
 
+import pandas as pd
 import vl_convert
 
 from sae_dist.analytics import chart_stack, charts, units
@@ -52,3 +55,36 @@ def test_a_stack_draws_every_title_and_takes_the_width_it_is_given():
     assert units.TRAINING["loss"].title in svg and units.TRAINING["fvu"].title in svg
     width = int(svg.split('width="', 1)[1].split('"', 1)[0])
     assert 390 <= width <= 410  # axes fitted inside the width, not added to it
+
+
+def _named_in_order(spec: dict) -> dict:
+    """`spec` without its datasets, their names replaced by their order of first use (Altair
+    names them by content, stack_spec by place)."""
+    text = json.dumps({k: v for k, v in spec.items() if k not in ("datasets", "config")},
+                      sort_keys=True)
+    for i, name in enumerate(dict.fromkeys(re.findall(r'"name": "(data-[0-9a-f]+)"', text))):
+        text = text.replace(f'"{name}"', f'"D{i}"')
+    return json.loads(text)
+
+
+def test_stack_spec_is_the_stack_altair_writes_with_its_rows_as_frames():
+    cols = device_columns()
+    m = {"step": list(range(10, 210, 10))}
+    m.update(loss=[1 / s for s in m["step"]])
+    events = [{"step": 50, "kind": "rebalance", "message": "moved 8 samples", "time": START}]
+    groups = [[charts.device_panel(cols, f, 10, total=True).chart for f in ("memory_used",
+                                                                             "utilization_pct")],
+              [charts.training_panel(m, "loss", events).chart, None],
+              [charts.device_panel(cols, "utilization_pct", 10).chart]]
+    for group in groups:
+        spec = chart_stack.stack_spec(group)
+        assert _named_in_order(spec) == _named_in_order(chart_stack.stack(group).to_dict())
+        frames = spec["datasets"]
+        assert all(isinstance(f, pd.DataFrame) for f in frames.values())
+        # Each chart's (or layer's) rows, once each: a frame two layers share is one dataset.
+        names = set(re.findall(r'"name": "(data-\d+)"', json.dumps(
+            {k: v for k, v in spec.items() if k != "datasets"})))
+        assert names == set(frames) and list(frames) == [f"data-{i}" for i in range(len(frames))]
+    memory = chart_stack.stack_spec(groups[0])["datasets"]["data-0"]
+    assert list(memory.columns[:3]) == ["time", "value", "total"] and len(memory) == 30
+    assert chart_stack.stack_spec([None]) is None and chart_stack.stack_spec([]) is None

@@ -20,6 +20,7 @@ from sae_dist.contract import (
     JOB_ID_ENV,
     MASTER_PORT_ENV,
     RESERVED_JOB_ENV,
+    THREADS_PER_RANK_ENV,
     config_from_args,
     stored_train_argv,
     train_argv,
@@ -172,3 +173,20 @@ def test_a_rank_knob_reads_pairs_and_refuses_in_one_format():
         with pytest.raises(UserError) as refused:
             rank_values("K", raw, convert, least, "1:3 (rank 1 ...)")
         assert str(refused.value) == f"K={raw!r}: give rank:value pairs such as 1:3 (rank 1 ...)"
+
+
+def test_a_virtual_device_rank_gets_its_share_of_the_cores(monkeypatch):
+    """Jobs on virtual devices share the machine: each rank gets cores / devices torch threads, never
+    the whole machine (two jobs would oversubscribe it); the operator's own setting wins."""
+    from scheduler.devices import usable_cores, virtual_device_threads
+    from scheduler.supervisor import job_environment
+
+    assert [virtual_device_threads(16, n) for n in (1, 2, 3, 16, 32)] == [16, 8, 5, 1, 1]
+    assert virtual_device_threads(2, 0) == 2
+    job = SimpleNamespace(id=9, name="j", port=None, env_json="{}", array_job_id=None, array_task_id=None)
+    monkeypatch.setenv("SAE_DIST_VIRTUAL_GPUS", "2")  # the daemon offers 2 virtual devices
+    env = job_environment(job, ["virtual-0"], {})
+    assert env[THREADS_PER_RANK_ENV] == str(max(1, usable_cores() // 2))
+    mine = job_environment(job, ["virtual-0"], {THREADS_PER_RANK_ENV: "3"})
+    assert mine[THREADS_PER_RANK_ENV] == "3"
+    assert THREADS_PER_RANK_ENV not in job_environment(job, ["GPU-a"], {})  # a GPU's rank: torch's default

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import LENGTH_FREE_SCHEDULE, REPO, run_cli
+from conftest import LENGTH_FREE_SCHEDULE, REPO, main_here, run_cli
 from sae_dist.errors import UserError
 from sae_dist.harvest.contexts import framing_from_examples, join_documents, make_contexts, text_files
 from sae_dist.harvest.sites import module_path
@@ -147,11 +147,12 @@ def test_harvest_then_train_an_sae_on_it(minilm, text, harvested, tmp_path):
     assert torch.allclose(first, hidden, atol=1e-4)
 
     run = tmp_path / "run"
-    trained = ok(run_cli("train", "--source", "shards", "--shards-path", str(out), "--devices", "cpu:2",
-                         # 128 rows a rank a step: the 1,200 rows ~20 times over, FVU ~0.13 at step 100
-                         # (256 gave ~0.10 for 4x the CPU time on this machine)
-                         "--expansion-factor", "4", "--k", "16", "--batch-size", "128", "--steps", "100",
-                         "--log-every", "50", "--out-dir", str(run), "--no-db", timeout=400))
+    # In this process, on 1 rank (shards on several ranks: test_train's and test_balance_train's).
+    trained = ok(main_here("train", "--source", "shards", "--shards-path", str(out), "--devices", "cpu:1",
+                           # 256 rows a step: the 1,200 rows ~20 times over, FVU ~0.13 at step 100
+                           # (512 gave ~0.10 for 4x the CPU time on this machine)
+                           "--expansion-factor", "4", "--k", "16", "--batch-size", "256", "--steps", "100",
+                           "--log-every", "50", "--out-dir", str(run), "--no-db"))
     final = re.search(r"done: step 100, FVU ([\d.]+), L0 ([\d.]+)", trained.stdout)
     assert final, trained.stdout
     print(final.group(0))

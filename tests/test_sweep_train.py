@@ -161,3 +161,61 @@ def test_a_run_toml_sweep_table(cli, tmp_path):
     toml.write_text('d_in = 16\nexpansion_factor = 4\ndevices = "cpu:1"\n\n[sweep]\nk = [2, 4]\nlr = [1e-3, 3e-3]\n')
     code, out, _ = cli("estimate-memory", "--config", str(toml), "--sweep", "lr=5e-4")
     assert code == 0 and "2 SAEs: k2-lr5e-4, k4-lr5e-4" in out, out
+
+
+@pytest.mark.parametrize("which,points", [
+    ("one", {f"k{k}-lr{LR}": k for k in (2, 4, 8)}),  # 1 rank: rank 0 evaluates every SAE
+    ("groups", {f"k{k}": k for k in (4, 8)}),  # 2 ranks, an SAE each: the rows sent to rank 1 once
+])
+def test_each_sae_is_evaluated_as_it_alone(runs, which, points):
+    """The end-of-run evaluation of each SAE (sae_dist/sweep_eval.py) is the one its run alone
+    writes: the same unseen rows (the stream's after the last step), the same figures."""
+    for name, k in points.items():
+        mine = json.loads((runs[which] / "saes" / name / "evaluation.json").read_text())
+        alone = json.loads((runs[f"alone-k{k}"] / "evaluation.json").read_text())
+        assert mine["which_rows"] == alone["which_rows"] == "16,384 synthetic rows after the run's last sample"
+        for key in ("fvu", "mse", "cosine", "l0", "dead_fraction", "dense_fraction"):
+            assert mine[key] == pytest.approx(alone[key], rel=1e-5, abs=1e-7), (which, name, key)
+        assert mine["recovery"] == pytest.approx(alone["recovery"], rel=1e-5, abs=1e-7)
+        assert mine["density"] == alone["density"] and mine["rows"] == alone["rows"] == 16384
+    assert not (runs["one"] / "saes" / "k2-lr1e30" / "evaluation.json").exists()  # it diverged: nothing to evaluate
+
+
+def test_each_sae_s_evaluation_is_in_its_own_run_row(runs, monkeypatch):
+    monkeypatch.setenv("SAE_DIST_HOME", str(runs["home"]))
+    from sae_dist.db import get_engine
+    from sae_dist.db.evaluations import latest_evaluation_for_run
+    from sae_dist.db.sweeps import find_sweep_by_dir, sweep_runs
+
+    engine = get_engine()
+    for run in sweep_runs(engine, find_sweep_by_dir(engine, str(runs["one"].resolve())).id):
+        row = latest_evaluation_for_run(engine, run.id)
+        if run.status == "FAILED":
+            assert row is None
+            continue
+        stored = json.loads((Path(run.run_dir) / "evaluation.json").read_text())
+        assert (row.origin, row.rows, row.sae_path) == ("heldout", 16384, run.export_dir)
+        assert row.fvu == pytest.approx(stored["fvu"])
+
+
+@pytest.fixture(scope="module")
+def resumed_on_2(runs) -> Path:
+    """The 2-rank shared sweep (3 SAEs, leaders on both ranks) again from its step-4 checkpoint."""
+    resumed = runs["shared"].parent / "resumed-2"
+    shutil.copytree(runs["shared"], resumed)
+    for done in [*resumed.glob("checkpoints/step_00000008"), *resumed.glob("saes/*/checkpoints/step_00000008"),
+                 *resumed.glob("saes/*/sae"), *resumed.glob("saes/*/evaluation.json")]:
+        shutil.rmtree(done) if done.is_dir() else done.unlink()
+    ok(run_cli("train", *BASE, "--lr", LR, "--batch-size", "64", "--devices", "cpu:2", "--no-db", "--sweep", "k=2,4,8",
+               "--out-dir", str(resumed), "--resume", env={"SAE_DIST_HOME": str(runs["home"])}))
+    return resumed
+
+
+def test_resume_on_2_ranks_equals_straight(runs, resumed_on_2):
+    for name in ("k2", "k4", "k8"):
+        straight, resumed = runs["shared"] / "saes" / name, resumed_on_2 / "saes" / name
+        assert rel_diff(weights(resumed), weights(straight)) < 1e-6, name
+        assert rel_diff(load_file(str(resumed / "sae" / "sae_weights.safetensors")),
+                        load_file(str(straight / "sae" / "sae_weights.safetensors"))) < 1e-6, name
+        mine, before = (json.loads((d / "evaluation.json").read_text()) for d in (resumed, straight))
+        assert mine["fvu"] == pytest.approx(before["fvu"], rel=1e-5) and mine["density"] == before["density"]

@@ -122,16 +122,22 @@ def test_compressed_allreduce(tmp_path, one_rank_reference):
 
 @pytest.mark.parametrize("source, devices", [("synthetic", "cpu:1"), ("shards", "cpu:2")])
 def test_resume_reaches_the_same_weights(tmp_path, source, devices):
-    """Stopped at step s and resumed == uninterrupted at step 2s (data position, Adam, counters)."""
+    """Stopped at step s and resumed == uninterrupted at step 2s (data position, Adam, counters).
+    The uninterrupted run is 1 rank with the global batch, in this process (N ranks equal 1 rank
+    with the whole batch: test_two_ranks_match_one_rank_and_are_recorded); the split run has the
+    devices of the case."""
     args = list(SMALL)
     if source == "shards":
         gen = torch.Generator().manual_seed(0)
         write_shards(tmp_path / "acts", [torch.randn(700, 32, generator=gen) for _ in range(3)])
         args += ["--source", "shards", "--shards-path", str(tmp_path / "acts")]
-    common = [*args, "--devices", devices, "--batch-size", "64", "--checkpoint-every", "4",
-              *LENGTH_FREE_SCHEDULE, "--dead-after-samples", "512"]  # latents die early: AuxK and its counters matter
+    args += ["--checkpoint-every", "4", *LENGTH_FREE_SCHEDULE,
+             "--dead-after-samples", "512"]  # latents die early: AuxK and its counters matter
+    ranks = int(devices.split(":")[1])
+    ok(main_here("train", *args, "--devices", "cpu:1", "--batch-size", str(64 * ranks), "--steps", "12",
+                 "--out-dir", str(tmp_path / "straight")))
+    common = [*args, "--devices", devices, "--batch-size", "64"]
     train = functools.partial(main_here if devices == "cpu:1" else run_cli, "train")
-    ok(train(*common, "--steps", "12", "--out-dir", str(tmp_path / "straight")))
     ok(train(*common, "--steps", "6", "--out-dir", str(tmp_path / "split")))
     assert latest_checkpoint(tmp_path / "split").name == "step_00000006"
     out = ok(train(*common, "--steps", "12", "--out-dir", str(tmp_path / "split"), "--resume"))

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from sae_dist.analytics.cards import Card
-from sae_dist.analytics.chart_stack import stack
+from sae_dist.analytics.monitor_views import View, stack_view
 from sae_dist.analytics.events import events_summary
 
 
@@ -26,13 +26,25 @@ def chart_columns(charts: list[tuple], columns: int = 2) -> None:
 def stacked_charts(charts: list[tuple]) -> None:
     """`charts` as (chart or None, its alt text, what to say without it) one above another,
     sent to the browser as one Vega view (`chart_stack`: each view costs the browser 0.15-0.25 s
-    to draw); a chart not drawn (nothing measured) is said in words under the others."""
-    view = stack([chart for chart, _, _ in charts])
-    if view is not None:
-        st.altair_chart(view, alt="; ".join(alt for chart, alt, _ in charts if chart is not None))
-    for chart, _, missing in charts:
-        if chart is None and missing:
-            st.caption(missing)
+    to draw; its spec is written without Altair's costly composition); a chart not drawn
+    (nothing measured) is said in words under the others."""
+    draw_view(stack_view(charts))
+
+
+def view_columns(views: list[View]) -> None:
+    """Views (`monitor_views`) side by side, one a column."""
+    for view, column in zip(views, st.columns(len(views))):
+        with column:
+            draw_view(view)
+
+
+def draw_view(view: View) -> None:
+    """A view built ahead (`monitor_views`): its chart element, then in words each chart it
+    could not draw."""
+    if view.spec is not None:
+        st.vega_lite_chart(spec=view.spec, alt=view.alt)
+    for missing in view.missing:
+        st.caption(missing)
 
 
 def events_toggle(key: str, events: list[dict]) -> bool:

@@ -152,3 +152,22 @@ def pareto_chart(points: Sequence[dict[str, Any]]) -> alt.LayerChart | None:
 def labelled(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The runs named by their point in the curves' key and tooltips ("12 · k32-x16")."""
     return [{**run, "name": run["point"]} for run in runs]
+
+
+MAX_CURVES = 16  # SAEs overlaid at most: past this the charts are a tangle and the page slows
+
+
+def curve_runs(runs: Sequence[dict[str, Any]], points: Sequence[dict[str, Any]],
+               limit: int = MAX_CURVES) -> tuple[list[dict[str, Any]], str | None]:
+    """The SAEs whose curves are overlaid, and a note saying which when not all of them: every
+    one up to `limit`; past it the Pareto frontier's first (by L0), then the lowest FVU, then
+    those with no point yet, in the sweep's order (run id) within each part."""
+    if len(runs) <= limit:
+        return list(runs), None
+    frontier = [p["run"] for p in pareto.pareto_frontier(points)]
+    by_fvu = [p["run"] for p in sorted(points, key=lambda p: (p["fvu"], p["run"]))]
+    order = list(dict.fromkeys([*frontier, *by_fvu, *(r["id"] for r in runs)]))[:limit]
+    kept = set(order)
+    shown = [r for r in runs if r["id"] in kept]
+    return shown, (f"{len(shown)} of {len(runs):,} SAEs' curves shown: the Pareto frontier's "
+                   f"({min(len(frontier), limit)}), then the lowest FVU. Each SAE's own curves: its run page.")

@@ -31,18 +31,24 @@ def end_of_run_evaluation(cfg, sae, source: ActivationSource, ctx: D.DistContext
     unseen = source.unseen_rows(cfg.eval_rows, batch_rows_for(sae.d_sae), ctx, plan)
     if unseen is None:
         return None
+    return evaluate_trained(cfg, sae, unseen.batches, planted_for(cfg)), unseen.where
+
+
+def evaluate_trained(cfg, sae, batches, planted: Planted | None) -> Evaluation:
+    """A trained SAE on unseen rows (`planted`: planted_for(cfg)), with the model check for shards.
+    A sweep draws its rows once and calls this for each of its SAEs (sae_dist/sweep_eval.py)."""
     was_training = sae.training
     sae.eval()  # BatchTopK encodes with its learned threshold, as exported
     try:
-        evaluation = evaluate_sae(sae, unseen.batches, _planted(cfg))
+        evaluation = evaluate_sae(sae, batches, planted)
         if cfg.source == "shards":
             evaluation.model_check = _model_check(sae, cfg.shards_path)
     finally:
         sae.train(was_training)
-    return evaluation, unseen.where
+    return evaluation
 
 
-def _planted(cfg) -> Planted | None:
+def planted_for(cfg) -> Planted | None:
     """The dictionary the data was made from, when it was: the synthetic stream's settings, or
     planted shards' own file (make-planted)."""
     if cfg.source == "synthetic":
