@@ -46,7 +46,8 @@ def alone(minilm, text, tmp_path_factory) -> dict[str, Path]:  # noqa: F811
 def one_rank(minilm, text, tmp_path_factory):  # noqa: F811
     """The layers x k sweep, same global batch, on 1 rank (in this process): its dir and output."""
     root = tmp_path_factory.mktemp("model_sweep1")
-    ran = ok(main_here(*flags(minilm, text, root / "run", "--batch-size", "32", "--devices", "cpu:1", *SWEEP),
+    ran = ok(main_here(*flags(minilm, text, root / "run", "--batch-size", "32", "--devices", "cpu:1", *SWEEP,
+                              "--eval-rows", "64"),  # each SAE evaluated on its layer's unseen rows
                        env={"SAE_DIST_HOME": str(root)}))
     return root / "run", ran
 
@@ -72,6 +73,8 @@ def test_each_layer_sae_equals_it_trained_alone_on_one_rank(alone, one_rank):
     assert rel_diff(weights(run / "saes" / "L1-k8"), weights(run / "saes" / "L3-k8")) > 1e-2  # layers differ
     assert "4 SAEs from one model stream" in ran.stdout
     assert "hooks 2 sites in one forward pass (L1 resid, L3 resid)" in ran.stdout + ran.stderr
+    for name in alone:
+        assert (run / "saes" / name / "evaluation.json").is_file(), name
 
 
 def test_each_layer_sae_equals_it_trained_alone_on_two_ranks(alone, two_ranks):
