@@ -36,7 +36,7 @@ from sae_dist.sweep_members import (Member, build_members, open_records, rank_de
                                     split_sites, sweep_source, write_sweep_checkpoint)
 from sae_dist.sweep_eval import evaluate_members
 from sae_dist.sweep_record import SweepRecord
-from sae_dist.train import (record_evaluation, device_label, prepare_run_dir, received_stop, set_threads,
+from sae_dist.train import (record_run_evaluation, device_label, prepare_run_dir, received_stop, set_threads,
                             stop_on_signals)
 from sae_dist.train_state import on_main
 from sae_dist.window import TrainingDiverged, progress_line
@@ -193,7 +193,7 @@ def _finish(cfg: TrainConfig, ctx: D.DistContext, members: list[Member], sweep_n
                             final_l0=lm.get("l0"), final_dead_fraction=lm.get("dead_fraction"),
                             final_samples_per_s=lm.get("samples_per_s"))
             if m.name in evaluated:
-                record_evaluation(m.cfg, m.record, m.run_dir, export_dir.resolve(), *evaluated[m.name])
+                record_run_evaluation(m.cfg, m.record, m.run_dir, export_dir.resolve(), *evaluated[m.name])
     D.barrier()
 
 

@@ -199,7 +199,7 @@ def _finish(cfg: TrainConfig, ctx: D.DistContext, sae: SparseAutoencoder, source
         final["estimated_memory_bytes"] = estimate.total
         _log_final(state.step, final, estimate, export_dir)
         if evaluated is not None:
-            record_evaluation(cfg, record, run_dir, export_dir, *evaluated)
+            record_run_evaluation(cfg, record, run_dir, export_dir, *evaluated)
     D.barrier()
     return TrainResult(run_dir=run_dir, run_id=record.run_id, export_dir=export_dir if ctx.is_main else None,
                        step=state.step, final=final)
@@ -218,7 +218,7 @@ def _log_final(step: int, final: dict, estimate: MemoryEstimate, export_dir: Pat
     log.info("SAELens export: %s", export_dir)
 
 
-def record_evaluation(cfg, record: RunRecord, run_dir: Path, export_dir: Path, evaluation, where: str) -> None:
+def record_run_evaluation(cfg, record: RunRecord, run_dir: Path, export_dir: Path, evaluation, where: str) -> None:
     """evaluation.json beside the export, a row in `evaluations`, and its summary in the log."""
     for line in summary_lines(evaluation, where):
         log.info("%s", line)
