@@ -1,8 +1,9 @@
 """How fast the app's pages draw on a full database: in Chromium, and through AppTest.
 
 Fills a fresh state database with 8 devices x 24 h of 1 Hz samples (about 700,000 rows), a
-queue (pending, running and finished jobs) and a 200,000-step training run of the running
-job (step metrics and per-rank stats every `--log-every` steps, the trainer's default 10).
+queue (pending, running and finished jobs), a 200,000-step training run of the running
+job (step metrics and per-rank stats every `--log-every` steps, the trainer's default 10) and a
+finished sweep of 50 SAEs.
 Then, in the browser: serves the app (`streamlit run`, loopback only) and measures in
 Debian's headless Chromium, for each page, the time from navigation to its main content (its
 title drawn and the page's script run finished, so every element of the page is there): a
@@ -77,11 +78,12 @@ def fill(engine, args) -> dict:
         n_samples = write_samples(cur, rng, uuids, start, job_start, int(args.hours * 3600), running_id)
         run_id = create_bench_run(engine, args, uuids, running_id, job_start)
         logged = write_training(cur, rng, args, uuids, run_id, job_start, now)
+        sweep_id = write_sweep(engine, cur, job_start, now)
         cur.execute("ANALYZE")
     finally:
         raw.close()
     return {"samples": n_samples, "step_metrics": len(logged), "rank_stats": len(logged) * args.devices,
-            "jobs": n_jobs, "run_id": run_id, "job_id": running_id}
+            "jobs": n_jobs, "run_id": run_id, "job_id": running_id, "sweep_id": sweep_id}
 
 
 def write_devices_and_jobs(engine, uuids: list[str], start: datetime, job_start: datetime,
@@ -191,6 +193,41 @@ def write_training(cur, rng: random.Random, args, uuids: list[str], run_id: int,
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", ranks)
     cur.execute("COMMIT")
     return logged
+
+
+SWEEP_KS, SWEEP_LRS, SWEEP_STEPS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256), (1e-4, 2e-4, 5e-4, 1e-3, 2e-3), 2000
+
+
+def write_sweep(engine, cur, start: datetime, end: datetime) -> int:
+    """A finished overnight sweep of 50 SAEs (10 k x 5 lr), each logged every 10 of 2,000 steps:
+    what the Sweeps page draws. Returns the sweep's id."""
+    from sae_dist.db import create_run
+    from sae_dist.db.sweeps import create_sweep
+
+    sweep_id = create_sweep(engine, name="overnight", run_dir="/tmp/bench-sweep", job_id=None,
+                            keys_json=json.dumps(["k", "lr"]), config_json="{}", world_size=8,
+                            placement_json=json.dumps({"mode": "shared", "reason": "bench", "saes": [],
+                                                       "devices": []}),
+                            status="COMPLETED", error=None, created_at=start, finished_at=end)
+    rows = []  # the runs first (their own connection), then every metric in one transaction
+    span = (end - start).total_seconds()
+    for i, (k, lr) in enumerate((k, lr) for k in SWEEP_KS for lr in SWEEP_LRS):
+        point = f"k{k}-lr{lr:g}"
+        fvu = 0.3 / math.sqrt(k) + abs(math.log10(lr / 5e-4)) * 0.02
+        run_id = create_run(engine, name=f"overnight/{point}", status="COMPLETED", architecture="topk",
+                            config_json=json.dumps({"k": k, "lr": lr}), world_size=8, backend="nccl",
+                            device_ids="[]", host="bench", run_dir=f"/tmp/bench-sweep/saes/{point}",
+                            total_steps=SWEEP_STEPS, last_step=SWEEP_STEPS, started_at=start, created_at=start,
+                            finished_at=end, sweep_id=sweep_id, sweep_point=point, final_fvu=fvu,
+                            final_l0=float(k), final_loss=fvu, final_dead_fraction=0.01 * (i % 7))
+        rows += [(run_id, s, s * 4096, (start + timedelta(seconds=span * s / SWEEP_STEPS)).strftime(T_FMT),
+                  fvu * (1 + 20 / math.sqrt(s)), fvu, fvu * (1 + 20 / math.sqrt(s)), float(k), 0.01, 4096 / 0.05)
+                 for s in range(10, SWEEP_STEPS + 1, 10)]
+    cur.execute("BEGIN")
+    cur.executemany("INSERT INTO step_metrics (run_id, step, samples_seen, time, loss, mse, fvu, l0, "
+                    "dead_fraction, samples_per_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    cur.execute("COMMIT")
+    return sweep_id
 
 
 def counts(engine) -> dict:
@@ -311,7 +348,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 BROWSER_PAGES = (("", "Overview", "Overview"), ("Train", "Train", "Train"),
                  ("Monitor", "Monitor", "Monitor"), ("Queue", "Queue", "Queue"),
                  ("Training_runs", "Training runs", "Training runs"),
-                 ("Benchmarks", "Benchmarks", "Benchmarks"))
+                 ("Benchmarks", "Benchmarks", "Benchmarks"), ("Sweeps", "Sweeps", "Sweeps"))
+# The Sweeps page opens the bench's one sweep (the latest) by itself.
 BROWSER_AIM_S = 1.5
 
 
