@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import main_here
+from test_export import SAELENS_SCRIPT  # loads and runs each export named in names.json
 from sae_dist.evaluate import evaluate_sae, heldout_rows, load_planted, load_sae
 from sae_dist.evaluate.data import batch_rows_for
 from sae_dist.evaluate.planted import write_planted_shards
@@ -69,28 +70,6 @@ def test_eval_rows_0_skips_every_sae_s_evaluation(tmp_path):
 
 # ---------------------------------------------------------------- the real SAELens
 
-SAELENS_SCRIPT = r"""
-import json, sys
-from pathlib import Path
-import torch
-from safetensors.torch import load_file, save_file
-from sae_lens import SAE
-
-root = Path(sys.argv[1])
-x = load_file(str(root / "input.safetensors"))["x"]
-outs, classes = {}, {}
-for export in sorted((root / "sweep" / "saes").glob("*/sae")):
-    name = export.parent.name
-    sae = SAE.load_from_disk(str(export), device="cpu")
-    sae.eval()
-    with torch.no_grad():
-        feats = sae.encode(x)
-        outs[name + ".encode"] = feats.contiguous()
-        outs[name + ".decode"] = sae.decode(feats).contiguous()
-    classes[name] = type(sae).__name__
-save_file(outs, str(root / "saelens_out.safetensors"))
-(root / "classes.json").write_text(json.dumps(classes))
-"""
 
 
 def prepare_saelens(root: Path) -> tuple[str, list]:
@@ -101,7 +80,12 @@ def prepare_saelens(root: Path) -> tuple[str, list]:
                  "--no-db", "--out-dir", str(root / "sweep"), env={"SAE_DIST_HOME": str(root / "home")}))
     save_file({"x": torch.randn(40, 16, generator=torch.Generator().manual_seed(7)) * 1.5},
               str(root / "input.safetensors"))
-    return SAELENS_SCRIPT, [root]
+    (root / "names.json").write_text(json.dumps([_export(name) for name in ARCHS]))
+    return SAELENS_SCRIPT, [root]  # test_export's: loads and runs each named export
+
+
+def _export(name: str) -> str:
+    return f"sweep/saes/{name}/sae"
 
 
 @pytest.mark.slow
@@ -112,12 +96,12 @@ def test_saelens_loads_every_export_of_a_sweep(tmp_path_factory):
     root = saelens_folder("sweep", tmp_path_factory)
     x = load_file(str(root / "input.safetensors"))["x"]
     outs, classes = load_file(str(root / "saelens_out.safetensors")), json.loads((root / "classes.json").read_text())
-    assert classes == {name: SAELENS_CLASS[name] for name in sorted(ARCHS)}
+    assert classes == {_export(name): SAELENS_CLASS[name] for name in ARCHS}
     for name in ARCHS:
         ours = load_sae(root / "sweep" / "saes" / name / "sae")
         with torch.no_grad():
             enc = ours.encode(x)
             dec = ours.decode(enc)
         assert (enc != 0).any(), name  # a nontrivial comparison
-        torch.testing.assert_close(outs[name + ".encode"], enc, rtol=1e-5, atol=1e-5 * max(1.0, enc.abs().max().item()))
-        torch.testing.assert_close(outs[name + ".decode"], dec, rtol=1e-5, atol=1e-5 * max(1.0, dec.abs().max().item()))
+        torch.testing.assert_close(outs[_export(name) + ".encode"], enc, rtol=1e-5, atol=1e-5 * max(1.0, enc.abs().max().item()))
+        torch.testing.assert_close(outs[_export(name) + ".decode"], dec, rtol=1e-5, atol=1e-5 * max(1.0, dec.abs().max().item()))
