@@ -4,7 +4,8 @@
 shows the devices together (memory used of total, mean utilisation, total power, hottest
 temperature), Per-GPU one panel per device. Series are bucketed by the database
 (`sae_dist.analytics.samples`), a few thousand points at most whatever the window. A live
-view redraws itself every 2 s (a fragment: the rest of the page does not rerun); a finished
+view redraws itself every 2 s (a fragment: the rest of the page does not rerun), less often
+where a redraw takes longer on this server (webui/refresh.py); a finished
 job shows its final state and does not refresh.
 """
 
@@ -18,6 +19,7 @@ from sae_dist.analytics import (cards, charts, jobs, monitor_views, progress, qu
 from sae_dist import format as fmt
 from sae_dist.db import get_engine
 from webui.widgets import card_row, chart_columns, draw_view, events_toggle, log_tail, view_columns
+from webui.refresh import refresh_every, timed_redraw
 from webui.sidebar import page_frame
 
 engine = page_frame("Monitor", ":material/speed:")
@@ -124,8 +126,13 @@ live = selected is None or selected["state"] in LIVE_STATES
 
 # ---- the live part ----------------------------------------------------------------------------
 
-@st.fragment(run_every=REFRESH_S if live else None)
+@st.fragment(run_every=refresh_every("monitor", REFRESH_S) if live else None)
 def monitor(job_id: int, view: str, window_s: int | None, known_state: str | None) -> None:
+    with timed_redraw("monitor"):  # a slow redraw makes the next visit refresh less often
+        draw_monitor(job_id, view, window_s, known_state)
+
+
+def draw_monitor(job_id: int, view: str, window_s: int | None, known_state: str | None) -> None:
     now = datetime.now(timezone.utc)
     inventory = {d["uuid"]: d for d in jobs.devices(engine)}
     job = jobs.get_job(engine, job_id) if job_id != ALL else None

@@ -105,7 +105,10 @@ def texts(at: AppTest) -> str:
 # ---- Monitor -----------------------------------------------------------------------------------
 
 def test_monitor_empty_database(state_home):
+    from webui.refresh import last_redraw
+
     at = open_page(MONITOR)
+    assert last_redraw("monitor") > 0  # its live part timed itself (the next visit's interval)
     assert at.selectbox(key="monitor_job").value == 0  # all devices
     assert at.info[0].proto.title == "No device known yet"
     assert "python -m scheduler daemon" in at.code[0].value
