@@ -274,16 +274,9 @@ def compared_curves(picked: list[int], weight: float, log: bool, x: str, live: b
     overlays = load_overlays(db_url, chosen, x, weight, log)
     colors = run_compare.color_scale(chosen)
     st.markdown(run_compare.key_html(chosen), unsafe_allow_html=True)
-    grid = st.columns(2)
-    for i, (metric, overlay) in enumerate(overlays.items()):
-        chart = compare_charts.overlay_chart(overlay, metric, x, colors, weight, log)
-        with grid[i % 2]:
-            if chart is None:
-                st.caption(compare_charts.empty_text(overlay, metric))
-            else:
-                st.altair_chart(chart, alt=f"{compare_charts.compare_title(metric)} against "
-                                           f"{run_compare.X_AXES[x].title.lower()}")
-
+    chart_columns([(compare_charts.overlay_chart(overlay, metric, x, colors, weight, log),
+                    f"{compare_charts.compare_title(metric)} against {run_compare.X_AXES[x].title.lower()}",
+                    compare_charts.empty_text(overlay, metric)) for metric, overlay in overlays.items()])
 
 def config_section(picked: list[int]) -> None:
     st.subheader("Configuration differences", anchor=False)

@@ -14,6 +14,7 @@ import streamlit as st
 from sae_dist.analytics import compare_charts, pareto, queries, run_compare, sweeps
 from sae_dist.db import get_engine
 from webui.sidebar import REFRESH_SECONDS, page_frame
+from webui.widgets import chart_columns
 
 engine = page_frame("Sweeps", ":material/grid_view:")
 RUNS_PAGE = "pages/4_Training_runs.py"
@@ -131,15 +132,10 @@ def curves(runs: list[dict], points: list[dict]) -> None:
     series = [(r, load_steps(db_url, r["id"], r["last_step"], r["last_update"])) for r in named]
     st.markdown(run_compare.key_html(named), unsafe_allow_html=True)
     colors = run_compare.color_scale(named)
-    columns = st.columns(2)
-    for i, metric in enumerate(run_compare.COMPARE_METRICS):
-        overlay = run_compare.overlay_frame(series, metric, "step", 0.0, False)
-        curve = compare_charts.overlay_chart(overlay, metric, "step", colors)
-        with columns[i % 2]:
-            if curve is None:
-                st.caption(compare_charts.empty_text(overlay, metric))
-            else:
-                st.altair_chart(curve, alt=f"{compare_charts.compare_title(metric)} against step")
-
+    overlays = [(metric, run_compare.overlay_frame(series, metric, "step", 0.0, False))
+                for metric in run_compare.COMPARE_METRICS]
+    chart_columns([(compare_charts.overlay_chart(overlay, metric, "step", colors),
+                    f"{compare_charts.compare_title(metric)} against step",
+                    compare_charts.empty_text(overlay, metric)) for metric, overlay in overlays])
 
 sweep_view(picked)
