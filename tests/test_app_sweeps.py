@@ -14,7 +14,7 @@ from sae_dist.db import DatabaseMetricsLogger, create_run, get_engine, update_ru
 from sae_dist.db.evaluations import record_evaluation
 from sae_dist.db.sweeps import create_sweep
 from test_app_compare import charts, click, layers
-from conftest import REPO
+from test_app_monitor_queue import open_page as open_app_page
 from streamlit.testing.v1 import AppTest
 
 SWEEPS = "pages/6_Sweeps.py"
@@ -58,12 +58,7 @@ def add_sweep(engine, name: str = "grid", job_id: int | None = 7, status: str = 
 
 
 def open_page(**query) -> AppTest:
-    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=30).run()
-    for name, value in query.items():
-        at.query_params[name] = value
-    at.switch_page(SWEEPS).run()
-    assert not at.exception
-    return at
+    return open_app_page(SWEEPS, **query)
 
 
 @pytest.mark.slow  # 1 s or more (AppTest runs of the page)
