@@ -209,8 +209,8 @@ def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
         if sweep is None:
             return launch(cfg, train_argv)
         sweep = sweep.with_d_in(cfg.d_in)  # k > d_sae and twin points show only with the width
-        check_trainable(sweep)
-        _placement(sweep, cfg)  # a sweep that cannot fit stops here, before any rank starts
+        model_config = check_trainable(sweep)
+        _placement(sweep, cfg, model_config)  # a sweep that cannot fit stops here, before any rank starts
 
         def in_process():
             from sae_dist.sweep_train import train_sweep
@@ -313,7 +313,8 @@ def _estimate(ns: argparse.Namespace) -> int:
     cfg = _with_source_d_in(config_from_args(ns))
     sweep = sweep_from_args(ns)
     if sweep is not None:
-        placement = _placement(sweep.with_d_in(cfg.d_in), cfg)
+        sweep = sweep.with_d_in(cfg.d_in)
+        placement = _placement(sweep, cfg, check_trainable(sweep))
         print(f"{len(sweep)} SAEs: {', '.join(sweep.names)}")
         print("\n".join(placement.lines()))
         return 0
@@ -322,11 +323,18 @@ def _estimate(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _placement(sweep, cfg: TrainConfig):
-    """The sweep on the job's devices (sae_dist/placement.py), each GPU's memory as its capacity."""
+def _placement(sweep, cfg: TrainConfig, model_config=None):
+    """The sweep on the job's devices (sae_dist/placement.py), each GPU's memory as its capacity;
+    from the model source (`model_config`: its config), the model's memory on every device too."""
     from sae_dist.launch import resolve_devices
     from sae_dist.placement import needs_for, place
+    from sae_dist.sweep import model_sites
     from sae_dist.sweep_members import job_devices
 
     kind, ranks = resolve_devices(cfg.devices)
-    return place(needs_for([(p.name, p.config) for p in sweep.points], kind), job_devices(kind, ranks))
+    source = None
+    if model_config is not None:
+        from sae_dist.sources.model import launcher_memory
+
+        source = launcher_memory(cfg, model_config, len(model_sites(sweep)), cfg.batch_size * ranks * cfg.grad_accum)
+    return place(needs_for([(p.name, p.config) for p in sweep.points], kind), job_devices(kind, ranks), source)

@@ -35,6 +35,7 @@ from sae_dist.errors import UserError
 from sae_dist.harvest.contexts import text_files
 from sae_dist.harvest.run import HarvestSpec, SiteReader, load_tokenizer, plan
 from sae_dist.harvest.sites import site_module_path
+from sae_dist.source_memory import SourceMemory, for_model_config, model_directory, safetensors_bytes
 from sae_dist.sources.base import UnseenRows
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,15 @@ def check_model_sites(model: str, sites: list[tuple[int, str]], text: str) -> in
     raise UserError(f"--model-path {model}: its config names no hidden size")
 
 
+def launcher_memory(cfg, model_config, n_sites: int, global_batch: int) -> SourceMemory:
+    """The source's memory per device before any rank starts: the weights from the model's
+    safetensors headers (unknown without them), the fill at its full size (the text not read)."""
+    directory = model_directory(cfg.model_path)
+    weights = safetensors_bytes(directory) if directory is not None else None
+    return for_model_config(model_config, weights, n_sites, cfg.d_in, cfg.context_length, global_batch,
+                            READ_BATCH, FILL_BATCHES)
+
+
 class ModelSource:
     def __init__(self, model: str, layer: int, site: str, text: str, context_length: int, batch_size: int,
                  seed: int, rank: int, world_size: int, device: torch.device, global_batch: int | None = None,
@@ -77,6 +87,7 @@ class ModelSource:
             raise UserError(f"text {text}: too little text (not one context)")
         self.rows_per_context = [sum(c.harvest) for c in self.contexts]
         self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
+        self.context_length = context_length
         self.device = device
         self.use_global_batch(global_batch or batch_size * world_size)
         self.epoch = self.fill = self.offset = 0
@@ -90,10 +101,19 @@ class ModelSource:
         """The index of (layer, site) in a row of several sites; None when rows are one site's."""
         return None if len(self.sites) == 1 else self.sites.index((layer, site))
 
+    def memory(self) -> SourceMemory:
+        """What it holds on this device (sae_dist/source_memory.py): the loaded model's tensors,
+        counted; the forward pass and the fill, estimated."""
+        model = self.reader.model
+        weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+        return for_model_config(self.reader.config, weights, len(self.sites), self.d_in, self.context_length,
+                                self.global_batch, READ_BATCH, FILL_BATCHES, sum(self.rows_per_context))
+
     def use_global_batch(self, global_batch: int) -> None:
         """Fills sized for this global batch (a resumed run keeps its checkpoint's, so its fills are
         the same contexts whatever the number of ranks)."""
         n = len(self.contexts)
+        self.global_batch = global_batch
         tokens_per_context = max(1, sum(self.rows_per_context) // n)
         self.per_fill = max(1, min(n, FILL_BATCHES * global_batch // tokens_per_context))
 
