@@ -204,8 +204,8 @@ def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
     from sae_dist.launch import die_with_parent, exit_rank, in_worker, launch
 
     if not in_worker():
+        sweep = sweep_from_args(ns)  # a bad sweep is said before the model or the shards are read
         cfg = _preflight(config_from_args(ns))
-        sweep = sweep_from_args(ns)
         if sweep is None:
             return launch(cfg, train_argv)
         sweep = sweep.with_d_in(cfg.d_in)  # k > d_sae and twin points show only with the width
