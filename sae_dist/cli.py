@@ -205,11 +205,12 @@ def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
 
     if not in_worker():
         sweep = sweep_from_args(ns)  # a bad sweep is said before the model or the shards are read
-        cfg = _preflight(config_from_args(ns))
+        # A model sweep's layers and sites, checked on the model's config read once for the sweep.
+        model_config = check_trainable(sweep) if sweep is not None else None
+        cfg = _preflight(config_from_args(ns), model_config)
         if sweep is None:
             return launch(cfg, train_argv)
         sweep = sweep.with_d_in(cfg.d_in)  # k > d_sae and twin points show only with the width
-        model_config = check_trainable(sweep)
         _placement(sweep, cfg, model_config)  # a sweep that cannot fit stops here, before any rank starts
 
         def in_process():
@@ -283,9 +284,10 @@ def _bench(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _with_source_d_in(cfg: TrainConfig) -> TrainConfig:
+def _with_source_d_in(cfg: TrainConfig, model_config=None) -> TrainConfig:
     """The config with d_in from its source: the shards' width (headers only), the model's hidden
-    size (its config only; the layer, site and text checked too), or synthetic's."""
+    size (its config only, `model_config` where already read; the layer, site and text checked
+    too), or synthetic's."""
     if cfg.source == "shards":
         from sae_dist.sources.shards import open_shards
 
@@ -293,15 +295,16 @@ def _with_source_d_in(cfg: TrainConfig) -> TrainConfig:
     if cfg.source == "model":
         from sae_dist.sources.model import check_model_source
 
-        return cfg.with_d_in(check_model_source(cfg.model_path, cfg.model_layer, cfg.model_site, cfg.text_path))
+        return cfg.with_d_in(check_model_source(cfg.model_path, cfg.model_layer, cfg.model_site, cfg.text_path,
+                                                model_config))
     return cfg.with_d_in(cfg.d_in or SYNTHETIC_D_IN)
 
 
-def _preflight(cfg: TrainConfig) -> TrainConfig:
+def _preflight(cfg: TrainConfig, model_config=None) -> TrainConfig:
     """Checks that need the data or the disk, done once before any rank starts (one error, not N)."""
     from sae_dist.paths import check_run_dir
 
-    cfg = _with_source_d_in(cfg)  # the default run name needs d_sae
+    cfg = _with_source_d_in(cfg, model_config)  # the default run name needs d_sae
     check_run_dir(cfg)
     return cfg
 

@@ -44,15 +44,17 @@ FILL_BATCHES = 8  # a fill holds about this many global batches: the span rows a
 READ_BATCH = 32  # contexts per forward pass of the model
 
 
-def check_model_source(model: str, layer: int, site: str, text: str) -> int:
+def check_model_source(model: str, layer: int, site: str, text: str, config=None) -> int:
     """Before any rank starts: the model is on disk, has this layer and site, the text exists.
-    Returns d_in, the width of the model's residual stream (what every site of it writes)."""
-    return check_model_sites(model, [(layer, site)], text)
+    Returns d_in, the width of the model's residual stream (what every site of it writes).
+    `config`: the model's, when already read (a sweep reads it once)."""
+    return check_model_sites(model, [(layer, site)], text, config)
 
 
-def check_model_sites(model: str, sites: list[tuple[int, str]], text: str) -> int:
+def check_model_sites(model: str, sites: list[tuple[int, str]], text: str, config=None) -> int:
     """check_model_source for several (layer, site): the first bad one is the error."""
-    _, config = load_tokenizer(model)
+    if config is None:
+        _, config = load_tokenizer(model)
     for layer, site in sites:
         site_module_path(config, site, layer)
     text_files([text])
@@ -76,10 +78,10 @@ class ModelSource:
                  seed: int, rank: int, world_size: int, device: torch.device, global_batch: int | None = None,
                  sites: list[tuple[int, str]] | None = None):
         self.sites = list(sites) if sites else [(layer, site)]
-        self.d_in = check_model_sites(model, self.sites, text)
         layer, site = self.sites[0]
         spec = HarvestSpec(model=model, layer=layer, site=site, texts=[text], out="", context_length=context_length)
         self.reader = SiteReader(spec, device, self.sites if len(self.sites) > 1 else None)
+        self.d_in = check_model_sites(model, self.sites, text, self.reader.config)  # the config the model came with
         # One row: [d_in], or [n_sites, d_in] when several sites are hooked.
         self.row_shape = (self.d_in,) if len(self.sites) == 1 else (len(self.sites), self.d_in)
         self.contexts = plan(spec, self.reader.tokenizer, self.reader.config).contexts
