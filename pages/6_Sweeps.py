@@ -73,10 +73,12 @@ def sweep_view(sweep_id: int) -> None:
         st.info("No SAE of this sweep has started yet: their runs appear here once the job starts them.")
         return
     evaluations = queries.latest_evaluations(engine)
-    grid(sweep, evaluations)
     points = sweeps.sweep_points(runs, evaluations)
-    pareto_plot(runs, points)
-    curves(runs, points)
+    shown, note = sweeps.curve_runs(runs, points)
+    colors = sweeps.sae_colors(shown)  # one colour per SAE on every chart and in the grid
+    grid(sweep, evaluations, colors)
+    pareto_plot(runs, points, colors)
+    curves(shown, note, colors)
 
 
 def header(sweep: dict) -> None:
@@ -94,10 +96,11 @@ def header(sweep: dict) -> None:
         st.error(sweep["error"], title="The sweep stopped with an error")
 
 
-def grid(sweep: dict, evaluations: dict) -> None:
+def grid(sweep: dict, evaluations: dict, colors: dict) -> None:
     st.markdown("**The grid**")
-    rows = sweeps.grid_rows(sweep["keys"], sweep["runs"], evaluations)
+    rows = sweeps.grid_rows(sweep["keys"], sweep["runs"], evaluations, colors)
     st.dataframe(rows, hide_index=True, column_config={
+        "Colour": st.column_config.ImageColumn("Colour", help="Its colour on the charts (none: not overlaid)"),
         "Run": NUMBER(format="%d"), "FVU": NUMBER(format="%.4f"), "L0": NUMBER(format="%.1f"),
         "Dead fraction": NUMBER(format="percent")})
     many = len(sweep["runs"]) > sweeps.MAX_CURVES
@@ -108,8 +111,8 @@ def grid(sweep: dict, evaluations: dict) -> None:
                              query_params={"run": str(run["id"])})
 
 
-def pareto_plot(runs: list[dict], points: list[dict]) -> None:
-    chart = sweeps.pareto_chart(points)
+def pareto_plot(runs: list[dict], points: list[dict], colors: dict) -> None:
+    chart = sweeps.pareto_chart(points, colors)
     if chart is None:
         st.caption("L0 against FVU: no SAE has measured both yet.")
         return
@@ -123,18 +126,17 @@ def pareto_plot(runs: list[dict], points: list[dict]) -> None:
                      query_params={"run": str(clicked)})
 
 
-def curves(runs: list[dict], points: list[dict]) -> None:
-    shown, note = sweeps.curve_runs(runs, points)
+def curves(shown: list[dict], note: str | None, colors: dict) -> None:
     st.markdown("**Curves, every SAE overlaid**" if note is None else "**Curves overlaid**")
     if note is not None:
         st.caption(note)
     named = sweeps.labelled(shown)
     series = [(r, load_steps(db_url, r["id"], r["last_step"], r["last_update"])) for r in named]
-    st.markdown(run_compare.key_html(named), unsafe_allow_html=True)
-    colors = run_compare.color_scale(named)
+    st.markdown(run_compare.key_html(named, colors), unsafe_allow_html=True)
+    scale = run_compare.color_scale(named, colors)
     overlays = [(metric, run_compare.overlay_frame(series, metric, "step", 0.0, False))
                 for metric in run_compare.COMPARE_METRICS]
-    chart_columns([(compare_charts.overlay_chart(overlay, metric, "step", colors),
+    chart_columns([(compare_charts.overlay_chart(overlay, metric, "step", scale),
                     f"{compare_charts.compare_title(metric)} against step",
                     compare_charts.empty_text(overlay, metric)) for metric, overlay in overlays])
 

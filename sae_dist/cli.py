@@ -204,13 +204,14 @@ def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
     from sae_dist.launch import die_with_parent, exit_rank, in_worker, launch
 
     if not in_worker():
-        cfg = _preflight(config_from_args(ns))
-        sweep = sweep_from_args(ns)
+        sweep = sweep_from_args(ns)  # a bad sweep is said before the model or the shards are read
+        # A model sweep's layers and sites, checked on the model's config read once for the sweep.
+        model_config = check_trainable(sweep) if sweep is not None else None
+        cfg = _preflight(config_from_args(ns), model_config)
         if sweep is None:
             return launch(cfg, train_argv)
         sweep = sweep.with_d_in(cfg.d_in)  # k > d_sae and twin points show only with the width
-        check_trainable(sweep)
-        _placement(sweep, cfg)  # a sweep that cannot fit stops here, before any rank starts
+        _placement(sweep, cfg, model_config)  # a sweep that cannot fit stops here, before any rank starts
 
         def in_process():
             from sae_dist.sweep_train import train_sweep
@@ -283,9 +284,10 @@ def _bench(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _with_source_d_in(cfg: TrainConfig) -> TrainConfig:
+def _with_source_d_in(cfg: TrainConfig, model_config=None) -> TrainConfig:
     """The config with d_in from its source: the shards' width (headers only), the model's hidden
-    size (its config only; the layer, site and text checked too), or synthetic's."""
+    size (its config only, `model_config` where already read; the layer, site and text checked
+    too), or synthetic's."""
     if cfg.source == "shards":
         from sae_dist.sources.shards import open_shards
 
@@ -293,15 +295,16 @@ def _with_source_d_in(cfg: TrainConfig) -> TrainConfig:
     if cfg.source == "model":
         from sae_dist.sources.model import check_model_source
 
-        return cfg.with_d_in(check_model_source(cfg.model_path, cfg.model_layer, cfg.model_site, cfg.text_path))
+        return cfg.with_d_in(check_model_source(cfg.model_path, cfg.model_layer, cfg.model_site, cfg.text_path,
+                                                model_config))
     return cfg.with_d_in(cfg.d_in or SYNTHETIC_D_IN)
 
 
-def _preflight(cfg: TrainConfig) -> TrainConfig:
+def _preflight(cfg: TrainConfig, model_config=None) -> TrainConfig:
     """Checks that need the data or the disk, done once before any rank starts (one error, not N)."""
     from sae_dist.paths import check_run_dir
 
-    cfg = _with_source_d_in(cfg)  # the default run name needs d_sae
+    cfg = _with_source_d_in(cfg, model_config)  # the default run name needs d_sae
     check_run_dir(cfg)
     return cfg
 
@@ -313,7 +316,8 @@ def _estimate(ns: argparse.Namespace) -> int:
     cfg = _with_source_d_in(config_from_args(ns))
     sweep = sweep_from_args(ns)
     if sweep is not None:
-        placement = _placement(sweep.with_d_in(cfg.d_in), cfg)
+        sweep = sweep.with_d_in(cfg.d_in)
+        placement = _placement(sweep, cfg, check_trainable(sweep))
         print(f"{len(sweep)} SAEs: {', '.join(sweep.names)}")
         print("\n".join(placement.lines()))
         return 0
@@ -322,11 +326,18 @@ def _estimate(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _placement(sweep, cfg: TrainConfig):
-    """The sweep on the job's devices (sae_dist/placement.py), each GPU's memory as its capacity."""
+def _placement(sweep, cfg: TrainConfig, model_config=None):
+    """The sweep on the job's devices (sae_dist/placement.py), each GPU's memory as its capacity;
+    from the model source (`model_config`: its config), the model's memory on every device too."""
     from sae_dist.launch import resolve_devices
     from sae_dist.placement import needs_for, place
+    from sae_dist.sweep import model_sites
     from sae_dist.sweep_members import job_devices
 
     kind, ranks = resolve_devices(cfg.devices)
-    return place(needs_for([(p.name, p.config) for p in sweep.points], kind), job_devices(kind, ranks))
+    source = None
+    if model_config is not None:
+        from sae_dist.sources.model import launcher_memory
+
+        source = launcher_memory(cfg, model_config, len(model_sites(sweep)), cfg.batch_size * ranks * cfg.grad_accum)
+    return place(needs_for([(p.name, p.config) for p in sweep.points], kind), job_devices(kind, ranks), source)

@@ -13,11 +13,15 @@ why; it is printed at start (`lines()`) and stored (`to_dict()`).
 
 SAEs that share a device step one after another on the same batch, so what a device holds is
 its runtime once, every SAE's weights, gradients and Adam states, and the largest SAE's step
-temporaries (each SAE's are freed before the next one's step): `device_bytes`.
+temporaries (each SAE's are freed before the next one's step): `device_bytes`. A sweep from the
+model source also runs the model on every device (each rank computes its share of every fill and
+holds the whole fill): its weights, forward pass and fill (sae_dist/source_memory.py) are added to
+every device, and the reason says so, with the parts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from sae_dist.errors import UserError
 from sae_dist.format import fmt_bytes
 from sae_dist.memory import MemoryEstimate, estimate_for_config
+from sae_dist.source_memory import SourceMemory
 
 if TYPE_CHECKING:
     from sae_dist.config import TrainConfig
@@ -88,14 +93,15 @@ class Placement:
                              "bytes": d.bytes, "reason": d.reason} for d in self.devices]}
 
 
-def device_bytes(estimates: Sequence[MemoryEstimate]) -> int:
-    """Estimated bytes of one device holding these SAEs' estimates (see the module's docstring)."""
+def device_bytes(estimates: Sequence[MemoryEstimate], source: int = 0) -> int:
+    """Estimated bytes of one device holding these SAEs' estimates and `source` bytes of the
+    model source's (see the module's docstring)."""
     if not estimates:
-        return 0
+        return source
     runtime = max(e.runtime for e in estimates)
     kept = sum(e.params + e.grads + e.optimizer + e.ddp_buckets for e in estimates)
     temporaries = max(e.activations + e.heap for e in estimates)
-    return runtime + kept + temporaries
+    return runtime + kept + temporaries + source
 
 
 def needs_for(points: Sequence[tuple[str, TrainConfig]], device_type: str) -> list[SaeNeed]:
@@ -104,8 +110,9 @@ def needs_for(points: Sequence[tuple[str, TrainConfig]], device_type: str) -> li
             for name, cfg in points]
 
 
-def place(needs: Sequence[SaeNeed], devices: Sequence[Device]) -> Placement:
-    """The plan for these SAEs on these devices, or a PlacementError naming what does not fit."""
+def place(needs: Sequence[SaeNeed], devices: Sequence[Device], source: SourceMemory | None = None) -> Placement:
+    """The plan for these SAEs on these devices, or a PlacementError naming what does not fit;
+    `source`: the model source's memory, on every device."""
     if not needs:
         raise UserError("placement: no SAE to place")
     if not devices:
@@ -113,9 +120,11 @@ def place(needs: Sequence[SaeNeed], devices: Sequence[Device]) -> Placement:
     names = [n.name for n in needs]
     if len(set(names)) != len(names):
         raise UserError(f"placement: two SAEs share a name: {sorted({n for n in names if names.count(n) > 1})}")
-    if len(devices) >= len(needs):
-        return _groups(needs, devices)
-    return _shared(needs, devices)
+    extra = source.total if source is not None else 0
+    plan = _groups(needs, devices, extra) if len(devices) >= len(needs) else _shared(needs, devices, extra)
+    if source is None:
+        return plan
+    return dataclasses.replace(plan, reason=f"{plan.reason}; {source.describe()}")
 
 
 def _heaviest_first(needs: Sequence[SaeNeed]) -> list[SaeNeed]:
@@ -128,7 +137,7 @@ def _group_sizes(needs: Sequence[SaeNeed], count: int) -> dict[str, int]:
     return {n.name: size + (1 if i < extra else 0) for i, n in enumerate(_heaviest_first(needs))}
 
 
-def _groups(needs: Sequence[SaeNeed], devices: Sequence[Device]) -> Placement:
+def _groups(needs: Sequence[SaeNeed], devices: Sequence[Device], extra: int) -> Placement:
     sizes = _group_sizes(needs, len(devices))
     slots: dict[str, SaeSlot] = {}
     loads: list[DeviceLoad] = []
@@ -138,14 +147,16 @@ def _groups(needs: Sequence[SaeNeed], devices: Sequence[Device]) -> Placement:
         size = sizes[need.name]
         group = devices[start:start + size]
         start += size
-        per_device = need.on(size).total
-        slots[need.name] = SaeSlot(need.name, tuple(d.name for d in group), per_device)
+        own = need.on(size).total
+        per_device = own + extra
+        slots[need.name] = SaeSlot(need.name, tuple(d.name for d in group), own)
         what = f"{need.name}, alone" if size == 1 else f"{need.name}, one of its {size} DDP ranks"
+        what += _with_source(extra)
         for d in group:
             loads.append(DeviceLoad(d.name, d.capacity, (need.name,), per_device, f"{what}: {_of(per_device, d)}"))
             if d.capacity is not None and per_device > d.capacity:
                 company = " alone" if size == 1 else f" as one of its {size} DDP ranks"
-                overflows.append((need.name, _overflow(need.name, d, per_device, company)))
+                overflows.append((need.name, _overflow(need.name, d, per_device, company + _with_source(extra))))
     _raise_if(overflows, needs, devices)
     sizes_text = _sizes_text(sorted(sizes.values(), reverse=True))
     each = "one device each" if max(sizes.values()) == 1 else f"a DDP group each ({sizes_text})"
@@ -157,21 +168,22 @@ def _groups(needs: Sequence[SaeNeed], devices: Sequence[Device]) -> Placement:
                      tuple(sorted(loads, key=lambda d: order[d.device])), reason + _unchecked(devices))
 
 
-def _shared(needs: Sequence[SaeNeed], devices: Sequence[Device]) -> Placement:
+def _shared(needs: Sequence[SaeNeed], devices: Sequence[Device], extra: int) -> Placement:
     held: list[list[SaeNeed]] = [[] for _ in devices]
     overflows: list[tuple[str, str]] = []
     for need in _heaviest_first(needs):
-        index = _choose(need, held, devices)
+        index = _choose(need, held, devices, extra)
         if index is None:
-            overflows.append((need.name, _worst_case(need, held, devices)))
+            overflows.append((need.name, _worst_case(need, held, devices, extra)))
         else:
             held[index].append(need)
     _raise_if(overflows, needs, devices)
     loads = []
     for d, saes in zip(devices, held):
-        total = device_bytes([n.alone for n in saes])
+        total = device_bytes([n.alone for n in saes], extra)
         listed = ", ".join(n.name for n in saes)
         what = f"{listed}, alone" if len(saes) == 1 else f"{listed} ({len(saes)} SAEs, one after another)"
+        what += _with_source(extra)
         loads.append(DeviceLoad(d.name, d.capacity, tuple(n.name for n in saes), total, f"{what}: {_of(total, d)}"))
     where = {n.name: devices[i].name for i, saes in enumerate(held) for n in saes}
     slots = tuple(SaeSlot(n.name, (where[n.name],), n.alone.total) for n in needs)
@@ -181,12 +193,12 @@ def _shared(needs: Sequence[SaeNeed], devices: Sequence[Device]) -> Placement:
     return Placement("shared", slots, tuple(loads), reason)
 
 
-def _choose(need: SaeNeed, held: list[list[SaeNeed]], devices: Sequence[Device]) -> int | None:
+def _choose(need: SaeNeed, held: list[list[SaeNeed]], devices: Sequence[Device], extra: int) -> int | None:
     """The device for this SAE: an empty one if any fits, else the one with the most room after
     it (the least full where any capacity is unknown); None when none has room."""
     fits = []
     for i, d in enumerate(devices):
-        after = device_bytes([*(n.alone for n in held[i]), need.alone])
+        after = device_bytes([*(n.alone for n in held[i]), need.alone], extra)
         if d.capacity is None or after <= d.capacity:
             fits.append((i, after))
     if not fits:
@@ -199,15 +211,15 @@ def _choose(need: SaeNeed, held: list[list[SaeNeed]], devices: Sequence[Device])
     return min(pool, key=lambda f: (f[1], f[0]))[0]
 
 
-def _worst_case(need: SaeNeed, held: list[list[SaeNeed]], devices: Sequence[Device]) -> str:
+def _worst_case(need: SaeNeed, held: list[list[SaeNeed]], devices: Sequence[Device], extra: int) -> str:
     """The overflow of an SAE that fits nowhere, on the device where it lacks least."""
     options = []
     for i, d in enumerate(devices):
-        after = device_bytes([*(n.alone for n in held[i]), need.alone])
+        after = device_bytes([*(n.alone for n in held[i]), need.alone], extra)
         options.append((after - d.capacity, i, after))  # every capacity is known here: none fitted
     _, i, after = min(options)
     company = f" beside {', '.join(n.name for n in held[i])}" if held[i] else " alone"
-    return _overflow(need.name, devices[i], after, company)
+    return _overflow(need.name, devices[i], after, company + _with_source(extra))
 
 
 def _overflow(name: str, device: Device, need: int, company: str) -> str:
@@ -224,6 +236,10 @@ def _raise_if(overflows: list[tuple[str, str]], needs: Sequence[SaeNeed], device
         f"{len(needs)} SAE{_s(needs)} {'has' if count == 1 else 'have'} no room "
         f"({'; '.join(text for _, text in overflows)}); sweep fewer or smaller SAEs, lower "
         f"batch_size, or ask for more devices or devices with more memory")
+
+
+def _with_source(extra: int) -> str:
+    return f", and the model source ({fmt_bytes(extra)})" if extra else ""
 
 
 def _of(used: int, device: Device) -> str:

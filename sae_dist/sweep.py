@@ -225,23 +225,26 @@ def model_sites(sweep: Sweep) -> list[tuple[int, str]]:
     return list(dict.fromkeys((p.config.model_layer, p.config.model_site) for p in sweep.points))
 
 
-def check_trainable(sweep: Sweep) -> None:
+def check_trainable(sweep: Sweep, model_config: Any = None) -> Any:
     """Before any rank starts: every layer and site a model-source sweep reads exists in its
-    model (the model's config read from disk: the one check here that touches it)."""
+    model (the model's config read from disk, once for the sweep: the one check here that touches
+    it; or `model_config`, one already read). Returns that config (None for another source)."""
     sites = model_sites(sweep)
     if not sites:
-        return
+        return None
     from sae_dist.harvest.run import load_tokenizer
     from sae_dist.harvest.sites import site_module_path
 
     cfg = sweep.points[0].config
-    _, model_config = load_tokenizer(cfg.model_path)
+    if model_config is None:
+        _, model_config = load_tokenizer(cfg.model_path)
     for p in sweep.points:
         try:
             site_module_path(model_config, p.config.model_site, p.config.model_layer)
         except UserError as e:
             raise SweepError(f"{p.name} (model_layer={p.config.model_layer}, model_site={p.config.model_site}) "
                              f"cannot be read from {cfg.model_path}: {e}") from None
+    return model_config
 
 
 def _check_count(count: int, how: str) -> None:

@@ -6,7 +6,8 @@ source draws them collectively); rank 0 holds them, and sends them on to the oth
 when some of them lead an SAE (an SAE's weights stay where they trained). Each SAE's leader
 evaluates it in the batches a run of that SAE alone would use (so the figures are that run's);
 rank 0 records each in the SAE's own run, where a single run records its own: evaluation.json in
-its directory and a row in `evaluations`. A failed (diverged) SAE is not evaluated.
+its directory and a row in `evaluations`. A failed (diverged) SAE is not evaluated. From shards
+harvested from a model, the model check loads the model once per rank for all its SAEs.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 from sae_dist import distributed as D
 from sae_dist.evaluate.data import batch_rows_for
-from sae_dist.evaluate.end_of_run import evaluate_trained, planted_for
+from sae_dist.evaluate.end_of_run import evaluate_trained, planted_for, shared_model_check
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,11 @@ def evaluate_members(cfg, ctx: D.DistContext, source, members: list, plan) -> di
     rows, where = _draw_once(cfg, ctx, source, live, plan, shared)
     if rows is None:
         return {}
-    planted = planted_for(cfg) if any(ctx.rank == m.leader for m in live) else None
-    mine = {m.name: evaluate_trained(m.cfg, m.sae, _site(rows, m.site).split(batch_rows_for(m.sae.d_sae)), planted)
+    leading = any(ctx.rank == m.leader for m in live)
+    planted = planted_for(cfg) if leading else None
+    check = shared_model_check(cfg) if leading else None  # harvested shards: the model loaded once, not per SAE
+    mine = {m.name: evaluate_trained(m.cfg, m.sae, _site(rows, m.site).split(batch_rows_for(m.sae.d_sae)), planted,
+                                     check)
             for m in live if ctx.rank == m.leader}
     parts = D.gather_objects(mine) if shared else [mine]
     if not ctx.is_main:

@@ -58,8 +58,11 @@ def _train_sweep(cfg: TrainConfig, sweep: Sweep, ctx: D.DistContext) -> list[Mem
     source = sweep_source(cfg, sweep, ctx)  # from the model: every layer the sweep reads, one pass
     cfg = cfg.with_d_in(source.d_in).resolved(ctx.world_size)
     sweep = _resolved(sweep.with_d_in(source.d_in), ctx.world_size)
-    check_trainable(sweep)  # a torchrun started by hand skips the launcher's checks
-    placement = place(needs_for([(p.name, p.config) for p in sweep.points], ctx.device.type), rank_devices(ctx))
+    # A torchrun started by hand skips the launcher's checks; the model source's config is read already.
+    check_trainable(sweep, getattr(getattr(source, "reader", None), "config", None))
+    memory = getattr(source, "memory", None)  # the model source's own, on every device
+    placement = place(needs_for([(p.name, p.config) for p in sweep.points], ctx.device.type), rank_devices(ctx),
+                      memory() if memory is not None else None)
     name, run_dir = on_main(ctx, prepare_run_dir, cfg)
     run_dir = Path(run_dir)
     device_ids = D.gather_objects(device_label(ctx))

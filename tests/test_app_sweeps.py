@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from urllib.parse import quote
 
 import pytest
 
-from sae_dist.analytics import sweeps
+from sae_dist.analytics import compare_charts, run_compare, sweeps
 from sae_dist.db import DatabaseMetricsLogger, create_run, get_engine, update_run, utcnow
 from sae_dist.db.evaluations import record_evaluation
 from sae_dist.db.sweeps import create_sweep
@@ -77,6 +78,7 @@ def test_a_sweep_its_grid_its_pareto_plot_its_curves_and_each_saes_run():
     grid = at.dataframe[1].value.set_index("SAE")
     assert list(grid.index) == list(GRID) and list(grid["k"]) == [4, 4, 8, 8]
     assert list(grid["expansion_factor"]) == [2, 4, 2, 4] and grid.loc["k8-x4", "Status"] == "FAILED"
+    assert grid["Colour"].str.startswith("data:image/svg+xml").all()  # each SAE's swatch, as on the charts
     assert (grid.loc["k4-x4", "FVU"], grid.loc["k4-x4", "Measured on"]) == (0.19, "evaluation on 512 held-out rows")
     assert grid.loc["k8-x2", "FVU"] == pytest.approx(0.15) and grid.loc["k8-x2", "L0"] == 8.0
     links = {link.value: link.proto.query_string for link in at.page_link if link.proto.page.endswith("Training_runs")}
@@ -135,3 +137,23 @@ def test_past_the_limit_the_frontier_s_curves_then_the_lowest_fvu():
                     "curves: its run page.")
     assert sweeps.curve_runs(runs, points, limit=7) == (runs, None)
     assert [r["id"] for r in sweeps.curve_runs(runs, [], limit=2)[0]] == [1, 2]  # no points yet: the first ones
+
+
+def test_past_the_limit_each_sae_is_one_colour_on_every_chart_and_in_the_grid():
+    runs = [{"id": i, "point": f"p{i}", "status": "COMPLETED", "config": {}} for i in range(1, 21)]
+    points = [{"run": i, "name": f"p{i}", "l0": float(i), "fvu": 1.0 / i if i % 2 else 2.0, "source": "evaluation",
+               "status": "COMPLETED", "measured_on": "x"} for i in range(1, 21)]
+    shown, _ = sweeps.curve_runs(runs, points)  # 16 of 20: not the first 16 (the even ones are beaten)
+    colors = sweeps.sae_colors(shown)
+    assert set(colors) == {r["id"] for r in shown} and len(set(colors.values())) == len(shown) == 16
+    dots = sweeps.pareto_chart(points, colors).layer[1].data
+    on_plot = dict(zip(dots["run"], dots["color"]))
+    assert all(on_plot[r] == c for r, c in colors.items())  # the Pareto plot: the curves' colour
+    assert {on_plot[r] for r in set(on_plot) - set(colors)} == {compare_charts.OTHER_RUN_COLOR}
+    named = sweeps.labelled(shown)
+    domain, palette = run_compare.color_scale(named, colors)  # the overlaid curves' scale and key
+    assert dict(zip(domain, palette)) == {run_compare.run_label(r): colors[r["id"]] for r in named}
+    assert all(f'color:{colors[r["id"]]}">&#9632;</span> {r["id"]} · {r["point"]}' in
+               run_compare.key_html(named, colors) for r in named)
+    grid = {row["Run"]: row["Colour"] for row in sweeps.grid_rows([], runs, {}, colors)}
+    assert all(grid[r] is None if r not in colors else quote(colors[r]) in grid[r] for r in grid)

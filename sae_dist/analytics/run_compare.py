@@ -77,23 +77,25 @@ def run_label(run: dict[str, Any]) -> str:
     return f"{run['id']} · {run['name']}"
 
 
-def run_colors(run_ids: Sequence[int]) -> dict[int, str]:
+def run_colors(run_ids: Sequence[int], palette: Sequence[str] = PALETTE) -> dict[int, str]:
     """Each compared run's colour, the same on every chart: the palette in order of run id
     (not of selection), so a run keeps its colour when runs are added after it."""
-    return {run_id: PALETTE[i % len(PALETTE)] for i, run_id in enumerate(sorted(set(run_ids)))}
+    return {run_id: palette[i % len(palette)] for i, run_id in enumerate(sorted(set(run_ids)))}
 
 
-def color_scale(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[str]]:
-    """The (domain, range) of the runs' colour scale: labels in run id order and their colours."""
-    colors = run_colors([r["id"] for r in runs])
+def color_scale(runs: Sequence[dict[str, Any]],
+                colors: dict[int, str] | None = None) -> tuple[list[str], list[str]]:
+    """The (domain, range) of the runs' colour scale: labels in run id order and their colours
+    (`colors` by run id when the page chose them, else `run_colors` of these runs)."""
+    colors = colors if colors is not None else run_colors([r["id"] for r in runs])
     ordered = sorted(runs, key=lambda r: r["id"])
     return [run_label(r) for r in ordered], [colors[r["id"]] for r in ordered]
 
 
-def key_html(runs: Sequence[dict[str, Any]]) -> str:
+def key_html(runs: Sequence[dict[str, Any]], colors: dict[int, str] | None = None) -> str:
     """The one colour key of the compared runs' charts, in run id order: a swatch in the run's
     colour and its label (names escaped: a run's name is the user's text)."""
-    domain, palette = color_scale(runs)
+    domain, palette = color_scale(runs, colors)
     return " &nbsp; ".join(f'<span style="color:{color}">&#9632;</span> {html.escape(label)}'
                            for label, color in zip(domain, palette))
 

@@ -13,6 +13,7 @@ import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 import altair as alt
 from sqlalchemy import and_, func, select
@@ -114,17 +115,20 @@ def list_rows(sweeps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def grid_rows(keys: Sequence[str], runs: Sequence[dict[str, Any]],
-              evaluations: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per SAE: its point, each swept setting (from its own config), its L0 and FVU as
-    the Pareto plot takes them (the evaluation where it measured both, else the last logged
-    step: "Measured on" says which), its dead fraction and status. Unknown stays None."""
+def grid_rows(keys: Sequence[str], runs: Sequence[dict[str, Any]], evaluations: dict[int, dict[str, Any]],
+              colors: dict[int, str] | None = None) -> list[dict[str, Any]]:
+    """One row per SAE: its point, its colour's swatch when `colors` (`sae_colors`) gives it
+    one, each swept setting (from its own config), its L0 and FVU as the Pareto plot takes them
+    (the evaluation where it measured both, else the last logged step: "Measured on" says
+    which), its dead fraction and status. Unknown stays None."""
     points = {p["run"]: p for p in pareto.run_points(runs, evaluations)}
     rows = []
     for run in runs:
         point = points.get(run["id"], {})
         config = run.get("config") or {}
         row = {"Run": run["id"], "SAE": run["point"]}
+        if colors is not None:
+            row["Colour"] = swatch(colors[run["id"]]) if run["id"] in colors else None
         row.update({key: config.get(key) for key in keys})
         row.update({"FVU": point.get("fvu"), "L0": point.get("l0"), "Dead fraction": run.get("dead_fraction"),
                     "Status": run["status"], "Measured on": point.get("measured_on", MISSING)})
@@ -138,9 +142,9 @@ def sweep_points(runs: Sequence[dict[str, Any]], evaluations: dict[int, dict[str
     return [{**p, "name": names[p["run"]]} for p in pareto.run_points(runs, evaluations)]
 
 
-def pareto_chart(points: Sequence[dict[str, Any]]) -> alt.LayerChart | None:
-    """L0 against FVU of the sweep's SAEs, each in its curves' colour, with the frontier."""
-    colors = run_compare.run_colors([p["run"] for p in points])
+def pareto_chart(points: Sequence[dict[str, Any]], colors: dict[int, str]) -> alt.LayerChart | None:
+    """L0 against FVU of the sweep's SAEs, each in its curves' colour (`sae_colors`; grey when
+    its curves are not overlaid), with the frontier."""
     chart = compare_charts.pareto_chart(points, pareto.pareto_frontier(points), colors)
     if chart is None:
         return None
@@ -155,6 +159,8 @@ def labelled(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 MAX_CURVES = 16  # SAEs overlaid at most: past this the charts are a tangle and the page slows
+# Tableau 10, then six lighter hues: MAX_CURVES overlaid SAEs, no two of one colour.
+SAE_PALETTE = (*run_compare.PALETTE, "#9ecae9", "#ffbf79", "#88d27a", "#ff9d98", "#d6a5c9", "#439894")
 
 
 def curve_runs(runs: Sequence[dict[str, Any]], points: Sequence[dict[str, Any]],
@@ -171,3 +177,16 @@ def curve_runs(runs: Sequence[dict[str, Any]], points: Sequence[dict[str, Any]],
     shown = [r for r in runs if r["id"] in kept]
     return shown, (f"{len(shown)} of {len(runs):,} SAEs' curves shown: the Pareto frontier's "
                    f"({min(len(frontier), limit)}), then the lowest FVU. Each SAE's own curves: its run page.")
+
+
+def sae_colors(shown: Sequence[dict[str, Any]]) -> dict[int, str]:
+    """Each SAE's one colour on every chart and table of the page, by run id: the SAEs whose
+    curves are overlaid (`curve_runs`) in the sweep's order. The others have none, so a colour
+    never names two SAEs (the Pareto plot draws them grey, the grid shows no swatch)."""
+    return run_compare.run_colors([r["id"] for r in shown], SAE_PALETTE)
+
+
+def swatch(color: str) -> str:
+    """A square of `color` as an image the grid's image column draws (an SVG data URL)."""
+    svg = f"<svg xmlns='http://www.w3.org/2000/svg' width='12' height='12'><rect width='12' height='12' fill='{color}'/></svg>"
+    return "data:image/svg+xml;utf8," + quote(svg)

@@ -34,15 +34,16 @@ def end_of_run_evaluation(cfg, sae, source: ActivationSource, ctx: D.DistContext
     return evaluate_trained(cfg, sae, unseen.batches, planted_for(cfg)), unseen.where
 
 
-def evaluate_trained(cfg, sae, batches, planted: Planted | None) -> Evaluation:
+def evaluate_trained(cfg, sae, batches, planted: Planted | None, check=None) -> Evaluation:
     """A trained SAE on unseen rows (`planted`: planted_for(cfg)), with the model check for shards.
-    A sweep draws its rows once and calls this for each of its SAEs (sae_dist/sweep_eval.py)."""
+    A sweep draws its rows once and calls this for each of its SAEs (sae_dist/sweep_eval.py), with
+    one `check` (shared_model_check) for them all: the model is loaded once per sweep."""
     was_training = sae.training
     sae.eval()  # BatchTopK encodes with its learned threshold, as exported
     try:
         evaluation = evaluate_sae(sae, batches, planted)
         if cfg.source == "shards":
-            evaluation.model_check = _model_check(sae, cfg.shards_path)
+            evaluation.model_check = _model_check(sae, cfg.shards_path, check)
     finally:
         sae.train(was_training)
     return evaluation
@@ -59,16 +60,37 @@ def planted_for(cfg) -> Planted | None:
     return None
 
 
-def _model_check(sae, shards_path: str) -> dict | None:
-    """The model splice check for harvested shards; a model that cannot be loaded is a note, not a
-    failed run (the SAE and its other metrics are fine)."""
-    from sae_dist.evaluate.model_check import model_check
+def shared_model_check(cfg):
+    """One model check for every SAE trained on these shards (a sweep's), its model loaded once;
+    None for another source. A model that cannot be loaded is each SAE's note (_model_check)."""
+    if cfg.source != "shards":
+        return None
+    from sae_dist.evaluate.model_check import ModelCheck
 
     try:
-        return model_check(sae, shards_path)
+        return ModelCheck(cfg.shards_path)
+    except Exception as e:  # noqa: BLE001 - reported by each SAE's check, and the runs still end well
+        return _skipped(e)
+
+
+def _model_check(sae, shards_path: str, check=None) -> dict | None:
+    """The model splice check for harvested shards (through `check`, one shared_model_check, when
+    given); a model that cannot be loaded is a note, not a failed run (the SAE and its other
+    metrics are fine)."""
+    if isinstance(check, dict):  # the shared check could not load
+        log.warning("model check skipped: %s", check["reason"])
+        return check
+    from sae_dist.evaluate.model_check import ModelCheck
+
+    try:
+        return (check or ModelCheck(shards_path))(sae)
     except Exception as e:  # noqa: BLE001 - reported, and the run still ends well
         log.warning("model check skipped: %s: %s", type(e).__name__, e)
-        return {"kind": "skipped", "reason": f"{type(e).__name__}: {e}"[:500]}
+        return _skipped(e)
+
+
+def _skipped(e: Exception) -> dict:
+    return {"kind": "skipped", "reason": f"{type(e).__name__}: {e}"[:500]}
 
 
 def summary_lines(evaluation: Evaluation, where: str) -> Iterator[str]:

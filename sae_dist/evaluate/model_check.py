@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ from sae_dist.harvest.sites import site_module_path
 ENCODER_TYPES = ("bert", "roberta", "distilbert")  # sentence embeddings; every other model: causal LM
 BATCH = 16  # contexts per forward pass
 
+log = logging.getLogger(__name__)
+
 
 def model_check(sae: Any, shards_dir: str | Path, max_texts: int = 64, max_tokens: int = 8192,
                 device: str | torch.device | None = None) -> dict | None:
@@ -46,30 +49,52 @@ def model_check(sae: Any, shards_dir: str | Path, max_texts: int = 64, max_token
     now. Otherwise a "sentence_cosine" or "ce_loss_score" result (see the module docstring); at
     most max_texts contexts and about max_tokens tokens are run, three times each.
     """
-    manifest = _manifest(Path(shards_dir))
-    if manifest is None or not manifest.get("model"):
-        return None
-    try:
-        texts, texts_from, tokenizer, config = _contexts(manifest, max_texts, max_tokens)
-        kind = "sentence_cosine" if config.model_type in ENCODER_TYPES else "ce_loss_score"
-        model = _load(manifest["model"], causal=kind == "ce_loss_score")
-    except UserError as e:
-        return {"kind": "unavailable", "reason": str(e)}
-    device = torch.device(device) if device is not None else _device_of(sae)
-    model.to(device).eval()
-    base = getattr(model, "base_model", model)  # site paths name modules of the base model
-    site = base.get_submodule(site_module_path(config, manifest["site"], int(manifest["layer"])))
-    splice = _Splice(sae)
-    handle = site.register_forward_hook(splice)
-    try:
-        if kind == "sentence_cosine":
-            result = _sentence_cosine(model, texts, splice, device)
-        else:
-            result = _ce_loss(model, texts, splice, device)
-    finally:
-        handle.remove()
-    return {"kind": kind, **result, "texts": len(texts), "texts_from": texts_from,
-            "model": manifest["model"], "layer": int(manifest["layer"]), "site": manifest["site"]}
+    return ModelCheck(shards_dir, max_texts, max_tokens)(sae, device)
+
+
+class ModelCheck:
+    """model_check for any number of SAEs of the same shards (a sweep's): the model and the
+    contexts are loaded once, and the clean and zero-ablated runs (the same for every SAE) run
+    once per device; each SAE adds its spliced run."""
+
+    def __init__(self, shards_dir: str | Path, max_texts: int = 64, max_tokens: int = 8192):
+        self.model = None
+        self.outcome: dict | None = None  # every SAE's result when there is no model to run
+        self.manifest = _manifest(Path(shards_dir))
+        if self.manifest is None or not self.manifest.get("model"):
+            return
+        try:
+            self.texts, self.texts_from, _, self.config = _contexts(self.manifest, max_texts, max_tokens)
+            self.kind = "sentence_cosine" if self.config.model_type in ENCODER_TYPES else "ce_loss_score"
+            log.info("model check: loading %s", self.manifest["model"])  # once per ModelCheck (tests count it)
+            self.model = _load(self.manifest["model"], causal=self.kind == "ce_loss_score")
+        except UserError as e:
+            self.outcome = {"kind": "unavailable", "reason": str(e)}
+        self._plain: dict[torch.device, tuple[list, list]] = {}  # device -> (clean, ablated) outputs
+
+    def __call__(self, sae: Any, device: str | torch.device | None = None) -> dict | None:
+        if self.model is None:
+            return self.outcome
+        device = torch.device(device) if device is not None else _device_of(sae)
+        self.model.to(device).eval()
+        base = getattr(self.model, "base_model", self.model)  # site paths name modules of the base model
+        manifest = self.manifest
+        site = base.get_submodule(site_module_path(self.config, manifest["site"], int(manifest["layer"])))
+        splice = _Splice(sae)
+        handle = site.register_forward_hook(splice)
+        forward = _embed if self.kind == "sentence_cosine" else _losses
+        try:
+            if device not in self._plain:
+                self._plain[device] = (_runs(self.model, self.texts, splice, device, forward, None),
+                                       _runs(self.model, self.texts, splice, device, forward, "zero"))
+            spliced = _runs(self.model, self.texts, splice, device, forward, "sae")
+        finally:
+            handle.remove()
+        clean, ablated = self._plain[device]
+        result = (_sentence_cosine(clean, spliced, ablated, self.texts) if self.kind == "sentence_cosine"
+                  else _ce_loss(clean, spliced, ablated))
+        return {"kind": self.kind, **result, "texts": len(self.texts), "texts_from": self.texts_from,
+                "model": manifest["model"], "layer": int(manifest["layer"]), "site": manifest["site"]}
 
 
 # ---------------------------------------------------------------- the splice
@@ -100,44 +125,45 @@ class _Splice:
         return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
 
-def _runs(model, contexts, splice: _Splice, device, forward):
-    """forward(batch outputs) for each batch, clean, spliced and ablated: three lists."""
-    out: dict[str | None, list] = {None: [], "sae": [], "zero": []}
+def _runs(model, contexts, splice: _Splice, device, forward, mode: str | None) -> list:
+    """forward(batch outputs) for each batch, with the splice in `mode`: None (clean), "sae" or
+    "zero" (ablated)."""
+    out = []
     for start in range(0, len(contexts), BATCH):
         batch = contexts[start:start + BATCH]
         ids = torch.tensor([c.ids for c in batch], device=device)
         lengths = torch.tensor([c.length for c in batch], device=device)
         attention = (torch.arange(ids.shape[1], device=device)[None] < lengths[:, None]).long()
         splice.keep = torch.tensor([c.harvest for c in batch], device=device)
-        for mode in out:
-            splice.mode = mode
-            with torch.inference_mode():
-                out[mode].append(forward(model(input_ids=ids, attention_mask=attention), ids, attention))
+        splice.mode = mode
+        with torch.inference_mode():
+            out.append(forward(model(input_ids=ids, attention_mask=attention), ids, attention))
     splice.mode = None
-    return out[None], out["sae"], out["zero"]
+    return out
 
 
-def _sentence_cosine(model, contexts, splice: _Splice, device) -> dict:
-    def embed(output, _ids, attention):
-        mask = attention[..., None].to(output.last_hidden_state.dtype)
-        pooled = (output.last_hidden_state * mask).sum(1) / mask.sum(1).clamp_min(1e-9)
-        return torch.nn.functional.normalize(pooled.float(), dim=-1)
+def _embed(output, _ids, attention) -> Tensor:
+    mask = attention[..., None].to(output.last_hidden_state.dtype)
+    pooled = (output.last_hidden_state * mask).sum(1) / mask.sum(1).clamp_min(1e-9)
+    return torch.nn.functional.normalize(pooled.float(), dim=-1)
 
-    clean, spliced, ablated = (torch.cat(x) for x in _runs(model, contexts, splice, device, embed))
+
+def _losses(output, ids, attention) -> tuple[float, int]:
+    # Next-token loss wherever both the token and its successor are in the context.
+    logits = output.logits[:, :-1].float()
+    valid = (attention[:, :-1] * attention[:, 1:]).bool()
+    ce = torch.nn.functional.cross_entropy(logits[valid], ids[:, 1:][valid], reduction="sum")
+    return float(ce), int(valid.sum())
+
+
+def _sentence_cosine(clean: list, spliced: list, ablated: list, contexts) -> dict:
+    clean, spliced, ablated = (torch.cat(x) for x in (clean, spliced, ablated))
     return {"spliced_cosine": float((clean * spliced).sum(-1).mean()),
             "ablated_cosine": float((clean * ablated).sum(-1).mean()),
             "tokens": sum(sum(c.harvest) for c in contexts)}
 
 
-def _ce_loss(model, contexts, splice: _Splice, device) -> dict:
-    def losses(output, ids, attention):
-        # Next-token loss wherever both the token and its successor are in the context.
-        logits = output.logits[:, :-1].float()
-        valid = (attention[:, :-1] * attention[:, 1:]).bool()
-        ce = torch.nn.functional.cross_entropy(logits[valid], ids[:, 1:][valid], reduction="sum")
-        return float(ce), int(valid.sum())
-
-    runs = _runs(model, contexts, splice, device, losses)
+def _ce_loss(*runs: list) -> dict:
     tokens = sum(n for _, n in runs[0])
     clean, spliced, ablated = (sum(ce for ce, _ in run) / max(tokens, 1) for run in runs)
     gap = ablated - clean

@@ -254,6 +254,8 @@ def _from_disk(name: str, *loaders):
         if not (path.is_dir() and (path / "config.json").is_file()):
             raise UserError(f"--model {name}: not a model directory (it has no config.json)")
         name = str(path)
+    # Each read of a model from disk, said (at debug level): a sweep reads one once, not per SAE.
+    log.debug("reading %s: %s", name, ", ".join(loader.__name__ for loader in loaders))
     try:
         return [loader.from_pretrained(name, local_files_only=True) for loader in loaders]
     except (OSError, ValueError) as e:

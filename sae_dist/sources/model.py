@@ -35,6 +35,7 @@ from sae_dist.errors import UserError
 from sae_dist.harvest.contexts import text_files
 from sae_dist.harvest.run import HarvestSpec, SiteReader, load_tokenizer, plan
 from sae_dist.harvest.sites import site_module_path
+from sae_dist.source_memory import SourceMemory, for_model_config, model_directory, safetensors_bytes
 from sae_dist.sources.base import UnseenRows
 
 log = logging.getLogger(__name__)
@@ -43,15 +44,17 @@ FILL_BATCHES = 8  # a fill holds about this many global batches: the span rows a
 READ_BATCH = 32  # contexts per forward pass of the model
 
 
-def check_model_source(model: str, layer: int, site: str, text: str) -> int:
+def check_model_source(model: str, layer: int, site: str, text: str, config=None) -> int:
     """Before any rank starts: the model is on disk, has this layer and site, the text exists.
-    Returns d_in, the width of the model's residual stream (what every site of it writes)."""
-    return check_model_sites(model, [(layer, site)], text)
+    Returns d_in, the width of the model's residual stream (what every site of it writes).
+    `config`: the model's, when already read (a sweep reads it once)."""
+    return check_model_sites(model, [(layer, site)], text, config)
 
 
-def check_model_sites(model: str, sites: list[tuple[int, str]], text: str) -> int:
+def check_model_sites(model: str, sites: list[tuple[int, str]], text: str, config=None) -> int:
     """check_model_source for several (layer, site): the first bad one is the error."""
-    _, config = load_tokenizer(model)
+    if config is None:
+        _, config = load_tokenizer(model)
     for layer, site in sites:
         site_module_path(config, site, layer)
     text_files([text])
@@ -61,15 +64,24 @@ def check_model_sites(model: str, sites: list[tuple[int, str]], text: str) -> in
     raise UserError(f"--model-path {model}: its config names no hidden size")
 
 
+def launcher_memory(cfg, model_config, n_sites: int, global_batch: int) -> SourceMemory:
+    """The source's memory per device before any rank starts: the weights from the model's
+    safetensors headers (unknown without them), the fill at its full size (the text not read)."""
+    directory = model_directory(cfg.model_path)
+    weights = safetensors_bytes(directory) if directory is not None else None
+    return for_model_config(model_config, weights, n_sites, cfg.d_in, cfg.context_length, global_batch,
+                            READ_BATCH, FILL_BATCHES)
+
+
 class ModelSource:
     def __init__(self, model: str, layer: int, site: str, text: str, context_length: int, batch_size: int,
                  seed: int, rank: int, world_size: int, device: torch.device, global_batch: int | None = None,
                  sites: list[tuple[int, str]] | None = None):
         self.sites = list(sites) if sites else [(layer, site)]
-        self.d_in = check_model_sites(model, self.sites, text)
         layer, site = self.sites[0]
         spec = HarvestSpec(model=model, layer=layer, site=site, texts=[text], out="", context_length=context_length)
         self.reader = SiteReader(spec, device, self.sites if len(self.sites) > 1 else None)
+        self.d_in = check_model_sites(model, self.sites, text, self.reader.config)  # the config the model came with
         # One row: [d_in], or [n_sites, d_in] when several sites are hooked.
         self.row_shape = (self.d_in,) if len(self.sites) == 1 else (len(self.sites), self.d_in)
         self.contexts = plan(spec, self.reader.tokenizer, self.reader.config).contexts
@@ -77,6 +89,7 @@ class ModelSource:
             raise UserError(f"text {text}: too little text (not one context)")
         self.rows_per_context = [sum(c.harvest) for c in self.contexts]
         self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
+        self.context_length = context_length
         self.device = device
         self.use_global_batch(global_batch or batch_size * world_size)
         self.epoch = self.fill = self.offset = 0
@@ -90,10 +103,19 @@ class ModelSource:
         """The index of (layer, site) in a row of several sites; None when rows are one site's."""
         return None if len(self.sites) == 1 else self.sites.index((layer, site))
 
+    def memory(self) -> SourceMemory:
+        """What it holds on this device (sae_dist/source_memory.py): the loaded model's tensors,
+        counted; the forward pass and the fill, estimated."""
+        model = self.reader.model
+        weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+        return for_model_config(self.reader.config, weights, len(self.sites), self.d_in, self.context_length,
+                                self.global_batch, READ_BATCH, FILL_BATCHES, sum(self.rows_per_context))
+
     def use_global_batch(self, global_batch: int) -> None:
         """Fills sized for this global batch (a resumed run keeps its checkpoint's, so its fills are
         the same contexts whatever the number of ranks)."""
         n = len(self.contexts)
+        self.global_batch = global_batch
         tokens_per_context = max(1, sum(self.rows_per_context) // n)
         self.per_fill = max(1, min(n, FILL_BATCHES * global_batch // tokens_per_context))
 
