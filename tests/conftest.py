@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault(THREADS_PER_RANK_ENV, "1")
 
-pytest_plugins = ["time_limit"]  # the guard on one test's time (tests/time_limit.py)
+pytest_plugins = ["time_limit", "file_order"]  # the guard on one test's time; the heaviest files first
 
 
 def add_virtual_devices(conn, uuids: list[str], now, memory_total: int = 16 * 2**30) -> None:

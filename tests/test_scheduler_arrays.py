@@ -64,7 +64,11 @@ def test_a_real_daemon_runs_an_array_as_slurm_would(sched, tmp_path):
     assert [line.split()[0] for line in table] == ["JOBID", f"{bad}_0", f"{bad}_1"]
 
 
-def test_ten_thousand_tasks_in_one_submit_and_every_way_to_name_them(sched, tmp_path):
+def test_ten_thousand_tasks_in_one_submit_and_every_way_to_name_them(sched, tmp_path, capsys):
+    """The submit and the listings are real processes (the one-transaction insert, and `queue`'s
+    stdlib reader over 10,000 rows); cancel, hold and release are the same CLI main in this process
+    (a process each cost ~1 s of CPU; tests/test_scheduler.py and test_scheduler_cli.py run them as
+    processes)."""
     done = cli("submit", "--json", "--array", "0-9999%8", "-J", "big", "--", "true")
     answer = json.loads(done.stdout)
     array_id = answer["job_id"]
@@ -77,18 +81,18 @@ def test_ten_thousand_tasks_in_one_submit_and_every_way_to_name_them(sched, tmp_
     line = cli("queue").stdout.splitlines()[1].split()
     assert (line[:2], line[3]) == ([f"{array_id}_[0-9999%8]", "big"], "PD")  # one line for 10,000 tasks
 
-    out = cli("cancel", f"{array_id}_[0-4]", f"{array_id}_9")
+    out = cli_in_process(capsys, "cancel", f"{array_id}_[0-4]", f"{array_id}_9")
     assert out.stdout.splitlines() == [f"{array_id}_[0-4]: 5 tasks cancelled", f"{array_id}_9: 1 task cancelled"]
-    assert cli("hold", str(array_id)).stdout.strip() == f"{array_id}: 9994 tasks held, 6 tasks left as they are (CANCELLED)"
+    assert cli_in_process(capsys, "hold", str(array_id)).stdout.strip() == f"{array_id}: 9994 tasks held, 6 tasks left as they are (CANCELLED)"
     assert cli("queue").stdout.splitlines()[1].split()[0] == f"{array_id}_[5-8,10-9999%8]"
-    assert cli("release", f"{array_id}_[5-6]").stdout.strip() == f"{array_id}_[5,6]: 2 tasks released"
+    assert cli_in_process(capsys, "release", f"{array_id}_[5-6]").stdout.strip() == f"{array_id}_[5,6]: 2 tasks released"
     assert [r.split()[0] for r in cli("queue").stdout.splitlines()[1:]] == [f"{array_id}_[5,6%8]",
                                                                             f"{array_id}_[7,8,10-9999%8]"]
-    missing = cli("cancel", f"{array_id}_10000", f"{array_id + 20_000}_1")
+    missing = cli_in_process(capsys, "cancel", f"{array_id}_10000", f"{array_id + 20_000}_1")
     assert missing.returncode == 2 and missing.stderr.splitlines() == [
         f"error: no task {array_id}_10000: array {array_id} has tasks 0-9999",
         f"error: no job array {array_id + 20_000} (see `queue --all`)"]
-    assert cli("cancel", str(array_id)).stdout.strip() == \
+    assert cli_in_process(capsys, "cancel", str(array_id)).stdout.strip() == \
         f"{array_id}: 9994 tasks cancelled, 6 tasks left as they are (CANCELLED)"
     assert cli("queue").stdout.splitlines()[1:] == []
     assert count_jobs(engine) == 10_000

@@ -23,10 +23,17 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from sae_dist.contract import BENCH_WAIT_SCALE_ENV
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 SAMPLE_EVERY_S = 1.0  # while a point runs
 BASELINE_S = 1.0  # quiet window measured just before a point starts
 TOP_PROCESSES = 5
+
+
+def wait_scale() -> float:
+    """The test knob BENCH_WAIT_SCALE_ENV: 1 unless set."""
+    return float(os.environ.get(BENCH_WAIT_SCALE_ENV) or 1.0)
 
 
 def _busy_ticks() -> tuple[int, int] | None:
@@ -166,7 +173,7 @@ class LoadMonitor:
 
     def baseline(self, seconds: float = BASELINE_S) -> None:
         """Measure the quiet before the point for `seconds` (sleeps)."""
-        time.sleep(seconds)
+        time.sleep(seconds * wait_scale())
         self.tick(set(), force=True)
 
     def start_point(self) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from sae_dist import distributed as D
+from sae_dist.bench.load import wait_scale
 from sae_dist.contract import DEVICE_TYPE_ENV, THREADS_PER_RANK_ENV
 from sae_dist.config import TrainConfig, build_config
 from sae_dist.memory import PeakMemory
@@ -149,7 +150,7 @@ def _ceiling(spec: dict, spec_path: str, result_path: str) -> int:
     n = spec["devices"]
     kind = spec["config"]["devices"].split(":")[0]
     visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d] or [str(i) for i in range(n)]
-    start_at = time.time() + 6.0  # after every process has imported torch
+    start_at = time.time() + 6.0 * wait_scale()  # after every process has imported torch
     procs, results = [], []
     for i in range(n):
         member = {**spec, "kind": "member", "config": {**spec["config"], "devices": f"{kind}:1"}, "start_at": start_at}
