@@ -11,10 +11,10 @@ from datetime import datetime
 
 import streamlit as st
 
-from sae_dist.analytics import compare_charts, pareto, queries, run_compare, sweeps
+from sae_dist.analytics import pareto, queries, run_compare, sweep_curves, sweeps
 from sae_dist.db import get_engine
 from webui.sidebar import REFRESH_SECONDS, page_frame
-from webui.widgets import chart_columns
+from webui.widgets import view_columns
 
 engine = page_frame("Sweeps", ":material/grid_view:")
 RUNS_PAGE = "pages/4_Training_runs.py"
@@ -133,11 +133,6 @@ def curves(shown: list[dict], note: str | None, colors: dict) -> None:
     named = sweeps.labelled(shown)
     series = [(r, load_steps(db_url, r["id"], r["last_step"], r["last_update"])) for r in named]
     st.markdown(run_compare.key_html(named, colors), unsafe_allow_html=True)
-    scale = run_compare.color_scale(named, colors)
-    overlays = [(metric, run_compare.overlay_frame(series, metric, "step", 0.0, False))
-                for metric in run_compare.COMPARE_METRICS]
-    chart_columns([(compare_charts.overlay_chart(overlay, metric, "step", scale),
-                    f"{compare_charts.compare_title(metric)} against step",
-                    compare_charts.empty_text(overlay, metric)) for metric, overlay in overlays])
+    view_columns(sweep_curves.curve_views(series, run_compare.COMPARE_METRICS, run_compare.color_scale(named, colors)))
 
 sweep_view(picked)

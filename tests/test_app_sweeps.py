@@ -92,6 +92,9 @@ def test_a_sweep_its_grid_its_pareto_plot_its_curves_and_each_saes_run():
     assert list(frontier["fvu"]) == [0.19, pytest.approx(0.15)]  # k4-x4 (its evaluation), then k8-x2
     assert set(pareto["rows"][dots["data"]["name"]]["name"]) == set(GRID)
     assert {"Loss · runs compared", "FVU (fraction of variance unexplained) · runs compared"} <= set(found)
+    loss = found["Loss · runs compared"]
+    shipped = loss["rows"][loss["data"]["name"]]  # each SAE's logged steps, three columns only
+    assert list(shipped.columns) == ["label", "step", "loss"] and len(shipped) == 3 * len(GRID)
     assert "k4-x2" in " ".join(m.value for m in at.markdown)  # the curves' key names each SAE by its point
 
     click(at, "sweep_pareto", ids["k8-x2"])
