@@ -50,6 +50,12 @@ def stack(charts: Sequence[alt.TopLevelMixin | None], spacing: int = SPACING
         autosize=alt.AutoSizeParams(type=AUTOSIZE["type"], contains=AUTOSIZE["contains"]))
 
 
+# No ARIA description per mark: Vega builds one per point (three number formats, through its
+# expression interpreter in Streamlit's CSP-safe mode), a large share of a chart's drawing time;
+# each view's alt text says what it shows.
+NO_ARIA = {"aria": False}
+
+
 def stack_spec(charts: Sequence[alt.TopLevelMixin | None], spacing: int = SPACING
                ) -> dict[str, Any] | None:
     """`stack(charts).to_dict()` built cheaply: the Vega-Lite spec of the charts (None ones
@@ -64,11 +70,12 @@ def stack_spec(charts: Sequence[alt.TopLevelMixin | None], spacing: int = SPACIN
         view = stack(present, spacing)
         return view.to_dict() if view is not None else None
     if len(specs) == 1:
-        return {"$schema": alt.SCHEMA_URL, **specs[0], "datasets": datasets}
+        config = {**specs[0].get("config", {}), **NO_ARIA}
+        return {"$schema": alt.SCHEMA_URL, **specs[0], "config": config, "datasets": datasets}
     return {"$schema": alt.SCHEMA_URL, "concat": specs, "columns": 1, "spacing": spacing,
             "resolve": {"scale": {"x": "independent", "y": "independent"}},
             "params": [{"name": "width", "expr": CONTAINER_WIDTH}],
-            "autosize": dict(AUTOSIZE), "datasets": datasets}
+            "autosize": dict(AUTOSIZE), "config": dict(NO_ARIA), "datasets": datasets}
 
 
 def _unit_spec(chart: alt.TopLevelMixin, datasets: dict[str, pd.DataFrame]) -> dict[str, Any]:
