@@ -76,9 +76,11 @@ def fill(engine, args) -> dict:
     try:
         cur = raw.cursor()
         n_samples = write_samples(cur, rng, uuids, start, job_start, int(args.hours * 3600), running_id)
+        # The sweep's 50 runs first: Training runs opens the newest run with steps, which must be
+        # the 200,000-step run it is timed on, not the sweep's last SAE.
+        sweep_id = write_sweep(engine, cur, job_start, now)
         run_id = create_bench_run(engine, args, uuids, running_id, job_start)
         logged = write_training(cur, rng, args, uuids, run_id, job_start, now)
-        sweep_id = write_sweep(engine, cur, job_start, now)
         cur.execute("ANALYZE")
     finally:
         raw.close()
