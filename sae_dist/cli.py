@@ -313,11 +313,12 @@ def _estimate(ns: argparse.Namespace) -> int:
     from sae_dist.launch import resolve_devices
     from sae_dist.memory import estimate_for_config
 
-    cfg = _with_source_d_in(config_from_args(ns))
-    sweep = sweep_from_args(ns)
+    sweep = sweep_from_args(ns)  # as for train: a bad sweep first, the model's config read once
+    model_config = check_trainable(sweep) if sweep is not None else None
+    cfg = _with_source_d_in(config_from_args(ns), model_config)
     if sweep is not None:
         sweep = sweep.with_d_in(cfg.d_in)
-        placement = _placement(sweep, cfg, check_trainable(sweep))
+        placement = _placement(sweep, cfg, model_config)
         print(f"{len(sweep)} SAEs: {', '.join(sweep.names)}")
         print("\n".join(placement.lines()))
         return 0
