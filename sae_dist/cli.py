@@ -272,8 +272,10 @@ def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
 
 
 def _bench(ns: argparse.Namespace) -> int:
+    from sae_dist.bench.load import wait_scale
     from sae_dist.bench.run import parse_counts, run_benchmark
 
+    wait_scale()  # a bad test knob is one error here, not a traceback in a point's process
     counts = parse_counts(ns.devices)
     ns.devices = "auto"  # the config's own device field: each point sets its own
     cfg = _with_source_d_in(config_from_args(ns))

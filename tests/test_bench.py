@@ -11,7 +11,7 @@ import sys
 import pytest
 from sqlmodel import Session, select
 
-from conftest import REPO, run_cli, wait_for
+from conftest import REPO, main_here, run_cli, wait_for
 from sae_dist.bench import summary as S
 from sae_dist.contract import BENCH_WAIT_SCALE_ENV
 from sae_dist.db import BenchmarkPoint, BenchmarkRun, get_engine
@@ -65,6 +65,15 @@ def test_the_measured_table_gives_the_spread_of_repeats():
     assert two["Ceiling samples/s"].startswith("2,100 ± ")
     single = measured_table(S.summarize([point(1, "ddp", 1000.0, 1.0)]))
     assert single[0]["Samples/s"] == "1,000"  # one repeat: no spread to give
+
+
+@pytest.mark.parametrize("raw", ["fast", "0", "-1", "inf", "nan"])
+def test_a_bad_wait_scale_knob_is_one_error_before_any_point(raw, tmp_path):
+    result = main_here("bench", "--devices", "1", "--no-queue", *SMALL,
+                       env={BENCH_WAIT_SCALE_ENV: raw, "SAE_DIST_HOME": str(tmp_path / "home")})
+    assert result.returncode == 2, result.stderr
+    assert f"{BENCH_WAIT_SCALE_ENV}={raw!r}: give a positive number such as 0.2" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "home" / "state.db").exists()
 
 
 def test_projection_from_the_one_device_row():

@@ -19,11 +19,13 @@ process that ends mid-read, and a machine without NVML.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
 
 from sae_dist.contract import BENCH_WAIT_SCALE_ENV
+from sae_dist.errors import UserError
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 SAMPLE_EVERY_S = 1.0  # while a point runs
@@ -32,8 +34,19 @@ TOP_PROCESSES = 5
 
 
 def wait_scale() -> float:
-    """The test knob BENCH_WAIT_SCALE_ENV: 1 unless set."""
-    return float(os.environ.get(BENCH_WAIT_SCALE_ENV) or 1.0)
+    """The test knob BENCH_WAIT_SCALE_ENV: 1 unless set; anything but a positive number is one
+    clear error (`bench` checks it before any point starts)."""
+    raw = os.environ.get(BENCH_WAIT_SCALE_ENV, "").strip()
+    if not raw:
+        return 1.0
+    try:
+        scale = float(raw)
+    except ValueError:
+        scale = math.nan
+    if not scale > 0 or math.isinf(scale):
+        raise UserError(f"{BENCH_WAIT_SCALE_ENV}={raw!r}: give a positive number such as 0.2 "
+                        "(the benchmark's fixed waits times this)")
+    return scale
 
 
 def _busy_ticks() -> tuple[int, int] | None:
