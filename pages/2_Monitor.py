@@ -18,7 +18,8 @@ from sae_dist.analytics import (cards, charts, jobs, monitor_views, progress, qu
                                 sparklines, tables, units)
 from sae_dist import format as fmt
 from sae_dist.db import get_engine
-from webui.widgets import card_row, chart_columns, draw_view, events_toggle, log_tail, view_columns
+from webui.widgets import (card_row, chart_columns, command_hint, draw_view, events_toggle, log_tail,
+                           view_columns)
 from webui.refresh import refresh_every, timed_redraw
 from webui.sidebar import page_frame
 
@@ -151,7 +152,7 @@ def draw_monitor(job_id: int, view: str, window_s: int | None, known_state: str 
         if not uuids:
             st.info("The scheduler daemon records the devices and samples them every second.",
                     title="No device known yet")
-            st.code("python -m scheduler daemon", language="bash")
+            command_hint("python -m scheduler daemon")
             return
     else:
         job_header(job, now)

@@ -16,7 +16,7 @@ from sae_dist.analytics import jobs, tables
 from sae_dist.errors import UserError
 from scheduler import actions, cluster
 from webui.sidebar import page_frame
-from webui.widgets import log_tail
+from webui.widgets import command_hint, log_tail
 
 engine = page_frame("Queue", ":material/list:")
 
@@ -204,7 +204,7 @@ st.divider()
 if not choices:
     st.info("Submit one from the Train page, or from a terminal.", title="The queue is empty")
     st.page_link("pages/1_Train.py", label="Train a sparse autoencoder", icon=":material/rocket_launch:")
-    st.code("python -m scheduler submit --gpus 1 --train run.toml", language="bash")
+    command_hint("python -m scheduler submit --gpus 1 --train run.toml")
     st.stop()
 
 requested = st.query_params.get("job", "")

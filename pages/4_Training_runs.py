@@ -14,7 +14,7 @@ from sae_dist.analytics import (cards, charts, compare_charts, config_diff, eval
 from sae_dist.analytics.smoothing import MAX_WEIGHT
 from sae_dist import format as fmt
 from sae_dist.db import get_engine
-from webui.widgets import card_row, chart_columns, events_toggle
+from webui.widgets import card_row, chart_columns, command_hint, events_toggle, stacked_charts
 from webui.sidebar import REFRESH_SECONDS, page_frame
 
 engine = page_frame("Training runs", ":material/monitoring:")
@@ -32,7 +32,7 @@ RUNS_READ = 200  # the newest runs offered and drawn on the L0-FVU chart
 @st.cache_data(max_entries=32, show_spinner=False)
 def load_frames(db_url: str, run_id: int, last_step: int, last_update: datetime | None):
     metrics = queries.run_step_metrics(get_engine(db_url), run_id, (*TRAIN_CURVES, *RECOVERY_CURVES))
-    return len(metrics["step"]), {m: charts.training_frame(metrics, m)
+    return len(metrics["step"]), {m: charts.training_frame(metrics, m, charts.RUN_CURVE_POINTS)
                                   for m in (*TRAIN_CURVES, *RECOVERY_CURVES)}
 
 
@@ -69,7 +69,7 @@ runs = queries.list_runs(engine, RUNS_READ)
 if not runs:
     st.info("Start one from a terminal in the repository; it appears here as it starts.",
             title="No training run yet")
-    st.code("python -m sae_dist train --devices cpu:2 --steps 200", language="bash")
+    command_hint("python -m sae_dist train --devices cpu:2 --steps 200")
     st.stop()
 
 by_id = {run["id"]: run for run in runs}
@@ -104,7 +104,7 @@ def evaluation_section(run_id: int) -> None:
     if ev is None:
         st.info("Evaluate the run's exported SAE on held-out activations; the result appears here.",
                 title="No evaluation yet")
-        st.code("python -m sae_dist evaluate RUN_DIR/sae --shards ACTIVATIONS_DIR", language="bash")
+        command_hint("python -m sae_dist evaluate RUN_DIR/sae --shards ACTIVATIONS_DIR")
         return
     st.caption(evaluation_view.rows_caption(ev))
     card_row(evaluation_view.evaluation_cards(ev))
@@ -220,17 +220,13 @@ def ranks_section(run: dict, db_url: str, drawn: list[dict] | None) -> None:
             format_func={"compute_time_s": "Compute time", "step_time_s": "Step time"}.get)
         field = field or "compute_time_s"
         frames = load_rank_frames(db_url, run["id"], field, run["last_step"], run["last_update"])
-        if frames is None:
-            st.caption("Time per rank: no per-rank statistics logged yet.")
-        else:
-            st.altair_chart(charts.rank_time_chart_of(*frames, field, drawn),
-                            alt="Time per step of each rank, stragglers marked")
+        # Drawn as the page's other charts are (`stacked_charts`: no per-point ARIA description).
+        stacked_charts([(None if frames is None else charts.rank_time_chart_of(*frames, field, drawn),
+                         "Time per step of each rank, stragglers marked",
+                         "Time per rank: no per-rank statistics logged yet.")])
     with right:
-        chart = charts.peak_memory_chart(ranks)
-        if chart is None:
-            st.caption(f"Peak memory per rank: not measured ({fmt.MISSING})")
-        else:
-            st.altair_chart(chart, alt="Peak memory of each rank")
+        stacked_charts([(charts.peak_memory_chart(ranks), "Peak memory of each rank",
+                         f"Peak memory per rank: not measured ({fmt.MISSING})")])
 
 
 

@@ -16,6 +16,7 @@ from sae_dist.analytics import balance_view as balance
 from sae_dist.bench import reliability, scaling
 from sae_dist.bench import summary as S
 from webui.sidebar import page_frame
+from webui.widgets import command_hint
 
 engine = page_frame("Benchmarks", ":material/bar_chart:")
 LINK_CHOICES = ["here", *scaling.LINKS, "measured"]
@@ -41,7 +42,7 @@ def scaling_section() -> None:
     if not benches:
         st.info("Run one from a terminal; it appears here as its points finish.",
                 title="No benchmark yet")
-        st.code("python -m sae_dist bench --devices 1,2 --mode strong --steps 30", language="bash")
+        command_hint("python -m sae_dist bench --devices 1,2 --mode strong --steps 30")
         return
     requested = st.query_params.get("bench", "")
     if requested.isdigit() and int(requested) in by_id:
@@ -148,8 +149,7 @@ def heterogeneous_section() -> None:
     if not runs:
         st.info("No training run has rebalanced its ranks or given them unequal shares yet.",
                 title="No heterogeneous run yet")
-        st.code("python -m sae_dist train --devices cpu:2 --balance speed --steps 200",
-                language="bash")
+        command_hint("python -m sae_dist train --devices cpu:2 --balance speed --steps 200")
         return
     run_id = st.selectbox("Training run", list(runs), key="balance_run",
                           format_func=lambda i: run_label(runs[i]), width=520)

@@ -6,7 +6,7 @@ job (step metrics and per-rank stats every `--log-every` steps, the trainer's de
 finished sweep of 50 SAEs.
 Then, in the browser: serves the app (`streamlit run`, loopback only) and measures in
 Debian's headless Chromium, for each page, the time from navigation to its main content (its
-title drawn and the page's script run finished, so every element of the page is there): a
+title drawn, the page's script run finished and every chart drawn): a
 click on its sidebar link from the Overview (as a person navigates), and a fresh load of its
 URL. Aim: at most 1.5 s a page. Then each page's script through `streamlit.testing.v1.AppTest`
 (no browser): the first run (nothing cached) and the median of the next ones, the Monitor
@@ -51,7 +51,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=200_000)
     p.add_argument("--log-every", type=int, default=10, help="steps between logged metrics")
     p.add_argument("--repeat", type=int, default=5, help="timed runs of each page after the first")
-    p.add_argument("--browser-repeat", type=int, default=3, help="timed navigations to each page in Chromium")
+    p.add_argument("--browser-repeat", type=int, default=5, help="timed navigations to each page in Chromium")
     p.add_argument("--no-browser", action="store_true", help="skip the Chromium timings")
     p.add_argument("--no-apptest", action="store_true", help="skip the AppTest timings")
     return p.parse_args()
@@ -381,10 +381,20 @@ def serve(home: Path):
     raise SystemExit(f"the app did not answer on {url} within 60 s (log: {log.name})")
 
 
+# Every element the script sent is drawn: no placeholder of a component still loading (Streamlit
+# loads a chart's code on first use and shows a skeleton meanwhile), and each chart has drawn its
+# marks. At the end of the script run the charts are often not even in the page yet.
+ALL_DRAWN = """() => !document.querySelector('[data-testid="stSkeleton"]')
+    && [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')]
+        .every(chart => chart.querySelector('canvas, svg.marks'))"""
+
+
 def wait_main(page, title: str) -> None:
-    """Until the page's title is drawn and its script run has finished (every element sent)."""
+    """Until the page's title is drawn, its script run has finished (every element sent) and
+    every chart has drawn (`ALL_DRAWN`)."""
     page.locator('[data-testid="stMain"] h1', has_text=title).first.wait_for(state="visible")
     page.locator('[data-testid="stApp"][data-test-script-state="notRunning"]').wait_for(state="attached")
+    page.wait_for_function(ALL_DRAWN, polling=10)
     if page.locator('[data-testid="stException"]').count():
         raise SystemExit(f"{title} raised: {page.locator('[data-testid=stException]').first.inner_text()}")
 
@@ -405,6 +415,12 @@ def navigate(page, url: str, path: str, title: str, label: str | None) -> float:
     return time.perf_counter() - t0
 
 
+def spread(seconds: list[float]) -> str:
+    """"1.02 (0.95-1.31)": the median of timed runs and their range, which says how far one
+    median of a loaded machine can be trusted."""
+    return f"{statistics.median(seconds):.2f} ({min(seconds):.2f}-{max(seconds):.2f})"
+
+
 def time_in_browser(home: Path, repeat: int) -> None:
     """Each page's navigation-to-main-content time in headless Chromium: median of `repeat`."""
     from playwright.sync_api import sync_playwright
@@ -417,15 +433,15 @@ def time_in_browser(home: Path, repeat: int) -> None:
             page.set_default_timeout(120_000)
             navigate(page, url, "", "Overview", None)  # the server's first run imports pandas, Altair
             load = os.getloadavg()
-            print(f"\nin Chromium (s), navigation to main content, median of {repeat}; load average "
-                  f"{load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} ({os.cpu_count()} cores)")
-            print(f"  {'page':<16} {'sidebar click':>13} {'URL load':>9}")
+            print(f"\nin Chromium (s), navigation to main content, median (min-max) of {repeat}; load "
+                  f"average {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} ({os.cpu_count()} cores)")
+            print(f"  {'page':<16} {'sidebar click':>18} {'URL load':>18}")
             worst = 0.0
             for path, title, label in BROWSER_PAGES:
-                click = statistics.median(navigate(page, url, path, title, label) for _ in range(repeat))
-                fresh = statistics.median(navigate(page, url, path, title, None) for _ in range(repeat))
-                worst = max(worst, click, fresh)
-                print(f"  {title:<16} {click:13.2f} {fresh:9.2f}")
+                clicks = [navigate(page, url, path, title, label) for _ in range(repeat)]
+                loads = [navigate(page, url, path, title, None) for _ in range(repeat)]
+                worst = max(worst, statistics.median(clicks), statistics.median(loads))
+                print(f"  {title:<16} {spread(clicks):>18} {spread(loads):>18}")
             load = os.getloadavg()
             print(f"  slowest: {worst:.2f} s (aim: at most {BROWSER_AIM_S} s); load average after: "
                   f"{load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}")

@@ -90,7 +90,9 @@ def test_runs_page_empty_database(state_home):
     at = app().run()
     at.switch_page(RUNS_PAGE).run()
     assert not at.exception
-    assert "python -m sae_dist train" in at.code[0].value
+    # The command as inline code, not st.code (whose highlighter each page load would fetch and run).
+    assert "`python -m sae_dist train --devices cpu:2 --steps 200`" in [m.value for m in at.markdown]
+    assert not at.code
     assert not at.get("vega_lite_chart")
 
 

@@ -65,7 +65,7 @@ def test_a_run_without_evaluation_says_so(state_home):
     run_id = add_run(get_engine(), "plain-run", "COMPLETED", [10, 20], 20)
     at = open_runs(run_id)
     assert any(i.proto.title == "No evaluation yet" for i in at.info)
-    assert any("python -m sae_dist evaluate" in c.value for c in at.code)
+    assert any("`python -m sae_dist evaluate" in m.value for m in at.markdown) and not at.code
     assert "FVU" not in shown(at) and not density_chart_spec(at)
 
 

@@ -111,7 +111,7 @@ def test_monitor_empty_database(state_home):
     assert last_redraw("monitor") > 0  # its live part timed itself (the next visit's interval)
     assert at.selectbox(key="monitor_job").value == 0  # all devices
     assert at.info[0].proto.title == "No device known yet"
-    assert "python -m scheduler daemon" in at.code[0].value
+    assert "`python -m scheduler daemon`" in [m.value for m in at.markdown] and not at.code
     assert {"Monitor", "Queue"} <= {link.value for link in at.page_link}  # the sidebar links them
 
 
@@ -194,6 +194,7 @@ def test_queue_empty_database(state_home):
     at = open_page(QUEUE)
     assert metrics(at)["Pending"] == "0"
     assert at.info[0].proto.title == "The queue is empty"
+    assert "`python -m scheduler submit --gpus 1 --train run.toml`" in [m.value for m in at.markdown]
 
 
 def test_queue_shows_pending_running_finished(busy):

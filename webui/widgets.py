@@ -47,6 +47,13 @@ def draw_view(view: View) -> None:
         st.caption(missing)
 
 
+def command_hint(command: str) -> None:
+    """A terminal command an empty state suggests, as inline code. Not `st.code`: its syntax
+    highlighter is a script of its own that every page load showing one fetches and runs (0.1 to
+    0.2 s of the browser's main thread, scripts/bench_app.py)."""
+    st.markdown(f"`{command}`")
+
+
 def events_toggle(key: str, events: list[dict]) -> bool:
     """The opt-in for run events on the training charts (off by default; disabled for a run
     without events): whether to draw them."""

@@ -39,6 +39,12 @@ EVENT_COLORS = {"rebalance": "#57606a", "balance_limited": "#bf8700", "degraded"
 OTHER_EVENT_COLOR = "#6e7781"
 CHART_HEIGHT = 220
 STRAGGLER_BUDGET = 1_000  # rows of straggler marks per chart, out of MAX_ROWS_PER_CHART
+# What one run's page ships (Training runs): Chromium's time to draw a chart grows with its
+# points, and a chart there is about 420 px wide at 1,400 px, so 1,000 points a curve (500
+# min/max bins) and 1,200 rank-line rows show every spike a pixel can (2,000 and 3,000 before:
+# about 0.2 s more per page load on the bench's 200,000-step run, scripts/bench_app.py).
+RUN_CURVE_POINTS = 1_000
+RANK_LINE_ROWS = 1_200
 
 
 @dataclass
@@ -132,7 +138,7 @@ def rank_time_frames(stats: dict[str, list], field: str = "step_time_s"
     ranks = sorted(set(stats["rank"]))
     if not ranks:
         return None
-    per_series = points_per_series(len(ranks), MAX_ROWS_PER_CHART - STRAGGLER_BUDGET)
+    per_series = points_per_series(len(ranks), RANK_LINE_ROWS)
     lines: dict[str, list] = {"step": [], "rank": [], "ms": []}
     marks: dict[str, list] = {"step": [], "rank": [], "ms": []}
     for rank in ranks:
