@@ -20,7 +20,6 @@ import pandas as pd
 
 from sae_dist.analytics.downsample import (
     MAX_POINTS_PER_SERIES,
-    MAX_ROWS_PER_CHART,
     downsample,
     downsample_indices,
     points_per_series,
@@ -38,7 +37,7 @@ STRAGGLER_COLOR = "#d62728"
 EVENT_COLORS = {"rebalance": "#57606a", "balance_limited": "#bf8700", "degraded": "#cf222e"}
 OTHER_EVENT_COLOR = "#6e7781"
 CHART_HEIGHT = 220
-STRAGGLER_BUDGET = 1_000  # rows of straggler marks per chart, out of MAX_ROWS_PER_CHART
+STRAGGLER_BUDGET = 1_000  # rows of straggler marks per chart, beside RANK_LINE_ROWS of lines
 # What one run's page ships (Training runs): Chromium's time to draw a chart grows with its
 # points, and a chart there is about 420 px wide at 1,400 px, so 1,000 points a curve (500
 # min/max bins) and 1,200 rank-line rows show every spike a pixel can (2,000 and 3,000 before:
