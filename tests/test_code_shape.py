@@ -88,3 +88,22 @@ def test_the_parts_of_sae_dist_import_each_other_one_way():
     graph = _package_imports()
     assert graph["train"] and "scheduler" not in graph
     assert _cycle(graph) is None, f"an import cycle between parts of sae_dist: {' -> '.join(_cycle(graph))}"
+
+
+def bare_expressions(source: str) -> list[int]:
+    """Lines of statements that are a value alone, neither a call nor a string (Streamlit's magic
+    leaves strings alone by default): what magic would draw, and what draws nothing with it off."""
+    return sorted(node.lineno for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Expr)
+                  and not isinstance(node.value, (ast.Call, ast.Await, ast.Yield, ast.YieldFrom))
+                  and not (isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)))
+
+
+def test_pages_draw_by_calls_only_as_the_config_turns_magic_off():
+    import tomllib
+
+    assert tomllib.loads((REPO / ".streamlit" / "config.toml").read_text())["runner"]["magicEnabled"] is False
+    assert bare_expressions('"""doc"""\ndef f():\n    """doc"""\n    x\nst.write(1)\ndf\n') == [4, 6]
+    pages = [REPO / "app.py", *sorted((REPO / "pages").glob("*.py"))]
+    drawn_by_magic = [f"{p.relative_to(REPO)}:{line}" for p in pages for line in bare_expressions(p.read_text())]
+    assert not drawn_by_magic, f"write these with st.write (magic is off): {drawn_by_magic}"
