@@ -164,7 +164,7 @@ def run_header(run: dict) -> None:
     when = (f"last metrics {fmt.fmt_ago(silent)}" if run["status"] == "RUNNING"
             else f"ended {fmt.fmt_time(run['finished_at'])}")
     st.caption(f"Step {fmt.fmt_steps(run['last_step'], run['total_steps'])}"
-               f" · {run['world_size']} × {run['backend']} on {', '.join(run['devices'])}"
+               f" · {run['world_size']} × {run['backend']} on {fmt.short_devices(run['devices'])}"
                f" · {run['host']} · {when}")
     if run["progress"] is not None:
         st.progress(run["progress"])

@@ -84,11 +84,16 @@ def fmt_steps(last_step: int | None, total_steps: int | None) -> str:
     return f"{last} / {total}"
 
 
+def short_device(device: str, uuid_chars: int = 8) -> str:
+    """A device label for a cell, a legend or a caption: a GPU UUID cut to its first
+    `uuid_chars` hex digits ("GPU-5f3a2b1c", enough to tell a machine's GPUs apart, and what
+    `nvidia-smi -L` starts with); "cpu:0" as it is."""
+    return device[: 4 + uuid_chars] if device.startswith("GPU-") else device
+
+
 def short_devices(devices: list[str], uuid_chars: int = 8) -> str:
-    """Device labels for a table cell: GPU UUIDs cut to their first `uuid_chars` hex digits
-    (enough to tell a machine's GPUs apart); "—" when none is recorded."""
-    short = [d[: 4 + uuid_chars] if d.startswith("GPU-") else d for d in devices]
-    return ", ".join(short) or MISSING
+    """`short_device` of each, comma-separated; "—" when none is recorded."""
+    return ", ".join(short_device(d, uuid_chars) for d in devices) or MISSING
 
 
 def fmt_duration(seconds: float | None) -> str:

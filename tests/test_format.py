@@ -62,3 +62,21 @@ def test_missing_is_a_dash_never_zero(formatter):
 ])
 def test_one_exit_format(code, signal, text):
     assert fmt.fmt_exit(code, signal) == text
+
+
+def test_a_gpu_reads_by_the_start_of_its_uuid_everywhere_it_is_named():
+    uuid = "GPU-5f3a2b1c-0d4e-11ef-9a7b-0242ac120002"
+    assert fmt.short_device(uuid) == "GPU-5f3a2b1c" and fmt.short_device("cpu:3") == "cpu:3"
+    assert fmt.short_devices([uuid, "cpu:0"]) == "GPU-5f3a2b1c, cpu:0" and fmt.short_devices([]) == fmt.MISSING
+
+
+def test_a_rank_legend_names_the_gpu_in_a_few_characters():
+    # A full UUID ran past the legend's width and was cut off ("0 (GPU-00000000-bench-…").
+    from sae_dist.analytics import charts
+
+    uuids = [f"GPU-{i:08x}-0d4e-11ef-9a7b-0242ac12000{i}" for i in range(2)]
+    times = {"width": 1, "step": [10, 10, 20, 20], "rank": [0, 1, 0, 1], "device": uuids * 2,
+             "mean_s": [0.1, 0.2, 0.1, 0.2], "max_s": [0.1, 0.2, 0.1, 0.2], "stragglers": [0, 0, 0, 1]}
+    spec = charts.binned_rank_time_chart(times).to_dict()
+    labels = {row["rank"] for rows in spec["datasets"].values() for row in rows if "rank" in row}
+    assert labels == {"0 (GPU-00000000)", "1 (GPU-00000001)"}

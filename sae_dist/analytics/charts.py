@@ -24,6 +24,7 @@ from sae_dist.analytics.downsample import (
     downsample_indices,
     points_per_series,
 )
+from sae_dist import format as fmt
 from sae_dist.analytics import units
 from sae_dist.analytics.cards import Card, card_text, last_plotted_row, memory_text
 from sae_dist.analytics.events import MAX_EVENT_MARKS, group_events, kinds_text
@@ -199,7 +200,8 @@ def peak_memory_chart(ranks: list[dict[str, Any]]) -> alt.Chart | None:
 
 
 def _rank_label(rank: int, device: str | None) -> str:
-    return f"{rank} ({device})" if device else str(rank)
+    # A GPU's full UUID (40 characters) would be cut off in the legend, naming no GPU.
+    return f"{rank} ({fmt.short_device(device)})" if device else str(rank)
 
 
 # ---- device readings over time (Monitor) ----------------------------------------------------
