@@ -200,6 +200,8 @@ def test_charts_of_a_long_run_stay_under_the_row_limit(engine):
 
     memory = charts.peak_memory_chart(queries.rank_summary(engine, run))
     assert rows_in(memory) == 4
+    spec = memory.to_dict()  # each bar under its rank's number; the device in its tooltip
+    assert spec["encoding"]["x"]["field"] == "number" and "rank" in [t["field"] for t in spec["encoding"]["tooltip"]]
     with pytest.raises(ValueError):
         charts.rank_time_chart(stats, "nonsense")
 

@@ -78,7 +78,10 @@ def test_stack_spec_is_the_stack_altair_writes_with_its_rows_as_frames():
               [charts.device_panel(cols, "utilization_pct", 10).chart]]
     for group in groups:
         spec = chart_stack.stack_spec(group)
-        assert _named_in_order(spec) == _named_in_order(chart_stack.stack(group).to_dict())
+        altairs = chart_stack.stack(group).to_dict()
+        if sum(chart is not None for chart in group) == 1:  # a lone chart also fits only its width
+            altairs["autosize"] = dict(chart_stack.AUTOSIZE)
+        assert _named_in_order(spec) == _named_in_order(altairs)
         frames = spec["datasets"]
         assert all(isinstance(f, pd.DataFrame) for f in frames.values())
         # Each chart's (or layer's) rows, once each: a frame two layers share is one dataset.
@@ -88,3 +91,16 @@ def test_stack_spec_is_the_stack_altair_writes_with_its_rows_as_frames():
     memory = chart_stack.stack_spec(groups[0])["datasets"]["data-0"]
     assert list(memory.columns[:3]) == ["time", "value", "total"] and len(memory) == 30
     assert chart_stack.stack_spec([None]) is None and chart_stack.stack_spec([]) is None
+
+
+def test_a_lone_chart_grows_to_hold_a_legend_taller_than_its_plot():
+    # Eight ranks' legend under Streamlit's default "fit" was cut off at the chart's 220 px.
+    times = {"width": 1, "step": [s for s in (10, 20) for _ in range(8)], "rank": list(range(8)) * 2,
+             "device": [f"GPU-{i:08x}-0d4e" for i in range(8)] * 2,
+             "mean_s": [0.1] * 16, "max_s": [0.1] * 16, "stragglers": [0] * 16}
+    spec = chart_stack.stack_spec([charts.binned_rank_time_chart(times)])
+    assert spec["autosize"] == {"type": "fit-x", "contains": "padding"}
+    spec = {**spec, "width": 420, "datasets": {name: json.loads(frame.to_json(orient="records"))
+                                               for name, frame in spec["datasets"].items()}}
+    height = lambda s: int(vl_convert.vegalite_to_svg(s).split('height="', 1)[1].split('"', 1)[0])
+    assert height(spec) >= charts.CHART_HEIGHT + 40 > height({**spec, "autosize": {"type": "fit"}})

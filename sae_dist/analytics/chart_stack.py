@@ -69,9 +69,10 @@ def stack_spec(charts: Sequence[alt.TopLevelMixin | None], spacing: int = SPACIN
     if any("params" in spec for spec in specs):  # selections must be lifted: Altair's way
         view = stack(present, spacing)
         return view.to_dict() if view is not None else None
-    if len(specs) == 1:
+    if len(specs) == 1:  # fit-x as a stack's: Streamlit's default "fit" cuts off a legend taller than the chart
         config = {**specs[0].get("config", {}), **NO_ARIA}
-        return {"$schema": alt.SCHEMA_URL, **specs[0], "config": config, "datasets": datasets}
+        return {"$schema": alt.SCHEMA_URL, **specs[0], "autosize": dict(AUTOSIZE), "config": config,
+                "datasets": datasets}
     return {"$schema": alt.SCHEMA_URL, "concat": specs, "columns": 1, "spacing": spacing,
             "resolve": {"scale": {"x": "independent", "y": "independent"}},
             "params": [{"name": "width", "expr": CONTAINER_WIDTH}],

@@ -187,11 +187,14 @@ def peak_memory_chart(ranks: list[dict[str, Any]]) -> alt.Chart | None:
     if not measured:
         return None
     data = pd.DataFrame({
+        "number": [r["rank"] for r in measured],
         "rank": [_rank_label(r["rank"], r["device"]) for r in measured],
         "mib": [r["peak_memory_bytes"] * units.PEAK_MEMORY.factor for r in measured],
     })
     return alt.Chart(data).mark_bar().encode(
-        x=alt.X("rank:N", title="Rank", sort=None, axis=alt.Axis(labelAngle=0)),
+        # The rank's number under its bar (eight "0 (GPU-5f3a2b1c)" labels overlapped and every
+        # other one was dropped); its device in the tooltip.
+        x=alt.X("number:O", title="Rank", sort=None, axis=alt.Axis(labelAngle=0)),
         y=alt.Y("mib:Q", title=units.PEAK_MEMORY.axis_title,
                 axis=alt.Axis(format=units.PEAK_MEMORY.axis)),
         tooltip=[alt.Tooltip("rank:N", title="Rank"),
