@@ -4,8 +4,8 @@ installs the `chromium` package; never `playwright install`).
 
 A person's path through the app: the Overview, a training job submitted from the Train page,
 its Monitor charts growing on their own (the fragment refreshes without a page load), the job
-cancelled from the Queue page, the run and the (empty) benchmarks pages, and a sweep on the
-Sweeps page. A screenshot of each
+cancelled from the Queue page, the run and the (empty) benchmarks pages, a sweep on the
+Sweeps page, and two runs compared (a click on the L0-FVU chart opens one). A screenshot of each
 page is kept under test-artifacts/e2e/ (or $SAE_DIST_E2E_ARTIFACTS) to be looked at.
 
 Every request the browser makes on the way is recorded, and a step fails naming any to a host
@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from conftest import REPO, stop_process
+from sae_dist.analytics.queries import list_runs
 from sae_dist.db import get_engine
 from scheduler import procs
 from scheduler.store import get_job, list_jobs
@@ -158,6 +159,12 @@ def page(served, browser_page):
     assert not elsewhere, "requests to another host than the app's:\n" + "\n".join(elsewhere)
     failed = failed_requests(seen["responses"])
     assert not failed, "requests the app answered with an error:\n" + "\n".join(failed)
+
+
+# Every chart element has drawn its marks (Vega's SVG or canvas), and no element is a placeholder.
+ALL_DRAWN = """() => !document.querySelector('[data-testid="stSkeleton"]')
+    && [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')]
+        .every(chart => chart.querySelector('canvas, svg.marks'))"""
 
 
 def shoot(page, name: str) -> None:
@@ -318,6 +325,54 @@ def test_6_sweeps_page_draws_a_sweep_with_nothing_from_elsewhere(served, page):
     expect(page.locator('[data-testid="stVegaLiteChart"]').first).to_be_visible()
     no_exception(page)
     shoot(page, "8-sweeps")
+
+
+def test_7_two_runs_compared_and_a_pareto_click_opens_one(served, page):
+    """Training runs' Compare tab: the cancelled training and one of the sweep's SAEs overlaid
+    (both in the colour key, every chart drawn), their configuration differences listed, and a
+    click on a point of the L0-FVU chart opens that point's run in the Run tab."""
+    from playwright.sync_api import expect
+
+    url, engine = served
+    other = next(r["id"] for r in list_runs(engine) if r["name"] == "e2e-sweep-k4-x4")
+    label = f"{other} · e2e-sweep-k4-x4"
+    page.goto(f"{url}/Training_runs?run=1")
+    expect(page.get_by_role("heading", name="Training runs")).to_be_visible()
+    page.get_by_role("tab", name="Compare runs").click()
+    picker = page.get_by_label("Runs to compare")
+    expect(page.get_by_text("1 · e2e-topk").first).to_be_visible()  # the open run, picked first
+    picker.click()
+    picker.fill("k4-x4")
+    page.get_by_role("option", name=re.compile(f"^{label}")).click()
+    page.keyboard.press("Escape")
+    key = page.get_by_text(re.compile(f"1 · e2e-topk .* {label}"))
+    expect(key).to_be_visible()  # one colour key for every overlaid chart, both runs in it
+    expect(page.get_by_text("Pick two or more runs")).to_have_count(0)
+    expect(page.get_by_role("heading", name="Configuration differences")).to_be_visible()
+    expect(page.get_by_text("The runs compared have the same configuration.")).to_have_count(0)
+    charts = page.locator('[data-testid="stVegaLiteChart"]')
+    expect(charts).to_have_count(3)  # two stacked columns of overlays, the L0-FVU chart
+    page.wait_for_function(ALL_DRAWN)
+    titles = " ".join(charts.locator("svg text").all_text_contents())
+    for title in ("Loss", "FVU", "L0", "Dead latents", "Throughput"):
+        assert title in titles, title
+    no_exception(page)
+    shoot(page, "9-compare-runs")
+    # The L0-FVU chart's points are its last layer's symbols; the evaluated SAE's point is
+    # the one at L0 4.0, FVU 0.19 (its tooltip names the run).
+    points = charts.nth(2).locator("g.mark-symbol path")
+    expect(points.first).to_be_visible()
+    for i in range(points.count()):
+        points.nth(i).hover()
+        if page.locator("#vg-tooltip-element").filter(has_text=label).count():
+            points.nth(i).click()
+            break
+    else:
+        raise AssertionError("no point of the L0-FVU chart names the evaluated SAE's run")
+    expect(page.get_by_role("tab", name="Run", exact=True)).to_have_attribute("aria-selected", "true")
+    expect(page.get_by_role("heading", name="e2e-sweep-k4-x4", exact=True)).to_be_visible()
+    assert f"run={other}" in page.url, page.url
+    no_exception(page)
 
 
 def test_request_checks_on_plain_data():
