@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from sae_dist.analytics import charts, queries, tables
+from sae_dist.analytics import charts, queries, samples, tables
 from sae_dist import format as fmt
 from sae_dist.analytics.downsample import (
     MAX_ROWS_PER_CHART,
@@ -190,20 +190,19 @@ def test_charts_of_a_long_run_stay_under_the_row_limit(engine):
 
     stats = queries.run_rank_stats(engine, run)
     assert len(stats["step"]) == 24_000
-    for field in ("step_time_s", "compute_time_s"):
-        spec_rows = rows_in(charts.rank_time_chart(stats, field))
-        assert 0 < spec_rows <= MAX_ROWS_PER_CHART
-    layered = charts.rank_time_chart(stats).to_dict()
-    stragglers = [d for d in layered["datasets"].values() if d and d[0].get("rank") == "1 (cpu:1)"
-                  and all(row["rank"] == "1 (cpu:1)" for row in d)]
-    assert stragglers, "the straggler marks are a layer of rank 1's flagged steps"
+    for field in ("step_time_s", "compute_time_s"):  # bucketed by the database, as both pages draw it
+        times = samples.rank_times(engine, run, field, max_rows=charts.RANK_LINE_ROWS)
+        assert 0 < rows_in(charts.binned_rank_time_chart(times, field)) <= MAX_ROWS_PER_CHART
+    layered = charts.binned_rank_time_chart(samples.rank_times(engine, run)).to_dict()
+    stragglers = [d for d in layered["datasets"].values() if d and all(row["rank"] == "1 (cpu:1)" for row in d)]
+    assert stragglers, "the straggler marks are a layer of rank 1's flagged buckets"
 
     memory = charts.peak_memory_chart(queries.rank_summary(engine, run))
     assert rows_in(memory) == 4
     spec = memory.to_dict()  # each bar under its rank's number; the device in its tooltip
     assert spec["encoding"]["x"]["field"] == "number" and "rank" in [t["field"] for t in spec["encoding"]["tooltip"]]
-    with pytest.raises(ValueError):
-        charts.rank_time_chart(stats, "nonsense")
+    with pytest.raises(ValueError, match="step_time_s or compute_time_s"):
+        samples.rank_times(engine, run, "nonsense")
 
 
 def test_charts_draw_nothing_that_was_not_measured(engine):
@@ -213,8 +212,7 @@ def test_charts_draw_nothing_that_was_not_measured(engine):
     assert charts.training_curve(metrics, "l0") is None  # never logged: no flat zero line
     assert rows_in(charts.training_curve(metrics, "fvu")) == 2
     assert charts.peak_memory_chart(queries.rank_summary(engine, run)) is None
-    empty = queries.run_rank_stats(engine, 999)
-    assert charts.rank_time_chart(empty) is None
+    assert charts.binned_rank_time_chart(samples.rank_times(engine, 999)) is None
 
 
 @pytest.mark.slow

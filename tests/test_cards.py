@@ -166,11 +166,6 @@ def test_axis_formats_leave_the_precision_to_the_tick_step():
 
 
 def test_rank_memory_and_device_axes():
-    stats = {"step": [10, 10, 20, 20], "rank": [0, 1, 0, 1], "device": ["cpu:0", "cpu:1"] * 2,
-             "step_time_s": [0.02] * 4, "compute_time_s": [0.01, 0.02, 0.01, 0.03],
-             "is_straggler": [False, True, False, True]}
-    found = _axes(charts.rank_time_chart(stats, "compute_time_s").to_dict())
-    assert found == {"x:step": ",d", "y:ms": "~r"}
     times = {"width": 1, "step": [10, 10], "rank": [0, 1], "device": ["cpu:0", "cpu:1"],
              "mean_s": [0.01, 0.02], "max_s": [0.01, 0.02], "stragglers": [0, 1]}
     assert _axes(charts.binned_rank_time_chart(times).to_dict()) == {

@@ -18,12 +18,7 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
-from sae_dist.analytics.downsample import (
-    MAX_POINTS_PER_SERIES,
-    downsample,
-    downsample_indices,
-    points_per_series,
-)
+from sae_dist.analytics.downsample import MAX_POINTS_PER_SERIES, downsample
 from sae_dist import format as fmt
 from sae_dist.analytics import units
 from sae_dist.analytics.cards import Card, card_text, last_plotted_row, memory_text
@@ -38,7 +33,6 @@ STRAGGLER_COLOR = "#d62728"
 EVENT_COLORS = {"rebalance": "#57606a", "balance_limited": "#bf8700", "degraded": "#cf222e"}
 OTHER_EVENT_COLOR = "#6e7781"
 CHART_HEIGHT = 220
-STRAGGLER_BUDGET = 1_000  # rows of straggler marks per chart, beside RANK_LINE_ROWS of lines
 # What one run's page ships (Training runs): Chromium's time to draw a chart grows with its
 # points, and a chart there is about 420 px wide at 1,400 px, so 1,000 points a curve (500
 # min/max bins) and 1,200 rank-line rows show every spike a pixel can (2,000 and 3,000 before:
@@ -117,67 +111,6 @@ def training_curve(metrics: dict[str, list], metric: str,
                    events: list[dict] | None = None) -> alt.Chart | alt.LayerChart | None:
     """`training_panel`'s chart alone; None if the run has no measured value of `metric`."""
     return training_panel(metrics, metric, events, max_points).chart
-
-
-def rank_time_chart(stats: dict[str, list], field: str = "step_time_s",
-                    events: list[dict] | None = None) -> alt.LayerChart | None:
-    """Per-rank `field` ("step_time_s" or "compute_time_s", seconds) against step, one line
-    per rank, stragglers marked as red triangles, `events` as grouped marks; None without
-    rank stats."""
-    frames = rank_time_frames(stats, field)
-    return None if frames is None else rank_time_chart_of(*frames, field, events)
-
-
-def rank_time_frames(stats: dict[str, list], field: str = "step_time_s"
-                     ) -> tuple[pd.DataFrame, pd.DataFrame, int] | None:
-    """The rows `rank_time_chart` plots (lines, straggler marks), thinned, and how many rows
-    were flagged stragglers; None without rank stats (a page caches these, not the run's
-    every per-rank row)."""
-    if field not in ("step_time_s", "compute_time_s"):
-        raise ValueError(f"field must be step_time_s or compute_time_s, got {field!r}")
-    ranks = sorted(set(stats["rank"]))
-    if not ranks:
-        return None
-    per_series = points_per_series(len(ranks), RANK_LINE_ROWS)
-    lines: dict[str, list] = {"step": [], "rank": [], "ms": []}
-    marks: dict[str, list] = {"step": [], "rank": [], "ms": []}
-    for rank in ranks:
-        rows = [i for i, r in enumerate(stats["rank"]) if r == rank]
-        label = _rank_label(rank, stats["device"][rows[-1]])
-        values = [stats[field][i] for i in rows]
-        for j in downsample_indices(values, per_series):
-            lines["step"].append(stats["step"][rows[j]])
-            lines["rank"].append(label)
-            lines["ms"].append(values[j] * units.RANK_TIME.factor)
-        flagged = [j for j, i in enumerate(rows) if stats["is_straggler"][i]]
-        keep = downsample_indices([values[j] for j in flagged],
-                                  max(4, STRAGGLER_BUDGET // len(ranks)))
-        for k in keep:
-            j = flagged[k]
-            marks["step"].append(stats["step"][rows[j]])
-            marks["rank"].append(label)
-            marks["ms"].append(values[j] * units.RANK_TIME.factor)
-    return pd.DataFrame(lines), pd.DataFrame(marks), sum(map(bool, stats["is_straggler"]))
-
-
-def rank_time_chart_of(lines: pd.DataFrame, marks: pd.DataFrame, flagged: int,
-                       field: str = "step_time_s", events: list[dict] | None = None
-                       ) -> alt.LayerChart:
-    """`rank_time_chart` from its rows (`rank_time_frames`)."""
-    title = "Step time per rank" if field == "step_time_s" else "Compute time per rank"
-    unit = units.RANK_TIME
-    tooltip = [alt.Tooltip("rank:N", title="Rank"), alt.Tooltip("step:Q", title="Step", format=","),
-               alt.Tooltip("ms:Q", title="Time (ms)", format=unit.value)]
-    x = step_x()
-    y = value_y(unit, "ms")
-    line = alt.Chart(lines).mark_line().encode(
-        x=x, y=y, color=alt.Color("rank:N", title="Rank"), tooltip=tooltip)
-    straggler = alt.Chart(marks).mark_point(
-        shape="triangle-up", filled=True, size=70, color=STRAGGLER_COLOR, opacity=0.9,
-    ).encode(x=x, y=y, tooltip=[*tooltip, alt.Tooltip("straggler:N", title="Straggler")]
-             ).transform_calculate(straggler="'yes'")
-    subtitle = f"{flagged} straggler marks (red)" if flagged else "no straggler flagged"
-    return _with_events([line, straggler], events, title, subtitle)
 
 
 def peak_memory_chart(ranks: list[dict[str, Any]]) -> alt.Chart | None:
