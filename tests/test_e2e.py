@@ -167,6 +167,18 @@ ALL_DRAWN = """() => !document.querySelector('[data-testid="stSkeleton"]')
         .every(chart => chart.querySelector('canvas, svg.marks'))"""
 
 
+def drawn_text(page, charts, wanted: tuple[str, ...], timeout_s: float = 30) -> str:
+    """The text the chart elements drew, once every one has drawn (`ALL_DRAWN`) and all of
+    `wanted` is in it, or as it is after `timeout_s` (a live view can be mid-redraw)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        page.wait_for_function(ALL_DRAWN)
+        text = " ".join(charts.locator("svg text").all_text_contents())
+        if all(w in text for w in wanted) or time.monotonic() > deadline:
+            return text
+        page.wait_for_timeout(250)
+
+
 def shoot(page, name: str) -> None:
     page.wait_for_timeout(500)  # let the last redraw settle
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
@@ -255,10 +267,10 @@ def test_3_monitor_charts_fill_without_a_page_load(served, page):
         page.wait_for_timeout(1000)
     assert charts.first.screenshot() != before, "the loss chart did not change as steps came in"
     # Loss, FVU, L0, dead latents, samples/s (+ per-rank time), stacked a column to a view:
-    # each chart's title is drawn (Vega draws these small charts as SVG).
-    drawn = " ".join(charts.locator("svg text").all_text_contents())
-    for title in ("Loss", "FVU", "L0", "Dead latents", "Throughput"):
-        assert title in drawn, title
+    # each chart's title is drawn (Vega draws these small charts as SVG). A live run's views are
+    # redrawn as its steps come in, so the titles are read until a redraw has not just begun.
+    titles = ("Loss", "FVU", "L0", "Dead latents", "Throughput")
+    assert all(title in drawn_text(page, charts, titles) for title in titles), drawn_text(page, charts, titles)
     no_exception(page)
     shoot(page, "3-monitor-aggregated")
     page.get_by_text("Per-GPU", exact=True).click()
@@ -352,10 +364,8 @@ def test_7_two_runs_compared_and_a_pareto_click_opens_one(served, page):
     expect(page.get_by_text("The runs compared have the same configuration.")).to_have_count(0)
     charts = page.locator('[data-testid="stVegaLiteChart"]')
     expect(charts).to_have_count(3)  # two stacked columns of overlays, the L0-FVU chart
-    page.wait_for_function(ALL_DRAWN)
-    titles = " ".join(charts.locator("svg text").all_text_contents())
-    for title in ("Loss", "FVU", "L0", "Dead latents", "Throughput"):
-        assert title in titles, title
+    titles = ("Loss", "FVU", "L0", "Dead latents", "Throughput")
+    assert all(title in drawn_text(page, charts, titles) for title in titles), drawn_text(page, charts, titles)
     no_exception(page)
     shoot(page, "9-compare-runs")
     # The L0-FVU chart's points are its last layer's symbols; the evaluated SAE's point is
