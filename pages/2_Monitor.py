@@ -38,7 +38,6 @@ DEFAULT_VIEW = "Per-GPU" if os.environ.get("SAE_DIST_MONITOR_VIEW", "").lower().
 CHART_POINTS = 600
 PANEL_POINTS = 240
 CURVE_POINTS = 400
-RANK_ROWS = 1600
 STALE_S = 15  # a live device without a reading for this long: the daemon is not sampling it
 LIVE_STATES = ("PENDING", "RUNNING")
 TRAIN_CURVES = ("loss", "fvu", "l0", "dead_fraction", "samples_per_s")
@@ -56,7 +55,7 @@ def load_curves(db_url: str, run_id: int, last_step: int, last_update: datetime 
 @st.cache_data(max_entries=32, show_spinner=False)
 def load_rank_times(db_url: str, run_id: int, field: str, last_step: int,
                     last_update: datetime | None):
-    return samples.rank_times(get_engine(db_url), run_id, field, max_rows=RANK_ROWS)
+    return samples.rank_times(get_engine(db_url), run_id, field, max_rows=charts.RANK_LINE_ROWS)  # as Training runs
 
 
 # The charts built once per logged step, not on every 2 s redraw (building them is most of a
