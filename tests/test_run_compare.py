@@ -12,11 +12,11 @@ import pytest
 
 from sae_dist.analytics import compare_charts, queries
 from sae_dist.analytics.config_diff import NOT_SET, config_diff, flatten
-from sae_dist.analytics.downsample import MAX_ROWS_PER_CHART
 from sae_dist.analytics.pareto import (FROM_EVALUATION, FROM_TRAINING, SELECTION, caption,
                                        pareto_frontier, picked_run, run_points)
-from sae_dist.analytics.run_compare import (PALETTE, color_scale, compare_default, default_run, key_html,
-                                            log_visible, overlay_frame, run_colors, x_values)
+from sae_dist.analytics.run_compare import (OVERLAY_POINTS_PER_RUN, OVERLAY_ROWS, PALETTE, color_scale,
+                                            compare_default, default_run, key_html, log_visible,
+                                            overlay_frame, run_colors, x_values)
 from sae_dist.analytics.smoothing import ema_debiased
 from sae_dist.db import create_run, get_engine
 from sae_dist.db.evaluations import record_evaluation
@@ -180,7 +180,9 @@ def test_overlay_frame_smooths_before_thinning_and_caps_rows():
     values = [float(i % 7) + 1 for i in range(5000)]
     series = [(run(1), columns_of(values)), (run(2), columns_of(values))]
     frame = overlay_frame(series, "loss", "step", 0.5, False).frame
-    assert len(frame) <= MAX_ROWS_PER_CHART and set(frame["run"]) == {1, 2}
+    assert len(frame) <= OVERLAY_ROWS and set(frame["run"]) == {1, 2}
+    alone = overlay_frame(series[:1], "loss", "step", 0.5, False).frame
+    assert len(alone) <= OVERLAY_POINTS_PER_RUN < len(frame)  # a run alone gets more of the chart
     one = frame[frame["run"] == 1]
     smoothed = ema_debiased(values, 0.5)  # of the whole series, read at the kept steps
     assert list(one["smoothed"]) == pytest.approx([smoothed[s - 1] for s in one["step"]])

@@ -21,6 +21,12 @@ from sae_dist.analytics.downsample import downsample_indices, is_missing, points
 from sae_dist.analytics.smoothing import ema_debiased
 
 COMPARE_METRICS = ("loss", "fvu", "l0", "dead_fraction", "samples_per_s", "lr")
+# Rows an overlaid chart ships: a chart is half the page wide (about 420 px at 1,400 px), so one
+# run gets 1,000 (the min and max of 500 bins, as Training runs draws a run alone) and runs share
+# 1,600 (as a sweep's curves). With 2,000 a run, the Compare tab of one 200,000-step run took
+# 1.38 s to its last chart drawn in Chromium, with these 1.18 s (scripts/bench_app.py's data).
+OVERLAY_ROWS = 1_600
+OVERLAY_POINTS_PER_RUN = 1_000
 """The overlaid curves, in display order. Throughput is samples/s: the one rate step_metrics
 holds (a sample is one activation vector, so one token for a language model's activations)."""
 
@@ -134,7 +140,7 @@ def overlay_frame(series: Sequence[tuple[dict[str, Any], dict[str, list]]], metr
     """One metric of each (run summary, step columns) pair against `x`: the raw values and
     their smoothing (`weight`, TensorBoard's), each run thinned to its share of the chart's
     rows by `downsample_indices` (min and max of each bin of the raw series)."""
-    per_run = points_per_series(max(len(series), 1))
+    per_run = points_per_series(max(len(series), 1), OVERLAY_ROWS, OVERLAY_POINTS_PER_RUN)
     parts, hidden = [], 0
     for run, columns in series:
         raw = columns.get(metric, [])
