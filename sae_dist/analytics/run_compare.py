@@ -24,7 +24,7 @@ COMPARE_METRICS = ("loss", "fvu", "l0", "dead_fraction", "samples_per_s", "lr")
 # Rows an overlaid chart ships: a chart is half the page wide (about 420 px at 1,400 px), so one
 # run gets 1,000 (the min and max of 500 bins, as Training runs draws a run alone) and runs share
 # 1,600 (as a sweep's curves). With 2,000 a run, the Compare tab of one 200,000-step run took
-# 1.38 s to its last chart drawn in Chromium, with these 1.18 s (scripts/bench_app.py's data).
+# 0.93 s to its last chart drawn in Chromium, with these 0.84 s (scripts/bench_app.py's data).
 OVERLAY_ROWS = 1_600
 OVERLAY_POINTS_PER_RUN = 1_000
 """The overlaid curves, in display order. Throughput is samples/s: the one rate step_metrics
