@@ -21,14 +21,14 @@ from sae_dist.analytics.downsample import downsample_indices, is_missing, points
 from sae_dist.analytics.smoothing import ema_debiased
 
 COMPARE_METRICS = ("loss", "fvu", "l0", "dead_fraction", "samples_per_s", "lr")
+"""The overlaid curves, in display order. Throughput is samples/s: the one rate step_metrics
+holds (a sample is one activation vector, so one token for a language model's activations)."""
 # Rows an overlaid chart ships: a chart is half the page wide (about 420 px at 1,400 px), so one
 # run gets 1,000 (the min and max of 500 bins, as Training runs draws a run alone) and runs share
 # 1,600 (as a sweep's curves). With 2,000 a run, the Compare tab of one 200,000-step run took
 # 0.93 s to its last chart drawn in Chromium, with these 0.84 s (scripts/bench_app.py's data).
 OVERLAY_ROWS = 1_600
 OVERLAY_POINTS_PER_RUN = 1_000
-"""The overlaid curves, in display order. Throughput is samples/s: the one rate step_metrics
-holds (a sample is one activation vector, so one token for a language model's activations)."""
 
 STEP_COLUMNS = ("step", "samples_seen", "time", *COMPARE_METRICS)
 """The step_metrics columns the view reads for each run."""
