@@ -39,6 +39,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from webui.browser import ALL_DRAWN, CHROMIUM, CHROMIUM_ARGS  # noqa: E402 (after the path)
 GIB = 2**30
 PAGES = ("app.py", "pages/1_Train.py", "pages/2_Monitor.py", "pages/3_Queue.py",
          "pages/4_Training_runs.py")
@@ -277,7 +279,6 @@ def main() -> int:
     os.environ.pop("SAE_DIST_DB_URL", None)
     os.environ.setdefault("SAE_DIST_AUTOSTART", "0")
     os.environ.setdefault("SAE_DIST_VIRTUAL_GPUS", str(args.devices))
-    sys.path.insert(0, str(REPO))
     from sae_dist.db import get_engine
 
     if (home / "state.db").exists():
@@ -344,9 +345,6 @@ def time_pages(repeat: int) -> float:
 
 # ---- in the browser ----------------------------------------------------------------------------
 
-CHROMIUM = "/usr/bin/chromium"  # Debian's (scripts/setup.sh --test); never `playwright install`
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 # (URL path, title, sidebar label) of each page; Streamlit names a page's URL after its file.
 BROWSER_PAGES = (("", "Overview", "Overview"), ("Train", "Train", "Train"),
                  ("Monitor", "Monitor", "Monitor"), ("Queue", "Queue", "Queue"),
@@ -382,14 +380,6 @@ def serve(home: Path):
             time.sleep(0.25)
     app.terminate()
     raise SystemExit(f"the app did not answer on {url} within 60 s (log: {log.name})")
-
-
-# Every element the script sent is drawn: no placeholder of a component still loading (Streamlit
-# loads a chart's code on first use and shows a skeleton meanwhile), and each chart has drawn its
-# marks. At the end of the script run the charts are often not even in the page yet.
-ALL_DRAWN = """() => !document.querySelector('[data-testid="stSkeleton"]')
-    && [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')]
-        .every(chart => chart.querySelector('canvas, svg.marks'))"""
 
 
 def wait_main(page, title: str) -> None:
@@ -431,7 +421,7 @@ def time_in_browser(home: Path, repeat: int) -> None:
     app, url = serve(home)
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
             page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
             page.set_default_timeout(120_000)
             navigate(page, url, "", "Overview", None)  # the server's first run imports pandas, Altair

@@ -37,14 +37,11 @@ from sae_dist.analytics.queries import list_runs
 from sae_dist.db import get_engine
 from scheduler import procs
 from scheduler.store import get_job, list_jobs
+from webui.browser import ALL_DRAWN, CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(os.environ.get("SAE_DIST_E2E_ARTIFACTS", REPO / "test-artifacts" / "e2e"))
-# The flags this machine's closed network needs (no background fetches, no sandbox as root).
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 UI_TIMEOUT_MS = 60_000  # a loaded 2-core machine trains, serves and renders at once
 LOCAL_SCHEMES = ("data", "blob", "about")  # nothing leaves the browser for these
 # Streamlit's base-path discovery on a direct load of a page URL (the module's docstring).
@@ -159,12 +156,6 @@ def page(served, browser_page):
     assert not elsewhere, "requests to another host than the app's:\n" + "\n".join(elsewhere)
     failed = failed_requests(seen["responses"])
     assert not failed, "requests the app answered with an error:\n" + "\n".join(failed)
-
-
-# Every chart element has drawn its marks (Vega's SVG or canvas), and no element is a placeholder.
-ALL_DRAWN = """() => !document.querySelector('[data-testid="stSkeleton"]')
-    && [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')]
-        .every(chart => chart.querySelector('canvas, svg.marks'))"""
 
 
 def drawn_text(page, charts, wanted: tuple[str, ...], timeout_s: float = 30) -> str:

@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
 from sae_dist.analytics import bench_report as report
 from sae_dist.analytics import offline_vega
 from test_bench_reliability import point, run_row
+from webui.browser import CHROMIUM, CHROMIUM_ARGS
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 # What would make a browser fetch something: an element or a style pointing at a file.
 LOADS = re.compile(r"<(?:script|img|iframe|embed|object|source|video|audio)\b[^>]*\bsrc\s*=|<link\b|@import|url\(",
                    re.IGNORECASE)
