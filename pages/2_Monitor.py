@@ -55,7 +55,8 @@ def load_curves(db_url: str, run_id: int, last_step: int, last_update: datetime 
 @st.cache_data(max_entries=32, show_spinner=False)
 def load_rank_times(db_url: str, run_id: int, field: str, last_step: int,
                     last_update: datetime | None):
-    return samples.rank_times(get_engine(db_url), run_id, field, max_rows=charts.RANK_LINE_ROWS)  # as Training runs
+    # The rows Training runs gives the same chart.
+    return samples.rank_times(get_engine(db_url), run_id, field, max_rows=charts.RANK_LINE_ROWS)
 
 
 # The charts built once per logged step, not on every 2 s redraw (building them is most of a
