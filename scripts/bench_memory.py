@@ -4,8 +4,15 @@ estimated Y MiB", is compared. The measured figure is the rank's whole anonymous
 sae_dist.memory.PeakMemory: memory-mapped shard pages are not counted); the estimate includes the
 runtime baseline, which this script also measures here, so that the constant can be checked.
 
+On a GPU (--device cuda) the trainer's measured figure is the allocator's peak plus the same
+constant for the CUDA context the estimate adds (sae_dist.memory.CUDA_CONTEXT_BYTES); this script
+measures the context itself (what the driver says the device uses, less what torch's allocator
+holds, after a first training step has loaded the kernels) and compares the estimate with the
+allocator's peak plus that measured context.
+
     .venv/bin/python scripts/bench_memory.py            # the table (a few minutes on 2 cores)
     .venv/bin/python scripts/bench_memory.py --only 1,4  # some rows (numbers from the table)
+    python3 scripts/bench_memory.py --device cuda        # three GPU shapes, bf16 as the trainer's default
 
 Exit status 1 when a configuration is outside +-25%.
 """
@@ -25,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sae_dist.memory import CPU_RUNTIME_BYTES, estimate_memory  # noqa: E402  (torch-free)
+from sae_dist.memory import CPU_RUNTIME_BYTES, CUDA_CONTEXT_BYTES, estimate_memory  # noqa: E402  (torch-free)
 
 TOLERANCE = 0.25
 MIB = 2**20
@@ -64,6 +71,13 @@ CONFIGS = [
     Config("shards", 128, 4096, 1024, architecture="standard"),
 ]
 
+# On a GPU: the GPU check's shapes (the trainer's defaults otherwise: precision auto, i.e. bf16).
+CUDA_CONFIGS = [
+    Config("synthetic", 768, 24576, 4096),
+    Config("synthetic", 2048, 32768, 4096),
+    Config("synthetic", 4096, 65536, 4096, k=64),
+]
+
 # Shards: enough rows that a run's random reads touch far more file pages than its tensors take
 # (the pages a measure that counted them would add), in files of 64 MiB.
 SHARD_BYTES = 256 * MIB
@@ -91,13 +105,43 @@ def measured_runtime() -> int:
     return int(out.stdout.strip())
 
 
-def run(cfg: Config, work: Path, shards: dict[int, Path]) -> tuple[float, float, float | None, float]:
+CUDA_CONTEXT_CODE = """
+import pynvml, torch
+from sae_dist.sae import SparseAutoencoder
+from sae_dist.step import make_optimizer, train_step
+pynvml.nvmlInit()
+uuid = "GPU-" + str(torch.cuda.get_device_properties(0).uuid)  # no CUDA context yet
+handle = pynvml.nvmlDeviceGetHandleByUUID(uuid.encode())
+before = pynvml.nvmlDeviceGetMemoryInfo(handle).used
+sae = SparseAutoencoder(256, 2048, "topk", 32, seed=0, device=torch.device("cuda"))
+opt = make_optimizer(sae, 1e-3)
+with torch.autocast("cuda", dtype=torch.bfloat16):
+    train_step(sae, sae, opt, [torch.randn(512, 256, device="cuda")], None)
+torch.cuda.synchronize()
+used = pynvml.nvmlDeviceGetMemoryInfo(handle).used
+print(used - before - torch.cuda.memory_reserved(), before, used, torch.cuda.memory_reserved())
+"""
+
+
+def measured_cuda_context() -> int:
+    """The CUDA context of a process that has run one training step: what NVML says the device
+    uses now, less before the process touched it, less what torch's allocator has reserved."""
+    out = subprocess.run([sys.executable, "-c", CUDA_CONTEXT_CODE], cwd=REPO, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"measuring the CUDA context failed:\n{out.stderr[-3000:]}")
+    context, before, used, reserved = (int(v) for v in out.stdout.split())
+    print(f"CUDA context: {context / MIB:.0f} MiB (device used {before / MIB:.0f} -> {used / MIB:.0f} MiB, "
+          f"torch reserved {reserved / MIB:.0f} MiB)")
+    return context
+
+
+def run(cfg: Config, work: Path, shards: dict[int, Path], device: str = "cpu") -> tuple[float, float, float | None, float]:
     """(measured MiB, estimated MiB from the trainer's log, the largest resident size seen with
     file pages in MiB (one rank only), seconds) of one training run."""
     args = [sys.executable, "-m", "sae_dist", "train", "--no-db", "--architecture", cfg.architecture,
             "--d-sae", str(cfg.d_sae), "--batch-size", str(cfg.batch), "--k", str(cfg.k),
             "--steps", str(cfg.steps), "--log-every", str(max(1, cfg.steps // 2)), "--checkpoint-every", "0",
-            "--devices", f"cpu:{cfg.ranks}", "--out-dir", str(work / f"run-{time.monotonic_ns()}"), *cfg.extra]
+            "--devices", f"{device}:{cfg.ranks}", "--out-dir", str(work / f"run-{time.monotonic_ns()}"), *cfg.extra]
     if cfg.source == "shards":
         if cfg.d_in not in shards:
             shards[cfg.d_in] = write_shard_dir(work / f"shards-{cfg.d_in}", cfg.d_in)
@@ -125,8 +169,15 @@ def run(cfg: Config, work: Path, shards: dict[int, Path]) -> tuple[float, float,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="comma-separated row numbers (from 1)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ns = parser.parse_args()
-    rows = [int(i) for i in ns.only.split(",")] if ns.only else list(range(1, len(CONFIGS) + 1))
+    configs = CUDA_CONFIGS if ns.device == "cuda" else CONFIGS
+    rows = [int(i) for i in ns.only.split(",")] if ns.only else list(range(1, len(configs) + 1))
+    if bad := [i for i in rows if not 1 <= i <= len(configs)]:
+        print(f"error: --only {bad[0]}: rows are 1 to {len(configs)}", file=sys.stderr)
+        return 2
+    if ns.device == "cuda":
+        return main_cuda([configs[i - 1] for i in rows])
 
     runtime = measured_runtime()
     print(f"runtime baseline: measured here {runtime / MIB:.1f} MiB (RssAnon after the imports), "
@@ -141,7 +192,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
         shards: dict[int, Path] = {}
         for i in rows:
-            cfg = CONFIGS[i - 1]
+            cfg = configs[i - 1]
             expected = estimate_memory(cfg.d_in, cfg.d_sae, cfg.batch, cfg.architecture, cfg.k, cfg.ranks,
                                        device_type="cpu").total / MIB
             measured, estimated, resident, took = run(cfg, Path(tmp), shards)
@@ -152,6 +203,34 @@ def main() -> int:
             rss = f"{resident:.1f}" if resident is not None else "-"
             print(f"{i:>2}  {cfg.label:<54} {estimated:>8.1f} {measured:>9.1f} {ratio:>6.2f}  "
                   f"{'yes' if ok else 'NO':<5} {rss:>9} {took:>4.0f}", flush=True)
+    return 1 if failed else 0
+
+
+def main_cuda(configs: list[Config]) -> int:
+    """The estimate against the allocator's peak plus the measured CUDA context, on one GPU."""
+    context = measured_cuda_context()
+    constant = CUDA_CONTEXT_BYTES / MIB
+    print(f"the estimate's CUDA context: {constant:.0f} MiB (a constant); measured {context / MIB:.0f} MiB "
+          f"({context / CUDA_CONTEXT_BYTES:.2f}x)")
+    print("alloc: torch.cuda.max_memory_allocated of the run's steps; real: alloc + the measured context")
+    header = (f"{'config':<46} {'est MiB':>8} {'alloc MiB':>10} {'real MiB':>9} {'est/real':>8}  {'+-25%':<5} "
+              f"{'s':>4}")
+    print(header)
+    print("-" * len(header))
+    failed = 0
+    ratios = []
+    with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
+        for cfg in configs:
+            measured, estimated, _, took = run(cfg, Path(tmp), {}, device="cuda")
+            allocated = measured - constant  # the trainer adds the constant to the allocator's peak
+            real = allocated + context / MIB
+            ok = abs(estimated - real) <= TOLERANCE * real
+            failed += not ok
+            print(f"{cfg.label:<46} {estimated:>8.0f} {allocated:>10.0f} {real:>9.0f} {estimated / real:>8.2f}  "
+                  f"{'yes' if ok else 'NO':<5} {took:>4.0f}", flush=True)
+            ratios.append(f"{estimated / real:.2f}")
+    print(f"CUDA context measured {context / MIB:.0f} MiB (the estimate's constant: {constant:.0f}); estimate / "
+          f"(allocator peak + context): {', '.join(ratios)} ({failed} outside +-{TOLERANCE:.0%})")
     return 1 if failed else 0
 
 

@@ -87,15 +87,19 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-nvml-") as tmp:
         tmp = Path(tmp)
-        lib = fake_nvml.build(tmp / "lib")
-        machine = {"devices": [fake_nvml.a100(0x07 + i, i) for i in range(args.devices)]}
-        scenario = fake_nvml.write(tmp / "scenario.json", machine)
-        base = {**os.environ, "PYTHONPATH": str(REPO), "SAE_DIST_AUTOSTART": "0"}
+        # The repository first, and whatever the caller put on the path after it (a GPU machine's
+        # carried wheels).
+        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+        base = {**os.environ, "PYTHONPATH": path, "SAE_DIST_AUTOSTART": "0"}
         base.pop("SAE_DIST_DB_URL", None)
-        emulated = fake_nvml.environment(lib, scenario, {**base, "SAE_DIST_HOME": str(tmp / "nvml")})
-        if args.real:
+        if args.real:  # the driver's GPUs; the emulated one is not built (no nvml.h there)
             emulated = {k: v for k, v in base.items() if k != "SAE_DIST_VIRTUAL_GPUS"}
             emulated["SAE_DIST_HOME"] = str(tmp / "nvml")
+        else:
+            lib = fake_nvml.build(tmp / "lib")
+            machine = {"devices": [fake_nvml.a100(0x07 + i, i) for i in range(args.devices)]}
+            scenario = fake_nvml.write(tmp / "scenario.json", machine)
+            emulated = fake_nvml.environment(lib, scenario, {**base, "SAE_DIST_HOME": str(tmp / "nvml")})
         virtual = {**base, "SAE_DIST_HOME": str(tmp / "virtual"), "SAE_DIST_VIRTUAL_GPUS": str(args.devices)}
 
         kind = "real" if args.real else "emulated"
