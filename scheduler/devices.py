@@ -104,6 +104,19 @@ def _temperature(nvml: Any, handle: Any) -> float:
     return nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
 
 
+def _memory_info(nvml: Any, handle: Any) -> Any:
+    # The versioned call counts as used only what was allocated; the old one adds the memory
+    # the driver reserves for itself (618 MiB on an idle H200 with driver 580), which read as a
+    # user and kept every job off an idle GPU. Drivers before it only have the old call.
+    version = getattr(nvml, "nvmlMemory_v2", None)
+    if version is not None:
+        try:
+            return nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+        except (nvml.NVMLError_FunctionNotFound, getattr(nvml, "NVMLError_ArgumentVersionMismatch", ())):
+            pass
+    return nvml.nvmlDeviceGetMemoryInfo(handle)
+
+
 def read_device(nvml: Any, index: int) -> DeviceInfo:
     """Read one GPU through `nvml` (the pynvml module, or a stand-in with its names). Never raises.
 
@@ -136,7 +149,7 @@ def read_device(nvml: Any, index: int) -> DeviceInfo:
     name = read("name", nvml.nvmlDeviceGetName, handle)
     if name is not None:
         info.name = _text(name)
-    mem = read("memory", nvml.nvmlDeviceGetMemoryInfo, handle)
+    mem = read("memory", _memory_info, nvml, handle)
     if mem is not None:
         info.memory_total, info.memory_used, info.memory_free = int(mem.total), int(mem.used), int(mem.free)
     util = read("utilization", nvml.nvmlDeviceGetUtilizationRates, handle)

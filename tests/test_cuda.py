@@ -99,12 +99,14 @@ def _one_step(device: str, precision: str):
     sae = SparseAutoencoder(256, 2048, "topk", 32, seed=0).to(device)
     opt = make_optimizer(sae, 1e-3)
     cfg = TrainConfig(d_in=256, d_sae=2048, precision=precision)
-    result = train_step(sae, sae, opt, [x], None, autocast=autocast_for(cfg, torch.device(device)))
+    autocast = autocast_for(cfg, torch.device(device))
+    # autocast_for lets fp32 products use TF32 on GPUs (as training does); this compares fp32 alike
+    torch.backends.cuda.matmul.allow_tf32 = False
+    result = train_step(sae, sae, opt, [x], None, autocast=autocast)
     return {name: p.detach().float().cpu() for name, p in sae.named_parameters()}, result
 
 
 def test_a_cuda_step_matches_the_cpu_one_and_bf16_stays_close():
-    torch.backends.cuda.matmul.allow_tf32 = False
     cpu, _ = _one_step("cpu", "fp32")
     gpu, _ = _one_step("cuda", "fp32")
     for name in cpu:

@@ -120,6 +120,26 @@ def test_an_old_driver_without_the_newest_calls_uses_the_older_ones(fake_nvml_li
     assert missing.stdout.strip() == "mismatch", missing.stderr  # what the fallback exists for
 
 
+def test_memory_the_driver_reserves_for_itself_is_not_use(fake_nvml_lib, scenario, tmp_path):
+    """An idle H200 (driver 580) answers the old memory call with 618 MiB used: what the driver
+    reserves for itself. Read so, every idle GPU looked used by something else and no job ever
+    started (found on the first GPU the project ran on). The versioned call counts only what was
+    allocated; a driver without it is read through the old one, reserve and all."""
+    from conftest import run_cli
+
+    s = fake_nvml.eight_a100s()
+    s["devices"][1]["memory_reserved"] = 618 * 2**20  # bus 07: index 0
+    fake_nvml.write(scenario, s)
+    env = fake_nvml.environment(fake_nvml_lib, scenario)
+    [devices], _ = reads(env)
+    assert (devices[0]["memory_used"], devices[0]["memory_free"]) == (0, 80 * fake_nvml.GIB - 618 * 2**20)
+    info = run_cli("info", "--json", module="scheduler", env=env)
+    assert info.returncode == 0, info.stderr
+    assert json.loads(info.stdout)[0]["state"] == "idle"
+    [old], _ = reads(fake_nvml.environment(fake_nvml.build(tmp_path / "old", old_driver=True), scenario))
+    assert old[0]["memory_used"] == 618 * 2**20  # the old call's view: nothing better to be had
+
+
 def test_a_lost_gpu_keeps_its_identity_and_is_marked_lost(nvml_env, scenario):
     s = fake_nvml.eight_a100s()
     lost = json.loads(json.dumps(s))

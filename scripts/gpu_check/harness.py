@@ -94,9 +94,14 @@ def job(job_id: int):
 
 
 def wait_ended(job_id: int, timeout: float):
-    ended = wait_for(lambda: (j := job(job_id)).state not in ("PENDING", "RUNNING") and j, timeout,
-                     f"job {job_id} to end", every=0.5)
-    return ended
+    """The job once it ended; CheckFailed saying where it stood and what `info` shows, if not in time."""
+    try:
+        return wait_for(lambda: (j := job(job_id)).state not in ("PENDING", "RUNNING") and j, timeout,
+                        f"job {job_id} to end", every=0.5)
+    except CheckFailed as e:
+        stuck = job(job_id)
+        devices = "; ".join(f"{r['uuid']}: {r['state']} ({r['reason']})" for r in cli_json("info"))
+        raise CheckFailed(f"{e}: it is {stuck.state} ({stuck.reason}); devices: {devices}") from None
 
 
 def run_step(main) -> None:

@@ -69,8 +69,8 @@ def steps(work: Path, gpus: int) -> list[Step]:
         Step("bench_step bf16", [*bench, "--precision", "bf16"], 150, [*bench_cpu, "--precision", "bf16"]),
         Step("app: Overview and Monitor", script("app_views.py", str(work / "home-app")), 120,
              script("app_views.py", str(work / "home-app"), "--virtual")),
-        Step("daemon sampling the real driver", [PY, "scripts/bench_nvml_sampler.py", "--real", "--window", "10",
-                                                 "--warmup", "5"], 75, None, "needs a real driver"),
+        Step("daemon sampling the real driver", [PY, "scripts/bench_nvml_sampler.py", "--real", "--window", "5",
+                                                 "--warmup", "4"], 60, None, "needs a real driver"),
         Step("two GPUs: NCCL scaling 1,2", two_gpus if gpus >= 2 else None, 240, None,
              f"needs 2 GPUs, {gpus} here (tests/test_cuda.py's 2-GPU training skips for the same reason)"
              if gpus < 2 else "needs CUDA"),

@@ -9,8 +9,8 @@
  * DRIVER_NOT_LOADED, as on a machine with no driver. A bad scenario is one line on stderr and
  * NVML_ERROR_UNKNOWN from every call until the file is fixed.
  *
- * Built with -DFAKE_NVML_OLD_DRIVER it lacks the calls drivers before 525/565 lack
- * (nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetTemperatureV): the bindings then
+ * Built with -DFAKE_NVML_OLD_DRIVER it lacks the calls drivers before 510/525/565 lack
+ * (nvmlDeviceGetMemoryInfo_v2, nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetTemperatureV): the bindings then
  * raise FunctionNotFound, and the product's fallbacks run. */
 #define NVML_NO_UNVERSIONED_FUNC_DEFS /* export nvmlInit and nvmlInit_v2 both, as the real one */
 #include <nvml.h>
@@ -265,21 +265,23 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) 
     DEVICE_CALL(device, CALL_MEMORY, d)
     if (!memory) return leave(NVML_ERROR_INVALID_ARGUMENT);
     memory->total = d->memory_total;
-    memory->used = d->memory_used;
-    memory->free = d->memory_total - d->memory_used;
+    memory->used = d->memory_used + d->memory_reserved; /* as real drivers: the reserved part counts as used */
+    memory->free = d->memory_total - memory->used;
     return leave(NVML_SUCCESS);
 }
 
+#ifndef FAKE_NVML_OLD_DRIVER
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
     DEVICE_CALL(device, CALL_MEMORY, d)
     if (!memory) return leave(NVML_ERROR_INVALID_ARGUMENT);
     if (memory->version != nvmlMemory_v2) return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
     memory->total = d->memory_total;
-    memory->reserved = 0;
+    memory->reserved = d->memory_reserved;
     memory->used = d->memory_used;
-    memory->free = d->memory_total - d->memory_used;
+    memory->free = d->memory_total - d->memory_used - d->memory_reserved;
     return leave(NVML_SUCCESS);
 }
+#endif
 
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization) {
     DEVICE_CALL(device, CALL_UTILIZATION, d)

@@ -2,7 +2,7 @@
  *
  *   {"driver_version": "550.54.15", "init_error": null,
  *    "devices": [{"name": "NVIDIA A100-SXM4-80GB", "uuid": "GPU-...", "pci_bus_id": "00000000:07:00.0",
- *                 "memory_total": 85899345920, "memory_used": 0, "utilization": 0,
+ *                 "memory_total": 85899345920, "memory_used": 0, "memory_reserved": 0, "utilization": 0,
  *                 "memory_utilization": 0, "temperature": 31, "power_w": 62.5, "power_limit_w": 400,
  *                 "pcie_gen": 4, "pcie_width": 16, "nvlink": [1, 1, 0],
  *                 "processes": [{"pid": 1234, "used_memory": 1073741824, "sm_util": 50}],
@@ -148,8 +148,11 @@ static int read_readings(check *c, const json *o, fake_device *d) {
         if (got < 0) return -1;
         if (got == 0) d->errors[R[i].call] = NVML_ERROR_NOT_SUPPORTED; /* the card lacks it */
     }
-    if (v[1] > v[0]) return bad(c, "\"%s\" is more than memory_total", "memory_used");
-    d->memory_total = v[0], d->memory_used = v[1];
+    /* What the driver sets aside for itself: optional (0), only the old memory call counts it as used. */
+    unsigned long long reserved = 0;
+    if (number(c, o, "memory_reserved", 1, 1e15, &reserved) < 0) return -1;
+    if (v[1] + reserved > v[0]) return bad(c, "\"%s\" and memory_reserved are more than memory_total", "memory_used");
+    d->memory_total = v[0], d->memory_used = v[1], d->memory_reserved = reserved;
     d->utilization = (unsigned)v[2], d->memory_utilization = (unsigned)v[3], d->temperature = (unsigned)v[4];
     d->power_mw = (unsigned)v[5], d->power_limit_mw = (unsigned)v[6];
     d->pcie_gen = (unsigned)v[7], d->pcie_width = (unsigned)v[8];
@@ -171,7 +174,7 @@ static int read_links(check *c, const json *links, fake_device *d) {
 
 static int read_device(check *c, const json *o, fake_device *d) {
     static const char *const keys[] = {
-        "name", "uuid", "pci_bus_id", "pci_device_id", "memory_total", "memory_used", "utilization",
+        "name", "uuid", "pci_bus_id", "pci_device_id", "memory_total", "memory_used", "memory_reserved", "utilization",
         "memory_utilization", "temperature", "power_w", "power_limit_w", "pcie_gen", "pcie_width", "nvlink",
         "processes", "errors", NULL};
     if (o->type != JSON_OBJECT) return bad(c, "%s", "a device must be an object");

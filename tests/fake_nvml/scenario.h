@@ -23,7 +23,7 @@ typedef struct {
 typedef struct {
     char name[FAKE_TEXT], uuid[FAKE_TEXT], bus_id[32], bus_id_legacy[16];
     unsigned domain, bus, device, pci_device_id;
-    unsigned long long memory_total, memory_used;
+    unsigned long long memory_total, memory_used, memory_reserved; /* reserved: the driver's own */
     unsigned utilization, memory_utilization;
     unsigned temperature;
     unsigned power_mw, power_limit_mw;
