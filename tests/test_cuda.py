@@ -90,6 +90,7 @@ def test_the_health_probe_checks_cuda_too_on_a_healthy_gpu():
 
 
 def _one_step(device: str, precision: str):
+    """The parameters after one training step, and the step's update to each (after - before)."""
     from sae_dist.config import TrainConfig
     from sae_dist.sae import SparseAutoencoder
     from sae_dist.step import autocast_for, make_optimizer, train_step
@@ -97,26 +98,37 @@ def _one_step(device: str, precision: str):
     torch.manual_seed(0)
     x = torch.randn(512, 256, generator=torch.Generator().manual_seed(1)).to(device)
     sae = SparseAutoencoder(256, 2048, "topk", 32, seed=0).to(device)
+    before = {name: p.detach().float().cpu().clone() for name, p in sae.named_parameters()}
     opt = make_optimizer(sae, 1e-3)
     cfg = TrainConfig(d_in=256, d_sae=2048, precision=precision)
     autocast = autocast_for(cfg, torch.device(device))
     # autocast_for lets fp32 products use TF32 on GPUs (as training does); this compares fp32 alike
     torch.backends.cuda.matmul.allow_tf32 = False
-    result = train_step(sae, sae, opt, [x], None, autocast=autocast)
-    return {name: p.detach().float().cpu() for name, p in sae.named_parameters()}, result
+    train_step(sae, sae, opt, [x], None, autocast=autocast)
+    after = {name: p.detach().float().cpu() for name, p in sae.named_parameters()}
+    return after, {name: after[name] - before[name] for name in after}
 
 
 def test_a_cuda_step_matches_the_cpu_one_and_bf16_stays_close():
-    cpu, _ = _one_step("cpu", "fp32")
+    cpu, cpu_update = _one_step("cpu", "fp32")
     gpu, _ = _one_step("cuda", "fp32")
     for name in cpu:
         assert float((cpu[name] - gpu[name]).norm() / cpu[name].norm()) < 1e-3, name
     if not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16")
-    bf16, result = _one_step("cuda", "bf16")
+    bf16, bf16_update = _one_step("cuda", "bf16")
     assert all(torch.isfinite(p).all() for p in bf16.values())
     for name in cpu:
-        assert float((cpu[name] - bf16[name]).norm() / cpu[name].norm()) < 5e-2, name
+        if float(cpu[name].norm()) > 2 * float(cpu_update[name].norm()):
+            assert float((cpu[name] - bf16[name]).norm() / cpu[name].norm()) < 5e-2, name
+        else:
+            # A parameter that starts at 0 (b_dec) is its first step alone, and Adam's first step
+            # moves each entry by about lr times its gradient's sign: a gradient near 0 that bf16
+            # rounds the other way flips that entry (on an H200, 8 of b_dec's 256: 35% apart as
+            # vectors). The step must still point the same way.
+            cosine = torch.nn.functional.cosine_similarity(cpu_update[name].flatten(), bf16_update[name].flatten(),
+                                                           dim=0)
+            assert float(cosine) > 0.9, (name, float(cosine))
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
