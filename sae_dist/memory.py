@@ -22,10 +22,11 @@ MIB = 2**20
 # pages of its libraries written at load time and its allocators' first arenas.
 CPU_RUNTIME_BYTES = 216 * MIB
 # CUDA: the CUDA context (driver, kernels of torch's libraries loaded on the device), which
-# torch's allocator does not count. NOT measured here (the project's machine has no GPU): a
-# typical size, ~300-600 MiB on recent drivers and GPUs, taken as 500 MiB; PeakMemory adds the
-# same constant to the allocator's peak, so measured and estimated count the same thing.
-CUDA_CONTEXT_BYTES = 500 * MIB
+# torch's allocator does not count. Measured on an H200 (driver 580, torch 2.11 + CUDA 13.0,
+# 2026-11-27, scripts/bench_memory.py --device cuda): 748 MiB after a first training step (what
+# the driver says the device uses, less what torch's allocator holds). PeakMemory adds the same
+# constant to the allocator's peak, so measured and estimated count the same thing.
+CUDA_CONTEXT_BYTES = 750 * MIB
 
 
 # glibc's largest mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX, 64-bit): blocks this size and up
@@ -105,7 +106,19 @@ def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = 
     # largest bucket in flight, bounded by its bucket cap (25 MiB by default).
     ddp_buckets = min(25 * 2**20, n_params * param_bytes) if world_size > 1 else 0
     # The step's temporaries, as (bytes of one, how many): what is alive at the step's peak.
-    if architecture in ("topk", "batchtopk"):
+    if architecture in ("topk", "batchtopk") and device_type != "cpu":
+        # A GPU's peak is the larger of the forward's and the backward's (measured on an H200 in
+        # bf16, d_in/d_sae 768/24576, 2048/32768, 4096/65536, batch 4096: the estimate came within
+        # 2-10% above the allocator's peak): the forward holds the whole batch's pre-activations
+        # and, under autocast, the encoder's weight in that dtype; the backward's sparse
+        # weight-gradient product takes twice a weight (its result and cuSPARSE's workspace).
+        weight = d_in * d_sae * param_bytes
+        forward = batch_size * d_sae * act_bytes + (d_in * d_sae * act_bytes if act_bytes < param_bytes else 0)
+        temporaries = [(max(forward, 2 * weight), 1)]
+        if architecture == "batchtopk":
+            temporaries += [(batch_size * 4 * k * act_bytes, 1), (batch_size * 4 * k * 8, 1),
+                            (0.1 * batch_size * d_sae * act_bytes, 1)]
+    elif architecture in ("topk", "batchtopk"):
         block = encoder_rows_at_once(batch_size, d_sae, device_type) * d_sae * act_bytes
         temporaries = [(block, 1.5),  # the pre-activations (a block of rows on a CPU), top-k's space
                        (d_in * d_sae * param_bytes, 2)]  # the backward's sparse weight-gradient product
@@ -116,7 +129,7 @@ def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = 
                             (0.1 * batch_size * d_sae * act_bytes, 1)]
     else:
         temporaries = [(batch_size * d_sae * act_bytes, {"standard": 4.5, "jumprelu": 7.5}[architecture])]
-    temporaries.append((batch_size * d_in * act_bytes, 8))
+    temporaries.append((batch_size * d_in * 4, 8))  # fp32: autocast covers the encoder's product only
     activations = sum(size * count for size, count in temporaries)
     heap = 0.0
     if device_type == "cpu":
@@ -127,11 +140,13 @@ def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = 
 
 def estimate_for_config(cfg, world_size: int, device_type: str | None = None) -> MemoryEstimate:
     """The estimate for a TrainConfig whose d_in is known (the trainer, the CLI and the app agree).
-    Without a device type, `devices = cpu...` means CPU and anything else a GPU."""
+    Without a device type, `devices = cpu...` means CPU and anything else a GPU. On a GPU,
+    precision `auto` is taken as bf16 (what it means on every GPU since Ampere)."""
     if device_type is None:
         device_type = "cpu" if str(cfg.devices).strip().lower().startswith("cpu") else "cuda"
+    act_bytes = 2 if device_type != "cpu" and cfg.precision in ("auto", "bf16") else 4
     return estimate_memory(cfg.d_in, cfg.resolved_d_sae, cfg.batch_size, cfg.architecture, cfg.k, world_size,
-                           device_type=device_type)
+                           act_bytes=act_bytes, device_type=device_type)
 
 
 class PeakMemory:
