@@ -20,7 +20,6 @@ Exit status 1 when a configuration is outside +-25%.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys
@@ -135,7 +134,8 @@ def measured_cuda_context() -> int:
     return context
 
 
-def run(cfg: Config, work: Path, shards: dict[int, Path], device: str = "cpu") -> tuple[float, float, float | None, float]:
+def run(cfg: Config, work: Path, shards: dict[int, Path],
+        device: str = "cpu") -> tuple[float, float, float | None, float]:
     """(measured MiB, estimated MiB from the trainer's log, the largest resident size seen with
     file pages in MiB (one rank only), seconds) of one training run."""
     args = [sys.executable, "-m", "sae_dist", "train", "--no-db", "--architecture", cfg.architecture,

@@ -110,13 +110,14 @@ def main() -> None:
         print(f"one inventory read of {n} {kind} GPUs (NVML, in-process): {cpu * 1e3:.2f} ms CPU (median of 200)")
         n, nv, cpu = read_cost(virtual)
         print(f"one inventory read of {n} virtual devices (/proc):          {cpu * 1e3:.2f} ms CPU (median of 200)")
-        for label, env in ((f"{args.devices} {kind} GPUs (NVML)", emulated),
-                           (f"{args.devices} virtual devices", virtual)):
+        print("goal: under 1% of a core for 8 GPUs at 1 Hz." + ("" if args.real else " A real driver's per-call "
+              "cost is not emulated: --real (scripts/gpu_check.sh) measures it on a GPU machine."))
+        # the GPUs' figure last: it is the summary a caller reads
+        for label, env in ((f"{args.devices} virtual devices", virtual),
+                           (f"{args.devices} {kind} GPUs (NVML)", emulated)):
             share, samples = daemon_share(env, args.window, args.warmup)
             print(f"idle daemon sampling {label} at 1 Hz: {share:.2f}% of one core over {args.window:g} s "
                   f"({samples} samples written)")
-        print("goal: under 1% of a core for 8 GPUs at 1 Hz." + ("" if args.real else " A real driver's per-call "
-              "cost is not emulated: --real (scripts/gpu_check.sh) measures it on a GPU machine."))
 
 
 if __name__ == "__main__":

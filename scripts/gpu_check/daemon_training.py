@@ -15,13 +15,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
-from harness import CheckFailed, Daemon, cli, cli_json, expect, job, run_step, submit, use_home, wait_ended
+from harness import CheckFailed, Daemon, cli, cli_json, expect, run_step, submit, use_home, wait_ended
 
 GIB = 2**30
+
+
+SHAPES = {  # the GPU's run, and the rehearsal's on one CPU-backed device
+    False: dict(d_in=768, d_sae=24576, k=32, steps=300, batch_size=4096, precision="bf16", eval_rows=16384),
+    True: dict(d_in=64, d_sae=512, k=8, steps=40, batch_size=256, precision="fp32", eval_rows=1024),
+}
 
 
 def main() -> int:
@@ -30,17 +35,34 @@ def main() -> int:
     p.add_argument("--virtual", action="store_true", help="one CPU-backed device, a small fp32 run (rehearsal)")
     ns = p.parse_args()
     use_home(ns.home, 1 if ns.virtual else None)
-    if ns.virtual:
-        shape = dict(d_in=64, d_sae=512, k=8, steps=40, batch_size=256, precision="fp32", eval_rows=1024)
-    else:
-        shape = dict(d_in=768, d_sae=24576, k=32, steps=300, batch_size=4096, precision="bf16", eval_rows=16384)
-    run_dir = ns.home / "run"
+    shape = SHAPES[ns.virtual]
     toml = ns.home / "run.toml"
     toml.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in shape.items())
-                    + f'log_every = 20\ncheckpoint_every = 0\nname = "gpu-check"\nout_dir = "{run_dir}"\n')
-    probe_out = ns.home / "visible.out"
+                    + f'log_every = 20\ncheckpoint_every = 0\nname = "gpu-check"\nout_dir = "{ns.home / "run"}"\n')
+    ended, visible, took = train_through_the_daemon(ns.home, toml)
+    devices = check_devices(ended, visible, ns.virtual)
+    run = training_run(ended.id)
+    print(f"run {run.id}: {run.status}, backend {run.backend}, ranks on {json.loads(run.device_ids)}, final FVU "
+          f"{run.final_fvu}, L0 {run.final_l0}, {run.final_samples_per_s} samples/s")
+    expect(run.status == "COMPLETED", f"the run's record says {run.status}: {run.error}")
+    if not ns.virtual:
+        expect(json.loads(run.device_ids) == devices,
+               f"the rank ran on {run.device_ids} (CUDA's UUID), not on {devices} (NVML's)")
+    expect(run.final_fvu is not None and math.isfinite(run.final_fvu) and run.final_fvu < 1,
+           f"final FVU {run.final_fvu}")
+    fvu = check_export_and_evaluate(Path(run.export_dir or ns.home / "run" / "sae"), ns.home, shape)
+    samples = check_samples(devices[0], ended.id, ns.virtual)
+    print(f"trained {shape['steps']} {shape['precision']} steps of d_sae {shape['d_sae']} on {devices[0]} through "
+          f"the daemon in {took:.0f} s ({run.final_samples_per_s or 0:,.0f} samples/s), evaluate FVU "
+          f"{fvu:.3f}; {samples} samples name the job, all four readings "
+          + ("known" if not ns.virtual else "as a virtual device has them"))
+    return 0
 
-    with Daemon(ns.home):
+
+def train_through_the_daemon(home: Path, toml: Path):
+    """(the ended training job, the CUDA_VISIBLE_DEVICES a job on its device got, seconds)."""
+    probe_out = home / "visible.out"
+    with Daemon(home):
         started = time.monotonic()
         train_id = submit("--gpus", "1", "--train", str(toml), "-J", "gpu-check-train")
         probe_id = submit("--gpus", "1", "-J", "visible", "-o", str(probe_out), "-d", f"afterany:{train_id}",
@@ -53,61 +75,56 @@ def main() -> int:
         probe = wait_ended(probe_id, 60)
         expect(probe.state == "COMPLETED", f"the CUDA_VISIBLE_DEVICES job ended {probe.state}")
     print(log[-3000:])
+    return ended, probe_out.read_text().strip(), took
 
+
+def check_devices(ended, visible: str, virtual: bool) -> list[str]:
     devices = json.loads(ended.devices_json)
-    visible = probe_out.read_text().strip()
     print(f"allocated {devices}; the next job on it saw CUDA_VISIBLE_DEVICES={visible!r}")
     expect(len(devices) == 1, f"one device wanted, {devices} allocated")
-    if ns.virtual:
+    if virtual:
         expect(visible == "", f"a virtual device must hide the GPUs: CUDA_VISIBLE_DEVICES={visible!r}")
     else:
         expect(devices[0].startswith("GPU-") and visible == devices[0],
                f"CUDA_VISIBLE_DEVICES={visible!r}, not the allocated GPU's UUID {devices[0]}")
+    return devices
 
-    run = training_run(train_id)
-    rank_devices = json.loads(run.device_ids)
-    print(f"run {run.id}: {run.status}, backend {run.backend}, ranks on {rank_devices}, final FVU {run.final_fvu}, "
-          f"L0 {run.final_l0}, {run.final_samples_per_s} samples/s")
-    expect(run.status == "COMPLETED", f"the run's record says {run.status}: {run.error}")
-    if not ns.virtual:
-        expect(rank_devices == devices, f"the rank ran on {rank_devices} (CUDA's UUID), not on {devices} (NVML's)")
-    expect(run.final_fvu is not None and math.isfinite(run.final_fvu) and run.final_fvu < 1,
-           f"final FVU {run.final_fvu}")
-    sae_dir = Path(run.export_dir or run_dir / "sae")
+
+def check_export_and_evaluate(sae_dir: Path, home: Path, shape: dict) -> float:
+    """The export is in SAELens' layout and `evaluate` scores it on planted shards: its FVU."""
     expect((sae_dir / "cfg.json").exists() and (sae_dir / "sae_weights.safetensors").exists(),
            f"no SAELens export in {sae_dir}")
-
-    planted = ns.home / "planted"
+    planted = home / "planted"
     cli("make-planted", str(planted), "--rows", str(shape["eval_rows"]), "--d-in", str(shape["d_in"]),
         module="sae_dist", timeout=180)
     ev = json.loads(cli("evaluate", str(sae_dir), "--shards", str(planted), "--json", module="sae_dist",
                         timeout=240).stdout)
-    print("evaluate:", json.dumps({k: ev.get(k) for k in ("fvu", "l0", "dead_fraction", "recovery_mean_cos")}))
+    print("evaluate:", json.dumps({k: ev.get(k) for k in ("fvu", "l0", "dead_fraction")}))
     expect(ev.get("fvu") is not None and math.isfinite(ev["fvu"]), f"evaluate gave FVU {ev.get('fvu')}")
+    return ev["fvu"]
 
-    samples = samples_during(devices[0], train_id)
-    expect(samples, f"no sample of {devices[0]} names job {train_id}")
+
+def check_samples(uuid: str, job_id: int, virtual: bool) -> int:
+    """The daemon's samples of the device during the job name it, with every reading the device
+    has (a virtual one has no temperature or power); and the device is idle again after."""
+    samples = samples_during(uuid, job_id)
+    expect(samples, f"no sample of {uuid} names job {job_id}")
     readings = {name: [getattr(s, name) for s in samples if getattr(s, name) is not None]
                 for name in ("memory_used", "utilization_pct", "temperature_c", "power_w")}
     unknown = [name for name, values in readings.items() if not values]
-    summary = (f"{len(samples)} samples name the job: memory up to {max(readings['memory_used'] or [0]) / GIB:.1f} "
-               f"GiB, utilisation up to {max(readings['utilization_pct'] or [0]):.0f}%, "
-               + (f"temperature up to {max(readings['temperature_c']):.0f} C, power up to "
-                  f"{max(readings['power_w']):.0f} W" if not ns.virtual else "temperature and power unknown"))
-    print(summary)
-    if ns.virtual:
+    print(f"{len(samples)} samples name the job: memory up to {max(readings['memory_used'] or [0]) / GIB:.1f} GiB, "
+          f"utilisation up to {max(readings['utilization_pct'] or [0]):.0f}%, "
+          + ("temperature and power unknown" if virtual else f"temperature up to {max(readings['temperature_c']):.0f}"
+             f" C, power up to {max(readings['power_w']):.0f} W"))
+    if virtual:
         expect(unknown == ["temperature_c", "power_w"], f"a virtual device's unknown readings: {unknown}")
     else:
         expect(not unknown, f"the daemon's samples never read {', '.join(unknown)}")
         expect(max(readings["memory_used"]) > GIB, "the GPU's memory never showed the training")
-    gpu_row = next(r for r in cli_json("info") if r["uuid"] == devices[0])
+    gpu_row = next(r for r in cli_json("info") if r["uuid"] == uuid)
     print(f"info after the job: {gpu_row['state']} ({gpu_row['reason']}), {gpu_row['name']}")
     expect(gpu_row["state"] == "idle", f"the device is {gpu_row['state']} ({gpu_row['reason']}) after the job")
-    print(f"trained {shape['steps']} {shape['precision']} steps of d_sae {shape['d_sae']} on {devices[0]} through "
-          f"the daemon in {took:.0f} s ({run.final_samples_per_s or 0:,.0f} samples/s), evaluate FVU "
-          f"{ev['fvu']:.3f}; {len(samples)} samples name the job, all four readings "
-          + ("known" if not ns.virtual else "as a virtual device has them"))
-    return 0
+    return len(samples)
 
 
 def training_run(job_id: int):

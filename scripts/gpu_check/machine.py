@@ -14,6 +14,7 @@ import json
 import platform
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 from harness import expect, run_step
@@ -34,7 +35,7 @@ def nvidia_smi() -> str:
 def main() -> int:
     import torch
 
-    facts = {"date": subprocess.run(["date", "-u", "+%Y-%m-%d %H:%M UTC"], capture_output=True, text=True).stdout.strip(),
+    facts = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
              "gpu": nvidia_smi(),
              "python": f"{platform.python_version()} ({sys.executable})",
              "torch": f"{torch.__version__}, CUDA {torch.version.cuda}, "
