@@ -1,4 +1,4 @@
-"""The README's App section states each page's refresh interval: the code's, not a guess."""
+"""docs/app.md's Pages section states each page's refresh interval: the code's, not a guess."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def constant(path: str, name: str) -> int:
 
 
 def bullet(page: str) -> str:
-    app = (REPO / "README.md").read_text().split("## App", 1)[1].split("\n## ", 1)[0]
+    app = (REPO / "docs" / "app.md").read_text().split("\n## Pages", 1)[1].split("\n## ", 1)[0]
     match = re.search(rf"^- \*\*{re.escape(page)}:\*\*(.*?)(?=^- \*\*|^\S|\Z)", app, re.S | re.M)
     assert match, page
     return " ".join(match.group(1).split())
