@@ -10,8 +10,8 @@ from datetime import datetime, timezone
 
 import streamlit as st
 
-from sae_dist.analytics import devices as dev
 from sae_dist import format as fmt
+from sae_dist.analytics import devices as dev
 from sae_dist.analytics import queries
 from sae_dist.analytics.tables import runs_table
 from sae_dist.errors import UserError

@@ -14,11 +14,19 @@ from pathlib import Path
 
 import streamlit as st
 
+from sae_dist import format as fmt
 from sae_dist.analytics import devices as dev
 from sae_dist.analytics import train_form
-from sae_dist import format as fmt
-from sae_dist.config import (ARCHITECTURES, BALANCES, ON_RANK_LOSS, PRECISIONS, SOURCES, SYNTHETIC_D_IN, build_config,
-                             config_fields)
+from sae_dist.config import (
+    ARCHITECTURES,
+    BALANCES,
+    ON_RANK_LOSS,
+    PRECISIONS,
+    SOURCES,
+    SYNTHETIC_D_IN,
+    build_config,
+    config_fields,
+)
 from sae_dist.defaults import describe_resolved
 from sae_dist.errors import ConfigError, UserError
 from sae_dist.paths import state_home
@@ -45,7 +53,8 @@ FORM_DEFAULTS = {
     "tr_grad_accum": DEFAULT["grad_accum"],
     "tr_lr": "", "tr_steps": DEFAULT["steps"], "tr_precision": DEFAULT["precision"],
     "tr_checkpoint_every": DEFAULT["checkpoint_every"], "tr_balance": DEFAULT["balance"],
-    "tr_rebalance": DEFAULT["rebalance"], "tr_on_rank_loss": DEFAULT["on_rank_loss"], "tr_name": "", "tr_priority": 0, "tr_time": "",
+    "tr_rebalance": DEFAULT["rebalance"], "tr_on_rank_loss": DEFAULT["on_rank_loss"],
+    "tr_name": "", "tr_priority": 0, "tr_time": "",
     "tr_auto": True,  # preselect the recommended devices until the user ticks one
     "tr_sweep": False, "tr_sw_architecture": [], "tr_sw_k": "", "tr_sw_expansion_factor": "", "tr_sw_lr": "",
 }
@@ -416,7 +425,8 @@ with st.container(horizontal=True, vertical_alignment="center"):
     elif not selected:
         st.caption("Select at least one device to submit.")
     else:
-        st.caption(f"{f'{len(sweep)} SAEs, ' if sweep else ''}{config.steps:,} steps on {', '.join(r['label'] for r in table if r['uuid'] in selected)}"
+        st.caption(f"{f'{len(sweep)} SAEs, ' if sweep else ''}{config.steps:,} steps on "
+                   f"{', '.join(r['label'] for r in table if r['uuid'] in selected)}"
                    f"{'' if time_limit_s is None else ', time limit ' + fmt.fmt_duration(time_limit_s)}")
 if clicked and spec is not None:
     if not config.name:  # name the job and its run alike, and uniquely

@@ -14,14 +14,12 @@ from datetime import datetime, timedelta, timezone
 
 import streamlit as st
 
-from sae_dist.analytics import (cards, charts, jobs, monitor_views, progress, queries, samples,
-                                sparklines, tables, units)
 from sae_dist import format as fmt
+from sae_dist.analytics import cards, charts, jobs, monitor_views, progress, queries, samples, sparklines, tables, units
 from sae_dist.db import get_engine
-from webui.widgets import (card_row, chart_columns, command_hint, draw_view, events_toggle, log_tail,
-                           view_columns)
 from webui.refresh import refresh_every, timed_redraw
 from webui.sidebar import page_frame
+from webui.widgets import card_row, chart_columns, command_hint, draw_view, events_toggle, log_tail, view_columns
 
 engine = page_frame("Monitor", ":material/speed:")
 

@@ -9,13 +9,24 @@ from datetime import datetime, timezone
 
 import streamlit as st
 
-from sae_dist.analytics import (cards, charts, compare_charts, config_diff, evaluation_view,
-                                monitor_views, pareto, queries, run_compare, samples, tables)
-from sae_dist.analytics.smoothing import MAX_WEIGHT
 from sae_dist import format as fmt
+from sae_dist.analytics import (
+    cards,
+    charts,
+    compare_charts,
+    config_diff,
+    evaluation_view,
+    monitor_views,
+    pareto,
+    queries,
+    run_compare,
+    samples,
+    tables,
+)
+from sae_dist.analytics.smoothing import MAX_WEIGHT
 from sae_dist.db import get_engine
-from webui.widgets import card_row, chart_columns, command_hint, draw_view, events_toggle, stacked_charts
 from webui.sidebar import REFRESH_SECONDS, page_frame
+from webui.widgets import card_row, chart_columns, command_hint, draw_view, events_toggle, stacked_charts
 
 engine = page_frame("Training runs", ":material/monitoring:")
 STALE_AFTER_S = 600  # a RUNNING run silent this long may have died without saying so

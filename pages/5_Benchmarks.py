@@ -9,10 +9,10 @@ this page only lays them out.
 
 import streamlit as st
 
-from sae_dist.analytics import bench_charts, queries
-from sae_dist.analytics import bench_tables as T
 from sae_dist import format as fmt
 from sae_dist.analytics import balance_view as balance
+from sae_dist.analytics import bench_charts, queries
+from sae_dist.analytics import bench_tables as T
 from sae_dist.bench import reliability, scaling
 from sae_dist.bench import summary as S
 from webui.sidebar import page_frame

@@ -274,7 +274,8 @@ def rebalance(shares: tuple[int, ...], window: list[WindowTimes], state: Balance
     new ones. Windows of fewer than MIN_WINDOW_STEPS steps leave the state as it was.
     """
     n = len(shares)
-    state = state if state is not None and len(state.streak) == n else BalanceState.fresh(n, state.moves if state else 0)
+    state = (state if state is not None and len(state.streak) == n
+             else BalanceState.fresh(n, state.moves if state else 0))
     medians = [w.median for w in window]
     ratio = imbalance(medians)
     if ratio is None or any(w.steps < MIN_WINDOW_STEPS for w in window):

@@ -9,8 +9,14 @@ import sys
 import time
 
 from sae_dist.config import SYNTHETIC_D_IN, TrainConfig
-from sae_dist.contract import (FORKED_RANK_ENV, OUR_LAUNCHER_ENV, add_config_flags, add_sweep_flag, config_from_args,
-                               sweep_from_args)
+from sae_dist.contract import (
+    FORKED_RANK_ENV,
+    OUR_LAUNCHER_ENV,
+    add_config_flags,
+    add_sweep_flag,
+    config_from_args,
+    sweep_from_args,
+)
 from sae_dist.errors import USER_ERROR_EXIT, TrainingStopped, UserError
 from sae_dist.sweep import check_trainable
 
@@ -130,7 +136,8 @@ def _add_evaluate_parsers(sub) -> None:
                     help="feature frequency ~ rank^-P (default 0.5; 0 = uniform)")
     mp.add_argument("--noise", type=float, metavar="S", help="Gaussian noise std per dimension (default 0.01)")
     mp.add_argument("--seed", type=int, metavar="X", help="the dictionary's and the data's seed (default 0)")
-    mp.add_argument("--rows-per-shard", type=int, default=65536, metavar="R", help="rows per shard file (default 65536)")
+    mp.add_argument("--rows-per-shard", type=int, default=65536, metavar="R",
+                    help="rows per shard file (default 65536)")
 
 
 def _harvest(ns: argparse.Namespace) -> int:
@@ -140,7 +147,8 @@ def _harvest(ns: argparse.Namespace) -> int:
     for flag in ("layer", "max_tokens", "context_length", "batch_size", "shard_rows"):
         value = getattr(ns, flag)
         if value is not None and (value < 0 or (value == 0 and flag != "layer")):
-            raise UserError(f"--{flag.replace('_', '-')} {value}: must be {'0 or more' if flag == 'layer' else 'positive'}")
+            raise UserError(f"--{flag.replace('_', '-')} {value}: "
+                            f"must be {'0 or more' if flag == 'layer' else 'positive'}")
     kind, count = resolve_devices(ns.devices)  # the trainer's rules: auto, cpu:N, cuda:N
     spec = HarvestSpec(model=ns.model, layer=ns.layer, site=ns.site, texts=ns.text, out=ns.out,
                        max_tokens=ns.max_tokens, context_length=ns.context_length, batch_size=ns.batch_size,

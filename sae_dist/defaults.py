@@ -1,6 +1,6 @@
 """Default optimisation settings, as rules of the run's shape: what a config leaves unset.
 
-The rules come from the learning-rate sweep in scripts/sweep_lr.py (README: "How the defaults were
+The rules come from the learning-rate sweep in scripts/sweep_lr.py (docs/quality.md: "How the defaults were
 chosen"); each is a pure function so the Train page, the CLI and the trainer resolve the same
 numbers, and a test pins their outputs.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 # lr = LR_AT_REFERENCE * (d_in / 256) ** LR_D_IN_EXPONENT. Adam's step is in the weights' own
 # units and a unit-norm decoder row has entries ~ 1 / sqrt(d_in); with that slope, the constant is
-# the least-squares fit to the best lr of each swept shape (README, "How the defaults were chosen").
+# the least-squares fit to the best lr of each swept shape (docs/quality.md, "How the defaults were chosen").
 LR_AT_REFERENCE = 1.8e-3
 LR_D_IN_EXPONENT = -0.5
 WARMUP_FRACTION = 0.05  # of the run's steps
@@ -21,7 +21,7 @@ DEAD_AFTER_MAX = 10_000_000  # the usual window of long runs (sparsify, OpenAI)
 
 def default_lr(global_batch: int, d_sae: int, k: int, d_in: int) -> float:
     """Adam learning rate for a TopK-family SAE of this shape trained with this global batch."""
-    del global_batch, d_sae, k  # too few swept shapes to fit these terms (README table)
+    del global_batch, d_sae, k  # too few swept shapes to fit these terms (docs/quality.md)
     return LR_AT_REFERENCE * (d_in / 256) ** LR_D_IN_EXPONENT
 
 

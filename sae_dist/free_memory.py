@@ -61,7 +61,8 @@ def sources_line(sources: list[str]) -> str:
     for rank, source in enumerate(sources):
         groups.setdefault(source, []).append(rank)
     return "free memory " + ", ".join(
-        f"{source} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})" for source, ranks in groups.items())
+        f"{source} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
+        for source, ranks in groups.items())
 
 
 def cuda_identity(device: Any) -> tuple[str | None, str | None]:

@@ -197,7 +197,8 @@ def _when(value: str | datetime | None) -> datetime | None:
         return None
     if isinstance(value, str):
         tail = value[19:]  # after "YYYY-MM-DD HH:MM:SS": fractions, and an offset if any
-        if len(value) >= 19 and "+" not in tail and "-" not in tail and "Z" not in tail:  # naive UTC: 5x faster than .replace
+        # naive UTC: 5x faster than .replace
+        if len(value) >= 19 and "+" not in tail and "-" not in tail and "Z" not in tail:
             return datetime.fromisoformat(value + "+00:00")
         value = datetime.fromisoformat(value)
     return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)

@@ -17,7 +17,6 @@ from sae_dist import distributed as D
 from sae_dist.balance import BatchPlan, bounded_split, initial_weights, plan_for
 from sae_dist.config import TrainConfig
 from sae_dist.contract import SLOW_RANKS_ENV, rank_values
-from sae_dist.errors import UserError
 from sae_dist.free_memory import free_memory, sources_line
 from sae_dist.sae import SparseAutoencoder
 

@@ -56,7 +56,8 @@ def wrap_ddp(sae: SparseAutoencoder, ctx: DistContext, cfg: TrainConfig):
     model = DDP(sae, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
                 gradient_as_bucket_view=True, bucket_cap_mb=ddp_bucket_mb(sae, cfg))
     if cfg.ddp_compress != "none":
-        model.register_comm_hook(None, compress_hook(getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[cfg.ddp_compress])))
+        model.register_comm_hook(
+            None, compress_hook(getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[cfg.ddp_compress])))
     return model
 
 

@@ -32,8 +32,8 @@ from sae_dist.errors import UserError
 from sae_dist.placement import Device, Placement
 from sae_dist.run_record import RunRecord
 from sae_dist.sae import SparseAutoencoder
-from sae_dist.step import compress_hook, ddp_bucket_mb, make_optimizer
 from sae_dist.sources.make import make_source
+from sae_dist.step import compress_hook, ddp_bucket_mb, make_optimizer
 from sae_dist.sweep import Sweep, model_sites
 from sae_dist.train_state import TrainState, on_main
 from sae_dist.window import MetricsWindow
@@ -161,7 +161,8 @@ def _wrap(m: Member, ctx: D.DistContext):
     model = DDP(m.sae, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
                 process_group=m.group, gradient_as_bucket_view=True, bucket_cap_mb=ddp_bucket_mb(m.sae, m.cfg))
     if m.cfg.ddp_compress != "none" and m.group is None:  # its hook averages over the whole world
-        model.register_comm_hook(None, compress_hook(getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[m.cfg.ddp_compress])))
+        model.register_comm_hook(
+            None, compress_hook(getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[m.cfg.ddp_compress])))
     return model
 
 

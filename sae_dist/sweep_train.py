@@ -32,12 +32,26 @@ from sae_dist.memory import PeakMemory
 from sae_dist.placement import Placement, needs_for, place
 from sae_dist.step import autocast_for, train_step
 from sae_dist.sweep import Sweep, check_trainable
-from sae_dist.sweep_members import (Member, build_members, open_records, rank_devices, resume_members,
-                                    split_sites, sweep_source, write_sweep_checkpoint)
 from sae_dist.sweep_eval import evaluate_members
+from sae_dist.sweep_members import (
+    Member,
+    build_members,
+    open_records,
+    rank_devices,
+    resume_members,
+    split_sites,
+    sweep_source,
+    write_sweep_checkpoint,
+)
 from sae_dist.sweep_record import SweepRecord
-from sae_dist.train import (record_run_evaluation, device_label, prepare_run_dir, received_stop, set_threads,
-                            stop_on_signals)
+from sae_dist.train import (
+    device_label,
+    prepare_run_dir,
+    received_stop,
+    record_run_evaluation,
+    set_threads,
+    stop_on_signals,
+)
 from sae_dist.train_state import on_main
 from sae_dist.window import TrainingDiverged, progress_line
 

@@ -134,7 +134,8 @@ def write_checkpoint(cfg: TrainConfig, ctx: D.DistContext, sae, opt, source: Act
             "data": data_states, "since_fired": state.since_fired.cpu(), "fire_total": state.fire_total.cpu(),
             "rng_cpu": torch.get_rng_state(), "plan": state.plan.to_dict(), "balance": state.balance.to_dict(),
         }
-        meta = {"world_size": ctx.world_size, "config": cfg.to_dict(), "saved_at": datetime.now(timezone.utc).isoformat()}
+        meta = {"world_size": ctx.world_size, "config": cfg.to_dict(),
+                "saved_at": datetime.now(timezone.utc).isoformat()}
         path = save_checkpoint(run_dir, step=state.step, weights=weights, state=saved, meta=meta,
                                keep=cfg.keep_checkpoints)
         log.info("checkpoint: %s", path)

@@ -32,7 +32,8 @@ def parse_array(text: str) -> ArraySpec:
     """`--array`'s value: comma-separated ids and ranges (`A-B`, `A-B:STEP`), then `%N`."""
     spec, _, limit = text.strip().partition("%")
     if not spec:
-        raise UserError(f"--array {text!r}: give task ids such as 0-99, 1,3,5 or 0-15:4 (then %N to run at most N at once)")
+        raise UserError(f"--array {text!r}: give task ids such as 0-99, 1,3,5 or 0-15:4 "
+                        f"(then %N to run at most N at once)")
     ids: set[int] = set()
     for part in spec.split(","):
         ids.update(_part(part.strip(), text))

@@ -51,7 +51,8 @@ def _wait_status(raw) -> tuple[int | None, int | None]:
     if isinstance(raw, dict):
         code = raw.get("return_code")
         sig = (raw.get("signal") or {}).get("id")
-        return (code.get("number") if isinstance(code, dict) else code), (sig.get("number") if isinstance(sig, dict) else sig)
+        return ((code.get("number") if isinstance(code, dict) else code),
+                (sig.get("number") if isinstance(sig, dict) else sig))
     if raw is None:
         return None, None
     raw = int(raw)
@@ -67,7 +68,8 @@ def parse_squeue_json(text: str) -> dict[str, SlurmState]:
             state = state[0] if state else "UNKNOWN"
         code, sig = _wait_status(job.get("exit_code"))
         job_id = str(job.get("job_id"))
-        out[job_id] = SlurmState(job_id, str(state), code, sig, _when(job.get("start_time")), _when(job.get("end_time")))
+        out[job_id] = SlurmState(job_id, str(state), code, sig,
+                                 _when(job.get("start_time")), _when(job.get("end_time")))
     return out
 
 
@@ -80,7 +82,8 @@ def parse_sacct(text: str) -> dict[str, SlurmState]:
             continue
         code, _, sig = parts[2].partition(":")
         out[parts[0]] = SlurmState(parts[0], parts[1].split()[0] if parts[1] else "UNKNOWN",
-                                   int(code) if code.isdigit() else None, int(sig) if sig.isdigit() and int(sig) else None)
+                                   int(code) if code.isdigit() else None,
+                                   int(sig) if sig.isdigit() and int(sig) else None)
     return out
 
 
@@ -113,7 +116,8 @@ def submit(engine: Engine, spec, script: str, script_dir: Path) -> str:
     path.write_text(script)
     result = _run(["sbatch", "--parsable", str(path)], cwd=spec.workdir)
     if result.returncode != 0:
-        raise UserError(f"sbatch refused the job: {result.stderr.strip().splitlines()[-1] if result.stderr.strip() else result.returncode}")
+        raise UserError(f"sbatch refused the job: "
+                        f"{result.stderr.strip().splitlines()[-1] if result.stderr.strip() else result.returncode}")
     job_id = result.stdout.strip().split(";")[0]
     with Session(engine) as session:
         session.add(ClusterJob(cluster="slurm", cluster_job_id=job_id, name=spec.name, user=getpass.getuser(),

@@ -21,9 +21,9 @@ import os
 import select
 import signal
 import time
-from datetime import datetime, timedelta, timezone
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from datetime import datetime, timedelta, timezone
 
 from filelock import FileLock
 from sqlalchemy import delete, insert

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
 
-from scheduler.faults import CLEARED_REASON, Fault, device_faults, faults_due
 from scheduler.devices import UNKNOWN_PREFIX, VIRTUAL_PREFIX, DeviceInfo
+from scheduler.faults import CLEARED_REASON, Fault, device_faults, faults_due
 from scheduler.probe import CHECKED, HEALTHY
 
 log = logging.getLogger(__name__)

@@ -63,7 +63,8 @@ def summary(outcomes: dict[int, str], words: dict[str, str]) -> str:
     """'950 tasks cancelled, 42 already COMPLETED': counts of each outcome, the done ones first."""
     counts = Counter(outcomes.values())
     parts = [f"{counts[o]} {_tasks(counts[o])} {w}" for o, w in words.items() if counts[o]]
-    parts += [f"{n} {_tasks(n)} left as they are ({state})" for state, n in sorted(counts.items()) if state not in words]
+    parts += [f"{n} {_tasks(n)} left as they are ({state})"
+              for state, n in sorted(counts.items()) if state not in words]
     return ", ".join(parts) or "no task"
 
 

@@ -40,7 +40,15 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Literal
 
 from sae_dist.db.schema import (
-    ARRAY_TASK_LIMIT, BEGIN_TIME, DEPENDENCY, DEPENDENCY_NEVER, EXCLUSIVE_JOB, HELD, PRIORITY, REQ_NODE_NOT_AVAIL, RESOURCES,
+    ARRAY_TASK_LIMIT,
+    BEGIN_TIME,
+    DEPENDENCY,
+    DEPENDENCY_NEVER,
+    EXCLUSIVE_JOB,
+    HELD,
+    PRIORITY,
+    REQ_NODE_NOT_AVAIL,
+    RESOURCES,
     RUNNING_JOBS,
 )
 

@@ -21,8 +21,8 @@ from urllib.parse import quote
 
 from sae_dist.job_listing import sqlite_file
 from sae_dist.state_db import HEAD_REVISION, busy_timeout_pragma, busy_timeout_s
-from scheduler.arrays import ArraySpec
 from scheduler.array_submit import jobs_to_store, task_rows
+from scheduler.arrays import ArraySpec
 from scheduler.newjob import check_dependencies_found
 from scheduler.spec import JobSpec
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from sae_dist.format import fmt_bytes
 from sae_dist.errors import UserError
+from sae_dist.format import fmt_bytes
 from scheduler.busy import DeviceState
 from scheduler.devices import DeviceInfo
 

@@ -37,7 +37,8 @@ FLAGS: dict[str, str] = {
     "name": "--job-name", "kind": "submit", "argv": "the command after --", "train_config": TRAIN_FLAG,
     "gpus": "--gpus", "gpu_ids": "--gpu-ids", "mem_per_gpu": "--mem-per-gpu", "priority": "--nice",
     "time_limit_s": "--time", "begin_at": "--begin", "dependencies": "--dependency", "held": "--hold",
-    "requeue": "--requeue", "exclusive": "--exclusive", "workdir": "--chdir", "env": "--env", "stdout": "--output", "stderr": "--error",
+    "requeue": "--requeue", "exclusive": "--exclusive", "workdir": "--chdir", "env": "--env",
+    "stdout": "--output", "stderr": "--error",
 }
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -192,7 +193,8 @@ def parse_begin(s: str, now: datetime | None = None, tz: tzinfo | None = None) -
         if candidate <= now:  # already past today: the same time tomorrow
             candidate = _local(datetime.combine(local_now.date() + timedelta(days=1), clock), tz)
         return candidate
-    if not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}:[0-9]{2}(:[0-9]{2})?)?(Z|[+-][0-9]{2}:?[0-9]{2})?", text):
+    if not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}:[0-9]{2}(:[0-9]{2})?)?"
+                        r"(Z|[+-][0-9]{2}:?[0-9]{2})?", text):
         raise bad
     try:
         when = datetime.fromisoformat(text)

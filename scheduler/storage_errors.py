@@ -50,7 +50,8 @@ def storage_problem(error: BaseException, busy_timeout_s: float | None = None, f
                 return f"a write failed: this process may write files of at most {file_size_limit} bytes (ulimit -f)"
         return problem
     if type(error).__name__ in _DRIVER_ERRORS and not isinstance(error, sqlite3.Error):
-        return f"the database refused: {str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}"
+        return (f"the database refused: "
+                f"{str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}")
     return None
 
 

@@ -20,8 +20,8 @@ from sqlalchemy.engine import Connection, Engine
 from sae_dist.db import FINAL_JOB_STATES, Allocation, Job, immediate_transaction, utcnow
 from sae_dist.db.schema import JobChange
 from sae_dist.errors import UserError
-from scheduler.arrays import array_state
 from scheduler.array_submit import task_rows
+from scheduler.arrays import array_state
 from scheduler.newjob import NewJob, check_dependencies_found, job_row  # NewJob: callers import it from here too
 
 JOBS = Job.__table__
@@ -265,7 +265,8 @@ def jobs_by_id(engine: Engine, ids: list[int]) -> list[Job]:
     found = []
     with engine.connect() as conn:
         for i in range(0, len(ids), 500):
-            found += [Job.model_validate(r._mapping) for r in conn.execute(select(JOBS).where(JOBS.c.id.in_(ids[i:i + 500])))]
+            found += [Job.model_validate(r._mapping)
+                      for r in conn.execute(select(JOBS).where(JOBS.c.id.in_(ids[i:i + 500])))]
     return found
 
 

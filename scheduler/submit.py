@@ -12,9 +12,9 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from scheduler.devices import DeviceInfo
-from scheduler.arrays import ArraySpec
 from scheduler.array_submit import jobs_to_store
+from scheduler.arrays import ArraySpec
+from scheduler.devices import DeviceInfo
 from scheduler.spec import JobSpec
 from scheduler.store import submit, submit_array
 

@@ -1,9 +1,10 @@
 """One small process per running job: starts it on its devices, waits, records how it ended.
 
-The daemon starts `python -m scheduler.supervisor JOB_ID` in a session of its own, so a daemon
-crash (even SIGKILL) leaves jobs running and their supervisors still record the real exit
-status and free the devices. The supervisor is also the job's child subreaper: processes the job
-leaves behind are re-parented to it and cannot escape a cancel.
+The daemon forks it (`scheduler.daemon`, `_spawn_supervisor`) into a session of its own, so a
+daemon crash (even SIGKILL) leaves jobs running and their supervisors still record the real exit
+status and free the devices. `python -m scheduler.supervisor JOB_ID` runs one by hand. The
+supervisor is also the job's child subreaper: processes the job leaves behind are re-parented
+to it and cannot escape a cancel.
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ def output_paths(job) -> tuple[Path, Path]:
     return out, err
 
 
-def classify_exit(returncode: int, cancelled: bool, timed_out: bool, stderr_tail: str) -> tuple[str, int | None, int | None]:
+def classify_exit(returncode: int, cancelled: bool, timed_out: bool,
+                  stderr_tail: str) -> tuple[str, int | None, int | None]:
     """(state, exit code, signal) of an ended job, with SLURM's names."""
     sig = -returncode if returncode < 0 else None
     code = returncode if returncode >= 0 else None

@@ -41,6 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from webui.browser import ALL_DRAWN, CHROMIUM, CHROMIUM_ARGS  # noqa: E402 (after the path)
+
 GIB = 2**30
 PAGES = ("app.py", "pages/1_Train.py", "pages/2_Monitor.py", "pages/3_Queue.py",
          "pages/4_Training_runs.py")

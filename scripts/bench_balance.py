@@ -28,11 +28,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sae_dist.analytics import queries  # noqa: E402
-from sae_dist.format import MISSING, fmt_ratio  # noqa: E402
 from sae_dist.analytics import balance_view as balance  # noqa: E402
+from sae_dist.analytics import queries  # noqa: E402
 from sae_dist.contract import SLOW_RANKS_ENV  # noqa: E402
 from sae_dist.db import get_engine  # noqa: E402
+from sae_dist.format import MISSING, fmt_ratio  # noqa: E402
 
 RUNS = (("no rebalance", ["--no-rebalance"]), ("rebalance", []))
 HOG = "while True: pass"
@@ -180,7 +180,8 @@ def case_hog(args: argparse.Namespace, root: Path) -> None:
     windows = len(run["metrics"])
     moves = print_rebalances(run, args.log_every)
     print(f"\nhog: {len(moves)} rebalance event(s) in {windows} report windows (goal: at most 1); "
-          f"window imbalance (median compute slowest / fastest) median {fmt_ratio(balance.median_or_none(imbalances))}, "
+          f"window imbalance (median compute slowest / fastest) "
+          f"median {fmt_ratio(balance.median_or_none(imbalances))}, "
           f"max {fmt_ratio(max(imbalances) if imbalances else None)}")
 
 

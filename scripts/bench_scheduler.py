@@ -203,7 +203,8 @@ def array_figures(runs: int = 3, tasks: int = 10_000) -> None:
     median = statistics.median(walls)
     queue = statistics.median(run("queue") for _ in range(3))
     print(f"`submit --array 0-{tasks - 1}`: {median:.3f} s for {tasks:,} tasks in one transaction (median of {runs}; "
-          f"goal 1 s: {'met' if median <= 1.0 else 'MISSED'}); `queue` folding {runs * tasks:,} pending tasks: {queue:.3f} s")
+          f"goal 1 s: {'met' if median <= 1.0 else 'MISSED'}); "
+          f"`queue` folding {runs * tasks:,} pending tasks: {queue:.3f} s")
     from sqlalchemy import update
 
     from sae_dist.db import get_engine

@@ -13,11 +13,12 @@ job per SAE pays it each. `--sweep-key model_layer` sweeps `--layers` x k (one f
 every layer) against one job per (layer, k). The ratio grows with the forward pass's share of a
 step: with a larger --batch-size (an SAE step's optimizer does not grow with the rows, the forward
 pass does) and with a larger model (an LLM's tens of wider blocks before the hooked one). On the
-2-core machine 8 SAEs at layer 5 measured about 5x with 1,024 rows a step, 2x with 128 (README).
+2-core machine 8 SAEs at layer 5 measured about 5x with 1,024 rows a step, 2x with 128 (docs/training.md).
 
     .venv/bin/python scripts/bench_sweep.py --n 4 --source shards --steps 100 --devices cpu:1
     .venv/bin/python scripts/bench_sweep.py --n 8 --source model --sweep-key model_layer --layers 2,3,4,5
-    .venv/bin/python scripts/bench_sweep.py --n 8 --source model --model-layer 5 --steps 40 --batch-size 1024 --expansion-factor 4
+    .venv/bin/python scripts/bench_sweep.py --n 8 --source model --model-layer 5 --steps 40 \
+--batch-size 1024 --expansion-factor 4
 """
 
 from __future__ import annotations

@@ -270,7 +270,8 @@ class Chaos:
     def judge(self, jobs: list) -> dict[str, int]:
         by_id = {j.id: j for j in jobs}
         submitted = set(self.ids.values())
-        lost = (self.expected - len(self.ids)) + sum(1 for i in submitted if i not in by_id or by_id[i].state not in FINAL)
+        lost = (self.expected - len(self.ids)) + sum(1 for i in submitted
+                                                     if i not in by_id or by_id[i].state not in FINAL)
         starts = Counter(int(x) for x in (self.home / "starts").read_text().split()) \
             if (self.home / "starts").exists() else Counter()
         duplicated = max(0, len(jobs) - len(submitted)) + sum(1 for n in starts.values() if n > 1)
@@ -288,9 +289,10 @@ class Chaos:
 
 def double_booked(engine) -> int:
     """Pairs of allocations of one device whose times overlap (an open one lasts until now)."""
+    from sqlalchemy import select
+
     from sae_dist.db import utcnow
     from scheduler.store import ALLOCATIONS
-    from sqlalchemy import select
 
     with engine.connect() as conn:
         rows = conn.execute(select(ALLOCATIONS.c.device_uuid, ALLOCATIONS.c.allocated_at,
@@ -308,9 +310,10 @@ def double_booked(engine) -> int:
 def limits_broken(engine, arrays: dict[int, list[int]], limit: int) -> int:
     """Arrays that ever had more than `limit` tasks holding devices at once (from every allocation
     made, released or not: a task run twice counts each time)."""
+    from sqlalchemy import select
+
     from sae_dist.db import utcnow
     from scheduler.store import ALLOCATIONS
-    from sqlalchemy import select
 
     with engine.connect() as conn:
         rows = conn.execute(select(ALLOCATIONS.c.job_id, ALLOCATIONS.c.allocated_at, ALLOCATIONS.c.released_at)).all()

@@ -17,14 +17,13 @@ an interrupted sweep continues. On 2 CPU cores the whole sweep takes about an ho
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -56,7 +56,8 @@ def state_home(tmp_path, monkeypatch) -> Path:
     return home
 
 
-def run_cli(*args: str, timeout: float = 240, env: dict | None = None, module: str = "sae_dist") -> subprocess.CompletedProcess:
+def run_cli(*args: str, timeout: float = 240, env: dict | None = None,
+            module: str = "sae_dist") -> subprocess.CompletedProcess:
     """Run `python -m <module> args...` for real, in the repository, with this test's environment."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=full_env,

@@ -11,8 +11,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from sae_dist.analytics import charts, queries, samples, tables
 from sae_dist import format as fmt
+from sae_dist.analytics import charts, queries, samples, tables
 from sae_dist.analytics.downsample import (
     MAX_ROWS_PER_CHART,
     downsample,

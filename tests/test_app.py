@@ -13,14 +13,13 @@ from datetime import timedelta
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from chart_views import page_charts
+from conftest import REPO
 from sae_dist.db import DatabaseMetricsLogger, create_run, get_engine, update_run, utcnow
 from scheduler.control import daemon_running
 from scheduler.store import finish_job, list_jobs
-from webui.sidebar import PAGES
-
-from chart_views import page_charts
-from conftest import REPO
 from test_status import command_job, running_job, training_run
+from webui.sidebar import PAGES
 
 RUNS_PAGE = "pages/4_Training_runs.py"
 TIMEOUT = 30  # the first run imports pandas and Altair

@@ -5,8 +5,9 @@ run whose feature recovery is written at checkpoints only (as the trainer does),
 logged step has none, and whose throughput is missing at its last step. The pages are opened
 with AppTest (from app.py, then switch_page); for each card, the chart beside it is found in
 the page by title (`chart_views`: a view may stack several charts), its plotted rows are read
-back from the element (the Arrow data Streamlit sends the browser) and the card must equal the last non-null value there, written
-with the chart's own tooltip format. No exception after any run.
+back from the element (the Arrow data Streamlit sends the browser) and the card must equal the
+last non-null value there, written with the chart's own tooltip format. No exception after any
+run.
 """
 
 from __future__ import annotations
@@ -18,15 +19,13 @@ import pytest
 from sqlalchemy import insert
 from streamlit.testing.v1 import AppTest
 
-from sae_dist.analytics import charts, units
-from sae_dist.analytics.cards import TRAINING_CARDS
-from sae_dist.format import MISSING, fmt_d3
-from sae_dist.db import (DatabaseMetricsLogger, GpuSample, add_run_event, create_run,
-                         get_engine, update_run, utcnow)
-from scheduler.store import NewJob, start_jobs, submit
-
 from chart_views import page_charts
 from conftest import REPO, add_virtual_devices
+from sae_dist.analytics import charts, units
+from sae_dist.analytics.cards import TRAINING_CARDS
+from sae_dist.db import DatabaseMetricsLogger, GpuSample, add_run_event, create_run, get_engine, update_run, utcnow
+from sae_dist.format import MISSING, fmt_d3
+from scheduler.store import NewJob, start_jobs, submit
 
 MONITOR = "pages/2_Monitor.py"
 RUNS = "pages/4_Training_runs.py"

@@ -10,14 +10,13 @@ import pytest
 from streamlit.proto.WidgetStates_pb2 import WidgetState
 from streamlit.testing.v1 import AppTest
 
+from chart_views import page_charts
+from conftest import REPO
 from sae_dist.analytics.pareto import SELECTION
 from sae_dist.analytics.run_compare import PALETTE
 from sae_dist.analytics.smoothing import ema_debiased
 from sae_dist.db import create_run, get_engine, update_run
 from sae_dist.db.evaluations import record_evaluation
-
-from chart_views import page_charts
-from conftest import REPO
 from test_app import add_run
 
 RUNS = "pages/4_Training_runs.py"

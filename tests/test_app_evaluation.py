@@ -8,12 +8,11 @@ import math
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from conftest import REPO
 from sae_dist.analytics import evaluation_view
-from sae_dist.format import MISSING
 from sae_dist.db import get_engine
 from sae_dist.db.evaluations import record_evaluation
-
-from conftest import REPO
+from sae_dist.format import MISSING
 from test_app import add_run
 
 RUNS = "pages/4_Training_runs.py"

@@ -11,10 +11,9 @@ import pytest
 from sqlalchemy import delete, update
 from streamlit.testing.v1 import AppTest
 
+from conftest import REPO
 from sae_dist.db import Job, StepMetric, create_run, get_engine, utcnow
 from scheduler.store import finish_job, start_jobs
-
-from conftest import REPO
 from test_app import add_run
 from test_app_monitor_queue import MONITOR, QUEUE, busy, environment, new_job, open_page, texts  # noqa: F401
 

@@ -15,11 +15,10 @@ import pytest
 from sqlalchemy import insert, update
 from streamlit.testing.v1 import AppTest
 
-from sae_dist.db import DatabaseMetricsLogger, GpuSample, Job, create_run, get_engine, utcnow
-from scheduler.store import NewJob, finish_job, get_job, start_jobs, submit
-
 from chart_views import page_charts
 from conftest import REPO, add_virtual_devices
+from sae_dist.db import DatabaseMetricsLogger, GpuSample, Job, create_run, get_engine, utcnow
+from scheduler.store import NewJob, finish_job, get_job, start_jobs, submit
 
 MONITOR = "pages/2_Monitor.py"
 QUEUE = "pages/3_Queue.py"

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from urllib.parse import quote
 
 import pytest
+from streamlit.testing.v1 import AppTest
 
 from sae_dist.analytics import compare_charts, run_compare, sweeps
 from sae_dist.db import DatabaseMetricsLogger, create_run, get_engine, update_run, utcnow
@@ -16,7 +17,6 @@ from sae_dist.db.evaluations import record_evaluation
 from sae_dist.db.sweeps import create_sweep
 from test_app_compare import charts, click, layers
 from test_app_monitor_queue import open_page as open_app_page
-from streamlit.testing.v1 import AppTest
 
 SWEEPS = "pages/6_Sweeps.py"
 RUNS = "pages/4_Training_runs.py"
@@ -33,7 +33,8 @@ def environment(state_home, monkeypatch):
 
 def add_sweep(engine, name: str = "grid", job_id: int | None = 7, status: str = "FAILED") -> tuple[int, dict[str, int]]:
     placement = {"mode": "shared", "reason": "4 SAEs on 2 devices: several per device", "saes": [], "devices": []}
-    sweep_id = create_sweep(engine, name=name, run_dir=f"/tmp/{name}", job_id=job_id, keys_json=json.dumps(["k", "expansion_factor"]),
+    sweep_id = create_sweep(engine, name=name, run_dir=f"/tmp/{name}", job_id=job_id,
+                            keys_json=json.dumps(["k", "expansion_factor"]),
                             config_json=json.dumps({"steps": 30, "d_in": 16}), placement_json=json.dumps(placement),
                             world_size=2, status=status, error=None)
     ids = {}
@@ -53,8 +54,8 @@ def add_sweep(engine, name: str = "grid", job_id: int | None = 7, status: str = 
                        finished_at=utcnow())
         ids[point] = run_id
     record_evaluation(engine, {"rows": 512, "fvu": 0.19, "l0": 4.0,
-                                "density": {"edges": [-2.0, -1.0], "counts": [3], "never": 0}}, "/sae", "/data", run_id=ids["k4-x4"],
-                      where="heldout")
+                                "density": {"edges": [-2.0, -1.0], "counts": [3], "never": 0}}, "/sae", "/data",
+                      run_id=ids["k4-x4"], where="heldout")
     return sweep_id, ids
 
 

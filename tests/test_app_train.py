@@ -340,8 +340,10 @@ def test_the_sweep_plan_names_what_does_not_fit_a_known_capacity():
     sweep, lists, errors = form_sweep(values, {"k": "4, 8", "lr": ""}, [])
     assert (lists, errors, sweep.names) == ({"k": [4, 8]}, {}, ["k4", "k8"])
     roomy = sweep_plan(sweep, [("GPU 0", 80 * 2**30)], "cuda")
-    assert roomy["error"] is None and roomy["rows"][0]["Capacity"] == "80.0 GiB" and roomy["rows"][0]["SAEs"] == "k4, k8"
+    assert (roomy["error"] is None and roomy["rows"][0]["Capacity"] == "80.0 GiB"
+            and roomy["rows"][0]["SAEs"] == "k4, k8")
     tight = sweep_plan(sweep, [("GPU 0", 2**20)], "cuda")
-    assert tight["rows"] == [] and tight["error"].startswith("the sweep does not fit the job's 1 device: 2 of its 2 SAEs")
+    assert tight["rows"] == [] and tight["error"].startswith("the sweep does not fit the job's 1 device: "
+                                                             "2 of its 2 SAEs")
     assert sweep_plan(sweep, [], "cuda")["rows"] == []  # no device chosen: names only
     assert form_sweep({**values, "steps": 0}, {"k": "4, 8"}, []) == (None, {"k": [4, 8]}, {})  # steps says why

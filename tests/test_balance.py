@@ -4,9 +4,22 @@ import random
 
 import pytest
 
-from sae_dist.balance import (EVIDENCE_WINDOWS, MAX_MOVES, MIN_WINDOW_STEPS, REVERSE_WINDOWS, BalanceState, BatchPlan,
-                              WindowTimes, bounded_split, imbalance, initial_weights, plan_for, rebalance, slow_ranks,
-                              split)
+from sae_dist.balance import (
+    EVIDENCE_WINDOWS,
+    MAX_MOVES,
+    MIN_WINDOW_STEPS,
+    REVERSE_WINDOWS,
+    BalanceState,
+    BatchPlan,
+    WindowTimes,
+    bounded_split,
+    imbalance,
+    initial_weights,
+    plan_for,
+    rebalance,
+    slow_ranks,
+    split,
+)
 
 
 def test_split_is_proportional_whole_and_complete():
@@ -168,9 +181,8 @@ def test_rebalance_off_still_measures():
     assert rebalance((100, 100), steady(0.1, 0.0)).imbalance is None  # a rank measured nothing
 
 
-def test_imbalance():
+def test_imbalance_is_the_slowest_time_over_the_fastest():
     assert imbalance([1.0, 2.0, 4.0]) == 4.0
-    assert imbalance([1.0]) is None
 
 def test_initial_weights_by_mode():
     assert initial_weights("equal", [1, 2], [None, None])[0] == [1.0, 1.0]
@@ -182,8 +194,7 @@ def test_initial_weights_by_mode():
     assert "could not" in initial_weights("speed", [None, None], [3000.0, None])[1]
 
 
-def test_imbalance():
-    assert imbalance([1.0, 2.0, 4.0]) == 4.0
+def test_imbalance_of_a_single_rank_is_none():
     assert imbalance([1.0]) is None
 
 

@@ -48,7 +48,8 @@ def test_rebalancing_evens_out_a_slow_rank(tmp_path):
     rule rightly waited for evidence that never came in 60 steps.)"""
     args = ["--d-in", "128", "--d-sae", "1024", "--k", "16", "--steps", "60", "--log-every", "5",
             "--checkpoint-every", "0", "--seed", "1", "--eval-rows", "0"]  # (what is checked comes before it)
-    ok(main_here("train", *args, "--devices", "cpu:1", "--batch-size", "1024", "--no-db", "--out-dir", str(tmp_path / "one")))
+    ok(main_here("train", *args, "--devices", "cpu:1", "--batch-size", "1024", "--no-db",
+                 "--out-dir", str(tmp_path / "one")))
     run_dir = tmp_path / "two"
     out = ok(run_cli("train", *args, "--devices", "cpu:2", "--batch-size", "512", "--out-dir", str(run_dir),
                      env={"SAE_DIST_TEST_SLOW_RANKS": "1:6"}))
@@ -95,8 +96,8 @@ def test_shares_and_rebalancing_never_change_what_is_learnt(tmp_path, source):
         write_shards(tmp_path / "acts", [torch.randn(3000, 128, generator=gen) for _ in range(2)])
         args += ["--source", "shards", "--shards-path", str(tmp_path / "acts")]
     slow = {"SAE_DIST_TEST_SLOW_RANKS": "1:3"}
-    straight = ok(run_cli("train", *args, "--steps", "16", "--balance", "speed", "--out-dir", str(tmp_path / "straight"),
-                          env=slow))
+    straight = ok(run_cli("train", *args, "--steps", "16", "--balance", "speed",
+                          "--out-dir", str(tmp_path / "straight"), env=slow))
     (first, _), = shares_in(straight.stdout)
     assert first[0] > first[1], straight.stdout  # other shares than the split run's first ones
     ok(run_cli("train", *args, "--steps", "8", "--out-dir", str(tmp_path / "split"), env=slow))
@@ -106,7 +107,8 @@ def test_shares_and_rebalancing_never_change_what_is_learnt(tmp_path, source):
     assert len(rebalancer.recent) + rebalancer.moves >= 1
     resumed = ok(run_cli("train", *args, "--steps", "16", "--out-dir", str(tmp_path / "split"), "--resume", env=slow))
     assert shares_in(resumed.stdout) == [(saved["plan"]["shares"], 1)] and "(the checkpoint's shares)" in resumed.stdout
-    print("shares:", first, saved["plan"]["shares"], [line for line in resumed.stdout.splitlines() if "rebalanced" in line])
+    print("shares:", first, saved["plan"]["shares"],
+          [line for line in resumed.stdout.splitlines() if "rebalanced" in line])
     assert rel_diff(final_weights(tmp_path / "split"), final_weights(tmp_path / "straight")) < 1e-5
 
 
@@ -123,8 +125,8 @@ def three_ranks_straight(tmp_path_factory):
     here), and the 3-rank processes are the runs compared with it. --no-db: no state home written."""
     base = tmp_path_factory.mktemp("three_ranks")
     run_dir = base / "straight"
-    ok(main_here("train", *THREE_RANKS, "--batch-size", "384", "--devices", "cpu:1", "--no-db", "--out-dir", str(run_dir),
-                  env={"SAE_DIST_HOME": str(base / "home")}))
+    ok(main_here("train", *THREE_RANKS, "--batch-size", "384", "--devices", "cpu:1", "--no-db",
+                 "--out-dir", str(run_dir), env={"SAE_DIST_HOME": str(base / "home")}))
     return run_dir
 
 

@@ -9,12 +9,11 @@ import json
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from sae_dist.analytics import bench_charts, charts, queries
 from sae_dist import format as fmt
 from sae_dist.analytics import balance_view as balance
+from sae_dist.analytics import bench_charts, charts, queries
 from sae_dist.db import DatabaseMetricsLogger, add_run_event, create_run, get_engine, utcnow
 from scheduler.store import NewJob, start_jobs, submit
-
 from test_app_monitor_queue import open_page
 
 MONITOR = "pages/2_Monitor.py"

@@ -32,7 +32,8 @@ def point(n, kind, tp, step, repeat=0, share=None, batch=1024, memory=100, grad=
 def test_summary_against_hand_computed_figures():
     rows = S.summarize([
         point(1, "ddp", 1000.0, 1.0), point(1, "ddp", 1200.0, 0.9, repeat=1),
-        point(2, "ddp", 1980.0, 1.05, share=0.2, batch=512), point(2, "ddp", 2000.0, 1.0, repeat=1, share=0.3, batch=512),
+        point(2, "ddp", 1980.0, 1.05, share=0.2, batch=512),
+        point(2, "ddp", 2000.0, 1.0, repeat=1, share=0.3, batch=512),
         point(2, "ceiling", 2200.0, 0.9, batch=512),
     ])
     one, two = rows
@@ -51,7 +52,8 @@ def test_points_run_repeats_interleaved_across_device_counts():
 
     assert point_order([1, 2], 2) == [(0, 1, "ddp"), (0, 2, "ddp"), (0, 2, "ceiling"),
                                       (1, 1, "ddp"), (1, 2, "ddp"), (1, 2, "ceiling")]
-    assert point_order([1, 2, 4], 1) == [(0, 1, "ddp"), (0, 2, "ddp"), (0, 2, "ceiling"), (0, 4, "ddp"), (0, 4, "ceiling")]
+    assert point_order([1, 2, 4], 1) == [(0, 1, "ddp"), (0, 2, "ddp"), (0, 2, "ceiling"),
+                                         (0, 4, "ddp"), (0, 4, "ceiling")]
 
 
 def test_the_measured_table_gives_the_spread_of_repeats():
@@ -59,7 +61,8 @@ def test_the_measured_table_gives_the_spread_of_repeats():
 
     rows = S.summarize([point(1, "ddp", 1000.0, 1.0), point(1, "ddp", 1200.0, 0.9, repeat=1),
                         point(2, "ddp", 1980.0, 1.05, batch=512), point(2, "ddp", 2000.0, 1.0, repeat=1, batch=512),
-                        point(2, "ceiling", 2200.0, 0.9, batch=512), point(2, "ceiling", 2000.0, 0.9, repeat=1, batch=512)])
+                        point(2, "ceiling", 2200.0, 0.9, batch=512),
+                        point(2, "ceiling", 2000.0, 0.9, repeat=1, batch=512)])
     one, two = measured_table(rows)
     assert one["Samples/s"] == "1,100 ± 9%" and two["Samples/s"] == "1,990 ± 1%"
     assert two["Ceiling samples/s"].startswith("2,100 ± ")
@@ -163,7 +166,8 @@ def test_direct_benchmark_csv_report(direct_bench, tmp_path):
     table = list(csv.DictReader(io.StringIO((tmp_path / "r.csv").read_text())))
     assert [r["devices"] for r in table] == ["1", "2"] and [r["repeats"] for r in table] == ["1", "1"]
     assert float(table[1]["samples_per_s"]) == pytest.approx(median[(2, "ddp", "samples_per_s")])
-    assert float(table[1]["speedup"]) == pytest.approx(median[(2, "ddp", "samples_per_s")] / median[(1, "ddp", "samples_per_s")])
+    assert float(table[1]["speedup"]) == pytest.approx(median[(2, "ddp", "samples_per_s")]
+                                                       / median[(1, "ddp", "samples_per_s")])
     assert float(table[1]["ceiling_samples_per_s"]) == pytest.approx(median[(2, "ceiling", "samples_per_s")])
     assert [r["reliable"] for r in table] == [str(r["reliable"]).lower() for r in rows]
     assert [r["reason"] for r in table] == [r["reason"] or "" for r in rows]

@@ -20,7 +20,8 @@ from sqlmodel import Session
 from conftest import REPO
 from sae_dist.analytics import bench_charts, bench_tables
 from sae_dist.analytics import bench_report as report
-from sae_dist.bench import load, reliability as R
+from sae_dist.bench import load
+from sae_dist.bench import reliability as R
 from sae_dist.bench import summary as S
 from sae_dist.db import BenchmarkPoint, BenchmarkRun, get_engine
 
@@ -136,7 +137,8 @@ def test_projection_and_headline_use_reliable_points_only():
 
     busy = S.summarize([point(1, "ddp", 1024.0, cpu=80.0), point(2, "ddp", 1800.0, batch=512, cpu=0.5)])
     assert S.projection_rows(busy, "strong", bandwidth) == []
-    assert bench_tables.projection_note(busy).startswith("No projection: the 1-device point is unreliable (other processes used 80%")
+    assert bench_tables.projection_note(busy).startswith("No projection: the 1-device point is unreliable "
+                                                         "(other processes used 80%")
     assert bench_tables.headline_text(busy) == "Best speedup: none — no multi-device point is reliable"
 
 
@@ -151,8 +153,9 @@ def test_chart_data_marks_unreliable_points():
     assert bad["reliable"] is False and "superlinear" in bad["reason"]
     # the measured line only through reliable points; unreliable ones hollow and grey
     layers = {json.dumps(layer.get("transform")): layer for layer in spec["layer"]}
-    solid = next(l for l in layers.values() if {"filter": "datum.reliable"} in (l.get("transform") or []))
-    hollow = next(l for l in layers.values() if {"filter": "(!datum.reliable)"} in (l.get("transform") or []))
+    solid = next(layer for layer in layers.values() if {"filter": "datum.reliable"} in (layer.get("transform") or []))
+    hollow = next(layer for layer in layers.values()
+                  if {"filter": "(!datum.reliable)"} in (layer.get("transform") or []))
     assert solid["mark"]["type"] == "line"
     assert hollow["mark"]["filled"] is False and hollow["encoding"]["color"] == {"value": bench_charts.UNRELIABLE_COLOR}
     eff = bench_charts.efficiency_chart(rows).to_dict()
@@ -204,14 +207,15 @@ def test_mine_ticks_counts_a_reaped_child_and_gives_up_on_an_orphan():
 
 
 def spin(seconds: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", f"import time\nt = time.time()\nwhile time.time() - t < {seconds}: pass"])
+    return subprocess.Popen([sys.executable, "-c",
+                             f"import time\nt = time.time()\nwhile time.time() - t < {seconds}: pass"])
 
 
 def outside_spinner(seconds: float) -> int:
     """A busy process that is not below this one (the monitor counts its own process tree as the
     benchmark's): started through a shell that exits at once, so it is reparented away."""
     code = f"import time\nt = time.time()\nwhile time.time() - t < {seconds}: pass"
-    done = subprocess.run(["sh", "-c", f'"$0" -c "$1" >/dev/null 2>&1 & echo $!', sys.executable, code],
+    done = subprocess.run(["sh", "-c", '"$0" -c "$1" >/dev/null 2>&1 & echo $!', sys.executable, code],
                           capture_output=True, text=True, check=True)
     return int(done.stdout.strip())
 

@@ -17,7 +17,6 @@ from sae_dist.analytics import cards, charts, units
 from sae_dist.analytics.events import events_summary, group_events, kinds_text
 from sae_dist.format import MISSING, fmt_d3
 
-
 # ---- numbers as d3-format writes them ----------------------------------------------------------
 
 @pytest.mark.parametrize("value, spec, text", [

@@ -37,5 +37,6 @@ def test_a_bad_argument_is_one_line(tmp_path):
     done = run_chaos("--jobs", "5", "--home", str(tmp_path / "used"))
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        f"error: --home {tmp_path / 'used'} is not an empty directory: the chaos run needs a state directory of its own"]
+        f"error: --home {tmp_path / 'used'} is not an empty directory: "
+        f"the chaos run needs a state directory of its own"]
     assert (tmp_path / "used" / "state.db").read_text() == ""  # nothing stored over it

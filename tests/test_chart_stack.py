@@ -102,5 +102,6 @@ def test_a_lone_chart_grows_to_hold_a_legend_taller_than_its_plot():
     assert spec["autosize"] == {"type": "fit-x", "contains": "padding"}
     spec = {**spec, "width": 420, "datasets": {name: json.loads(frame.to_json(orient="records"))
                                                for name, frame in spec["datasets"].items()}}
-    height = lambda s: int(vl_convert.vegalite_to_svg(s).split('height="', 1)[1].split('"', 1)[0])
+    def height(s: dict) -> int:
+        return int(vl_convert.vegalite_to_svg(s).split('height="', 1)[1].split('"', 1)[0])
     assert height(spec) >= charts.CHART_HEIGHT + 40 > height({**spec, "autosize": {"type": "fit"}})

@@ -56,7 +56,8 @@ def _package_imports() -> dict[str, set[str]]:
                      if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
             for name in names:
                 bits = name.split(".")
-                if bits[0] == "sae_dist" and len(bits) > 1 and (root / bits[1]).exists() | (root / f"{bits[1]}.py").exists():
+                if (bits[0] == "sae_dist" and len(bits) > 1
+                        and (root / bits[1]).exists() | (root / f"{bits[1]}.py").exists()):
                     if bits[1] != part:
                         graph.setdefault(part, set()).add(bits[1])
     return graph

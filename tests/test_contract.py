@@ -97,10 +97,10 @@ def test_stored_config_is_trusted():
 def test_submit_validates_once_and_the_supervisor_never(monkeypatch, tmp_path):
     """`submit --train` builds the TrainConfig once; the supervisor turns the stored dict into
     flags without building it again."""
+    from sae_dist.db import get_engine
     from scheduler.cli import main
     from scheduler.store import get_job
     from scheduler.supervisor import job_argv
-    from sae_dist.db import get_engine
 
     monkeypatch.setenv("SAE_DIST_AUTOSTART", "0")
     monkeypatch.setenv("SAE_DIST_VIRTUAL_GPUS", "2")
@@ -120,9 +120,9 @@ def test_submit_validates_once_and_the_supervisor_never(monkeypatch, tmp_path):
 
 def test_submit_json(monkeypatch, tmp_path, capsys):
     """`submit --json` prints one JSON object: the job's id and its state (what bench reads)."""
+    from sae_dist.db import get_engine
     from scheduler.cli import main
     from scheduler.store import get_job
-    from sae_dist.db import get_engine
 
     monkeypatch.setenv("SAE_DIST_AUTOSTART", "0")
     monkeypatch.setenv("SAE_DIST_VIRTUAL_GPUS", "2")

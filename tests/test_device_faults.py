@@ -17,7 +17,7 @@ import pytest
 from sqlmodel import Session, select
 from streamlit.testing.v1 import AppTest
 
-from conftest import kill_running_jobs, REPO, run_cli, start_daemon, stop_process, wait_for
+from conftest import REPO, kill_running_jobs, run_cli, start_daemon, stop_process, wait_for
 from sae_dist.contract import KILL_RANK_AT_ENV
 from sae_dist.db import DeviceFault, active_faults, get_engine, record_fault
 from sae_dist.errors import UserError

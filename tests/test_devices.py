@@ -21,8 +21,16 @@ import pytest
 from conftest import REPO
 from sae_dist.errors import UserError
 from scheduler.busy import DeviceState, classify
-from scheduler.devices import (CpuSampler, DeviceInfo, inventory, machine_memory, nvml_inventory,
-                               read_device, virtual_count, virtual_inventory)
+from scheduler.devices import (
+    CpuSampler,
+    DeviceInfo,
+    inventory,
+    machine_memory,
+    nvml_inventory,
+    read_device,
+    virtual_count,
+    virtual_inventory,
+)
 from scheduler.recommend import parse_memory, recommend
 
 GIB = 2**30
@@ -292,7 +300,8 @@ def test_classify_memory_threshold():
     assert states["GPU-0"].state == "idle"  # driver noise below 512 MiB
     assert states["GPU-1"] == DeviceState("busy", None, "2048 MiB in use by something else")
     # A job's process on a GPU no job holds went around its allocation: busy, whatever its memory.
-    assert states["GPU-2"] == DeviceState("busy", None, "used by pid 5 of a scheduler job, outside the devices it was given")
+    assert states["GPU-2"] == DeviceState("busy", None,
+                                          "used by pid 5 of a scheduler job, outside the devices it was given")
 
 
 def test_virtual_devices_are_never_busy_from_memory():

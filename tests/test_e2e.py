@@ -387,5 +387,6 @@ def test_request_checks_on_plain_data():
     responses = [("p", f"{origin}/Train/_stcore/health", 404), ("p", f"{origin}/Train/_stcore/host-config", 404),
                  ("p", f"{origin}/_stcore/health", 404), ("p", f"{origin}/Train/_stcore/stream", 404),
                  ("p", f"{origin}/media/x.png", 500), ("p", f"{origin}/", 200)]
-    assert failed_requests(responses) == [f"p -> {origin}/_stcore/health (404)", f"p -> {origin}/Train/_stcore/stream (404)",
+    assert failed_requests(responses) == [f"p -> {origin}/_stcore/health (404)",
+                                          f"p -> {origin}/Train/_stcore/stream (404)",
                                           f"p -> {origin}/media/x.png (500)"]

@@ -375,7 +375,8 @@ def test_migration_from_0007_keeps_old_runs_and_records_evaluations(state_home):
 
     engine = get_engine(url)  # migrates on first use
     with engine.connect() as conn:
-        assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == HEAD_REVISION  # every migration after 0007 ran
+        # every migration after 0007 ran
+        assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == HEAD_REVISION
     run = get_run(engine, 1)
     assert (run.name, run.final_fvu, run.export_dir) == ("topk-test", 0.25, "/runs/a/sae")
     assert evaluations_for_run(engine, 1) == [] and latest_evaluation_for_run(engine, 1) is None
@@ -413,7 +414,6 @@ def test_migration_from_0007_keeps_old_runs_and_records_evaluations(state_home):
 @pytest.mark.slow
 def test_cli_make_planted_train_evaluate(tmp_path, cli, state_home):
     from conftest import run_cli
-
     from sae_dist.db import get_engine
     from sae_dist.db.evaluations import latest_evaluation_for_run
 

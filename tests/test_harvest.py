@@ -143,7 +143,8 @@ def test_harvest_then_train_an_sae_on_it(minilm, text, harvested, tmp_path):
                        output_hidden_states=True).hidden_states[4][0, 1:-1]
     from safetensors.torch import load_file
 
-    first = torch.cat([load_file(str(out / s["file"]))["activations"] for s in m["shards"][:1 + 126 // SHARD_ROWS]])[:126]
+    first = torch.cat([load_file(str(out / s["file"]))["activations"]
+                       for s in m["shards"][:1 + 126 // SHARD_ROWS]])[:126]
     assert torch.allclose(first, hidden, atol=1e-4)
 
     run = tmp_path / "run"

@@ -16,8 +16,15 @@ import torch
 
 from conftest import REPO
 from sae_dist.config import TrainConfig
-from sae_dist.memory import (CPU_RUNTIME_BYTES, CUDA_CONTEXT_BYTES, MemoryEstimate, PeakMemory,
-                             anonymous_bytes, estimate_for_config, estimate_memory)
+from sae_dist.memory import (
+    CPU_RUNTIME_BYTES,
+    CUDA_CONTEXT_BYTES,
+    MemoryEstimate,
+    PeakMemory,
+    anonymous_bytes,
+    estimate_for_config,
+    estimate_memory,
+)
 from sae_dist.shard_format import write_shards
 
 MIB = 2**20

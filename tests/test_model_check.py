@@ -39,8 +39,8 @@ def minilm_shards(tmp_path_factory):
     root = tmp_path_factory.mktemp("minilm")
     text = root / "text.md"
     text.write_text(open(TEXT, encoding="utf-8").read()[:3000], encoding="utf-8")
-    harvest(HarvestSpec(model=str(gt.get_model_path()), layer=3, site="resid", texts=[str(text)], out=str(root / "acts"),
-                        max_tokens=300, context_length=64))
+    harvest(HarvestSpec(model=str(gt.get_model_path()), layer=3, site="resid", texts=[str(text)],
+                        out=str(root / "acts"), max_tokens=300, context_length=64))
     return root / "acts"
 
 

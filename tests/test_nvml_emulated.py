@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 
 import fake_nvml
-from fake_nvml import CPU_TORCH
 from conftest import REPO
+from fake_nvml import CPU_TORCH
 from sae_dist.balance import initial_weights
 from sae_dist.free_memory import choose, sources_line
 from scheduler import known_gpus
-from scheduler.devices import DeviceInfo, in_bus_order, keep_identity, trusted_identities
 from scheduler.busy import classify
+from scheduler.devices import DeviceInfo, in_bus_order, keep_identity, trusted_identities
 from scheduler.faults import Fault
 from scheduler.health import lost_to_record, verdict
 
@@ -275,7 +275,8 @@ def test_another_hosts_gpus_in_a_shared_state_home_are_never_this_hosts(nvml_env
     whether NVML fails to start (a host never seen: virtual devices, as without a file) or every
     GPU answers GPU_IS_LOST (unknown, not the other host's uuids); this host's entry is added
     beside the other's."""
-    theirs = {str(i): {"uuid": f"GPU-other-{i}", "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": f"00000000:{i + 1:02X}:00.0"}
+    theirs = {str(i): {"uuid": f"GPU-other-{i}", "name": "NVIDIA H100 80GB HBM3",
+                       "pci_bus_id": f"00000000:{i + 1:02X}:00.0"}
               for i in range(8)}
     known_file(nvml_env).parent.mkdir(parents=True, exist_ok=True)
     known_file(nvml_env).write_text(json.dumps({"hosts": {"another-host": theirs}}))
@@ -417,7 +418,8 @@ def test_the_kept_gpus_are_per_host_and_a_file_of_another_format_is_none():
 
 def test_free_memory_comes_from_nvml_else_cuda_and_the_log_says_which():
     assert choose(5, None, 7) == (5, "from NVML")
-    assert choose(None, "NVML did not start: Driver Not Loaded", 7) == (7, "from CUDA (NVML did not start: Driver Not Loaded)")
+    assert choose(None, "NVML did not start: Driver Not Loaded", 7) == (7, "from CUDA "
+                                                                           "(NVML did not start: Driver Not Loaded)")
     assert choose(None, None, None) == (None, "unknown")
     assert sources_line(["from NVML"] * 3) == "free memory from NVML"
     assert sources_line(["from NVML", "from CUDA (NVML could not read GPU-b: GPU is lost)", "from NVML"]) == \

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import fake_nvml
-from fake_nvml import CPU_TORCH
 from conftest import REPO, kill_running_jobs, run_cli, start_daemon, stop_process, wait_for
+from fake_nvml import CPU_TORCH
 from sae_dist.db import active_faults, get_engine
 from scheduler.faults import RECHECK_ENV_VAR
 from scheduler.store import get_job
@@ -350,7 +350,8 @@ def _samples_per_device() -> int:
     from sae_dist.db import GpuSample
 
     with get_engine().connect() as conn:
-        counts = [n for _, n in conn.execute(select(GpuSample.device_uuid, func.count()).group_by(GpuSample.device_uuid))]
+        counts = [n for _, n in conn.execute(select(GpuSample.device_uuid, func.count())
+                                             .group_by(GpuSample.device_uuid))]
     return min(counts) if len(counts) == 8 else 0
 
 

@@ -181,8 +181,8 @@ def test_a_real_sweep_from_its_configs():
 
 def test_the_model_source_s_memory_is_on_every_device_and_its_parts_are_said(tmp_path):
     """A model-source sweep: the model runs on every device (its weights, a forward pass, the fill)."""
-    from safetensors.numpy import save_file
     import numpy as np
+    from safetensors.numpy import save_file
 
     from sae_dist.source_memory import estimate_source_memory, safetensors_bytes
 
@@ -204,7 +204,8 @@ def test_the_model_source_s_memory_is_on_every_device_and_its_parts_are_said(tmp
     groups = place([need("a", 1000)], devices(2), big)  # a DDP group: the source on both of its devices
     assert [d.bytes for d in groups.devices] == [need("a", 1000).in_group.total + big.total] * 2
     # The SAE fits the device alone, not beside the model: one error that says so.
-    with pytest.raises(PlacementError, match=r"a on cuda:0 alone, and the model source \(7.6 GiB\) needs 9.1 GiB of its 8.0 GiB: 1.1 GiB over"):
+    with pytest.raises(PlacementError, match=r"a on cuda:0 alone, and the model source \(7.6 GiB\) "
+                                             r"needs 9.1 GiB of its 8.0 GiB: 1.1 GiB over"):
         place([need("a", 1000)], devices(1, 8 * GIB), big)
     unknown = estimate_source_memory(None, 4, 2, 16, 8, 2, 10, 1, 4)
     assert "weights unknown" in unknown.describe() and unknown.total == 5888 + 640  # the forward pass and fill

@@ -5,18 +5,36 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
-from dataclasses import replace
-
 from sae_dist.db.schema import (
-    BEGIN_TIME, DEPENDENCY, DEPENDENCY_NEVER, HELD, PENDING_REASONS, PRIORITY, RESOURCES,
+    BEGIN_TIME,
+    DEPENDENCY,
+    DEPENDENCY_NEVER,
+    HELD,
+    PENDING_REASONS,
+    PRIORITY,
+    RESOURCES,
 )
 from scheduler.policy import (
-    DeviceView, JobView, Plan, Reservation, blocking_reason, dependency_status, ends_before,
-    exclusive_job_runs, exclusive_pick, exclusive_shadow_time, order_key, pick_devices, plan,
-    req_node_not_avail, shadow_time, waits_for_jobs,
+    DeviceView,
+    JobView,
+    Plan,
+    Reservation,
+    blocking_reason,
+    dependency_status,
+    ends_before,
+    exclusive_job_runs,
+    exclusive_pick,
+    exclusive_shadow_time,
+    order_key,
+    pick_devices,
+    plan,
+    req_node_not_avail,
+    shadow_time,
+    waits_for_jobs,
 )
 
 GiB = 1 << 30

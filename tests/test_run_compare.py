@@ -12,11 +12,28 @@ import pytest
 
 from sae_dist.analytics import compare_charts, queries
 from sae_dist.analytics.config_diff import NOT_SET, config_diff, flatten
-from sae_dist.analytics.pareto import (FROM_EVALUATION, FROM_TRAINING, SELECTION, caption,
-                                       pareto_frontier, picked_run, run_points)
-from sae_dist.analytics.run_compare import (OVERLAY_POINTS_PER_RUN, OVERLAY_ROWS, PALETTE, color_scale,
-                                            compare_default, default_run, key_html, log_visible,
-                                            overlay_frame, run_colors, x_values)
+from sae_dist.analytics.pareto import (
+    FROM_EVALUATION,
+    FROM_TRAINING,
+    SELECTION,
+    caption,
+    pareto_frontier,
+    picked_run,
+    run_points,
+)
+from sae_dist.analytics.run_compare import (
+    OVERLAY_POINTS_PER_RUN,
+    OVERLAY_ROWS,
+    PALETTE,
+    color_scale,
+    compare_default,
+    default_run,
+    key_html,
+    log_visible,
+    overlay_frame,
+    run_colors,
+    x_values,
+)
 from sae_dist.analytics.smoothing import ema_debiased
 from sae_dist.db import create_run, get_engine
 from sae_dist.db.evaluations import record_evaluation

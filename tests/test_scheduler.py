@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import kill_running_jobs, REPO, run_cli, start_daemon, stop_process, wait_for
+from conftest import REPO, kill_running_jobs, run_cli, start_daemon, stop_process, wait_for
 from sae_dist.db import Allocation, get_engine
 from scheduler import procs
 from scheduler.store import NewJob, get_job, list_jobs, submit, submit_many
@@ -263,8 +263,9 @@ def test_cancel_two_rank_training_leaves_no_process(sched, tmp_path):
     engine = get_engine()
     wait_for(lambda: (j := get_job(engine, job_id)).pid and len(procs.descendants(j.pid)) >= 2, 60,
              "the launcher and its 2 ranks")
-    from sae_dist.db import StepMetric, TrainingRun
     from sqlmodel import Session, select
+
+    from sae_dist.db import StepMetric, TrainingRun
 
     def run_row(s: Session):
         return s.exec(select(TrainingRun).where(TrainingRun.job_id == job_id)).first()
@@ -278,7 +279,8 @@ def test_cancel_two_rank_training_leaves_no_process(sched, tmp_path):
     running = get_job(engine, job_id)
     tree = [running.pid, *procs.descendants(running.pid)]
     # two ranks in one gloo process group (forked CPU ranks keep the launcher's /proc environ)
-    assert len([p for p in tree if any("gloo" in comm.read_text() for comm in Path(f"/proc/{p}/task").glob("*/comm"))]) == 2
+    assert len([p for p in tree
+                if any("gloo" in comm.read_text() for comm in Path(f"/proc/{p}/task").glob("*/comm"))]) == 2
     assert json.loads(running.devices_json) == ["virtual-0", "virtual-1"]
     result = run_cli("cancel", str(job_id), module="scheduler")
     assert result.returncode == 0, result.stderr

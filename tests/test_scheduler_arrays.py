@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from datetime import UTC, datetime
 
 import pytest
 
@@ -83,9 +82,11 @@ def test_ten_thousand_tasks_in_one_submit_and_every_way_to_name_them(sched, tmp_
 
     out = cli_in_process(capsys, "cancel", f"{array_id}_[0-4]", f"{array_id}_9")
     assert out.stdout.splitlines() == [f"{array_id}_[0-4]: 5 tasks cancelled", f"{array_id}_9: 1 task cancelled"]
-    assert cli_in_process(capsys, "hold", str(array_id)).stdout.strip() == f"{array_id}: 9994 tasks held, 6 tasks left as they are (CANCELLED)"
+    held = cli_in_process(capsys, "hold", str(array_id))
+    assert held.stdout.strip() == f"{array_id}: 9994 tasks held, 6 tasks left as they are (CANCELLED)"
     assert cli("queue").stdout.splitlines()[1].split()[0] == f"{array_id}_[5-8,10-9999%8]"
-    assert cli_in_process(capsys, "release", f"{array_id}_[5-6]").stdout.strip() == f"{array_id}_[5,6]: 2 tasks released"
+    released = cli_in_process(capsys, "release", f"{array_id}_[5-6]")
+    assert released.stdout.strip() == f"{array_id}_[5,6]: 2 tasks released"
     assert [r.split()[0] for r in cli("queue").stdout.splitlines()[1:]] == [f"{array_id}_[5,6%8]",
                                                                             f"{array_id}_[7,8,10-9999%8]"]
     missing = cli_in_process(capsys, "cancel", f"{array_id}_10000", f"{array_id + 20_000}_1")
@@ -117,7 +118,8 @@ def test_a_sweep_in_one_toml(sched, tmp_path, capsys):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "[[array]] entry 3: lr" in bad.stderr
     assert count_jobs(get_engine()) == before  # nothing half stored
     for args, message in ((("--array", "0-2", "-o", "%A.out", "--", "true"), None),
-                          (("-o", "%a.out", "--", "true"), "error: --output: %a is a job array's; submit with --array\n"),
+                          (("-o", "%a.out", "--", "true"), "error: --output: %a is a job array's; "
+                                                           "submit with --array\n"),
                           (("--array", "0-2%", "--", "true"), "error: --array '0-2%': '' is not a limit after %"
                                                                " (a whole number, 0 or more)\n")):
         done = cli_in_process(capsys, "submit", "-D", str(tmp_path), *args)

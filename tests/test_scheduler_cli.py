@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import kill_running_jobs, REPO, run_cli, start_daemon, stop_process, wait_for
+from conftest import REPO, kill_running_jobs, run_cli, start_daemon, stop_process, wait_for
 from sae_dist.db import get_engine
 from scheduler import procs
 from scheduler.store import count_jobs, get_job
@@ -243,7 +243,8 @@ def test_names_patterns_environment_and_listings(sched, tmp_path, monkeypatch, c
     expected_work = {pattern_file, work / "envA.out", work / "envB.out",
                      work / "barrier" / str(env_a), work / "barrier" / str(env_b)}
     for path in {p for p in tmp_path.rglob("*") if p.is_file()} - before:
-        ok = (path.resolve().is_relative_to(logs) or (path.parent == sched.home and (path.name in infra or path.suffix == ".lock"))
+        ok = (path.resolve().is_relative_to(logs)
+              or (path.parent == sched.home and (path.name in infra or path.suffix == ".lock"))
               or path in expected_work or path == tmp_path / "daemon-test.log")
         assert ok, f"unexpected file {path}"
 

@@ -168,7 +168,8 @@ def test_acct_filters_in_the_database_and_refuses_an_empty_list(migrated, tmp_pa
     code, out, _ = _main(capsys, "acct", "--json", "-j", f"{ids[2]},{ids[0]},{2**64}")
     assert code == 0 and [r["job_id"] for r in json.loads(out)] == [ids[0], ids[2]]
     code, out, err = _main(capsys, "acct", "-j", "")
-    assert (code, out) == (2, "") and err == "error: --jobs: '' is not a list of job ids; write e.g. 3,5 or 12_7 (task 7 of array 12)\n"
+    assert (code, out) == (2, "") and err == ("error: --jobs: '' is not a list of job ids; "
+                                              "write e.g. 3,5 or 12_7 (task 7 of array 12)\n")
 
 
 def test_queue_into_a_reader_that_went_away_exits_quietly(migrated):

@@ -154,14 +154,16 @@ def test_storage_problems_in_words():
     locked = sqlite3.OperationalError("database is locked")
     assert storage_problem(locked, 2.0).startswith("it is locked by another process (waited 2 s;")
     assert storage_problem(Wrapped(locked)) == storage_problem(locked)
-    assert storage_problem(sqlite3.OperationalError("attempt to write a readonly database")).startswith("it is read-only")
+    assert storage_problem(sqlite3.OperationalError("attempt to write a readonly database")).startswith(
+        "it is read-only")
     assert storage_problem(sqlite3.OperationalError("database or disk is full")) == "the disk is full"
     io = sqlite3.OperationalError("disk I/O error")
     assert storage_problem(io).startswith("a write failed (disk I/O error")
     assert storage_problem(io, free_bytes=0) == "the disk is full (0 bytes free)"
     assert "at most 4096 bytes" in storage_problem(io, free_bytes=10**9, file_size_limit=4096)
     assert storage_problem(sqlite3.DatabaseError("file is not a database")) == "it is damaged or not a SQLite database"
-    assert storage_problem(OSError(errno.ENOSPC, "No space left", "/s/daemon.log")) == "the disk is full (/s/daemon.log)"
+    assert (storage_problem(OSError(errno.ENOSPC, "No space left", "/s/daemon.log"))
+            == "the disk is full (/s/daemon.log)")
     assert storage_problem(PermissionError(errno.EACCES, "denied")) == "permission denied"
     assert storage_problem(OSError(errno.EFBIG, "too big")) == "a file-size limit was reached"
     # Not storage faults: bugs, which must surface as themselves.

@@ -67,7 +67,8 @@ def test_a_sweep_is_one_job_whose_command_line_carries_the_sweep(sched, tmp_path
     ("[sweep]\nkk = [4, 8]\n", (), "error: sweep: kk: unknown setting; did you mean 'k'?"),
     ("[sweep]\nk = []\n", (), "error: sweep: k = []: an empty list; give one or more values"),
     ("k = 8\n", ("--sweep", "k=4,16"), "error: sweep: k is given both as a setting (k = 8) and in the sweep; keep one"),
-    ("", ("--sweep", "k=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16", "--sweep", "lr=" + ",".join(f"{i}e-4" for i in range(1, 18))),
+    ("", ("--sweep", "k=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16",
+          "--sweep", "lr=" + ",".join(f"{i}e-4" for i in range(1, 18))),
      "error: sweep: 272 SAEs (16 k x 17 lr); one job trains at most 256"),
     ("[sweep]\nk = [4]\n\n[[sweep.points]]\nk = 8\n", (), "error: sweep: both lists (k) and [[sweep.points]] given"),
     ("[[sweep.points]]\nk = 4\n", ("--sweep", "lr=1e-3,3e-3"), "error: sweep: --sweep lr cannot be combined with "

@@ -97,7 +97,8 @@ def test_a_new_batch_size_goes_on_with_the_same_order(dataset) -> None:
 
 @pytest.mark.parametrize("done", [0, 5, 18, 19, 37])  # mid-epoch, just before / after a boundary, epoch 2
 def test_resume_gives_the_same_next_batches(dataset, done: int) -> None:
-    make = lambda: ShardStream(dataset, 0, 1, batch_size=16, seed=5, block_rows=24, buffer_rows=80)
+    def make() -> ShardStream:
+        return ShardStream(dataset, 0, 1, batch_size=16, seed=5, block_rows=24, buffer_rows=80)
     a = make()
     for _ in range(done):
         a.next_batch()
@@ -116,7 +117,8 @@ def test_resume_gives_the_same_next_batches(dataset, done: int) -> None:
 @pytest.mark.parametrize("plan", [BatchPlan(48, 2, (10, 14)), BatchPlan(48, 2, (5, 11, 8)),
                                   BatchPlan(48, 1, (31, 17))])
 def test_ranks_slices_make_the_one_rank_batch(dataset, plan: BatchPlan) -> None:
-    make = lambda: ShardStream(dataset, 0, 1, batch_size=48, seed=6, block_rows=16, buffer_rows=64)
+    def make() -> ShardStream:
+        return ShardStream(dataset, 0, 1, batch_size=48, seed=6, block_rows=16, buffer_rows=64)
     whole, ranks = make(), [make() for _ in plan.shares]
     for _ in range(14):  # 672 rows: more than two epochs
         expected = ids(whole.next_batch())

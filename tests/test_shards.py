@@ -157,7 +157,8 @@ def test_same_seed_same_batches_other_seed_other_batches(tmp_path: Path) -> None
 def test_resume_continues_with_the_same_batches(tmp_path: Path, done: int) -> None:
     ds = open_shards(indexed_shards(tmp_path, [130, 190]))
     # 320 rows, 16 per batch: epochs roll over around batch 10, inside the compared window.
-    make = lambda: ShardStream(ds, 0, 1, batch_size=16, seed=5, buffer_rows=80, block_rows=24)
+    def make() -> ShardStream:
+        return ShardStream(ds, 0, 1, batch_size=16, seed=5, buffer_rows=80, block_rows=24)
     a = make()
     batches(a, done)
     saved = io.BytesIO()

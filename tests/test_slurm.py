@@ -264,11 +264,13 @@ def test_an_exported_array_runs_as_slurms_array(slurm, tmp_path, monkeypatch):
     SLURM_ARRAY_TASK_ID, the same SLURM_ARRAY_JOB_ID, and its own %A_%a output file."""
     monkeypatch.setenv("SAE_DIST_AUTOSTART", "0")
     sub = run_cli("submit", "--json", "--array", "0-4:2", "-J", "arr", "-D", str(tmp_path), "--", "sh", "-c",
-                  'echo "$SLURM_ARRAY_JOB_ID $SLURM_ARRAY_TASK_ID $SLURM_ARRAY_TASK_COUNT" > "task-$SLURM_ARRAY_TASK_ID"',
+                  'echo "$SLURM_ARRAY_JOB_ID $SLURM_ARRAY_TASK_ID $SLURM_ARRAY_TASK_COUNT" '
+                  '> "task-$SLURM_ARRAY_TASK_ID"',
                   module="scheduler")
     assert sub.returncode == 0, sub.stderr
     script = tmp_path / "array.sbatch"
-    exp = run_cli("export-sbatch", str(json.loads(sub.stdout)["job_id"]), "--cpu", "-o", str(script), module="scheduler")
+    exp = run_cli("export-sbatch", str(json.loads(sub.stdout)["job_id"]), "--cpu", "-o", str(script),
+                  module="scheduler")
     assert exp.returncode == 0 and "#SBATCH --array=0,2,4" in script.read_text().splitlines(), exp.stderr
     env = slurm_env(slurm)
     submitted = subprocess.run(["sbatch", "--parsable", str(script)], cwd=tmp_path, env={**slurm, **env},

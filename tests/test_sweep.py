@@ -9,7 +9,6 @@ import dataclasses
 import pytest
 
 from conftest import REPO
-
 from sae_dist.cli import _parser
 from sae_dist.config import TrainConfig, load_toml
 from sae_dist.contract import config_from_args, train_argv

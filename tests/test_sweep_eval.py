@@ -14,10 +14,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import main_here
-from test_export import SAELENS_SCRIPT  # loads and runs each export named in names.json
 from sae_dist.evaluate import evaluate_sae, heldout_rows, load_planted, load_sae
 from sae_dist.evaluate.data import batch_rows_for
 from sae_dist.evaluate.planted import write_planted_shards
+from test_export import SAELENS_SCRIPT  # loads and runs each export named in names.json
 
 TINY = ["--d-in", "16", "--d-sae", "64", "--batch-size", "64", "--steps", "4", "--log-every", "2", "--seed", "1",
         "--devices", "cpu:1"]
@@ -103,5 +103,7 @@ def test_saelens_loads_every_export_of_a_sweep(tmp_path_factory):
             enc = ours.encode(x)
             dec = ours.decode(enc)
         assert (enc != 0).any(), name  # a nontrivial comparison
-        torch.testing.assert_close(outs[_export(name) + ".encode"], enc, rtol=1e-5, atol=1e-5 * max(1.0, enc.abs().max().item()))
-        torch.testing.assert_close(outs[_export(name) + ".decode"], dec, rtol=1e-5, atol=1e-5 * max(1.0, dec.abs().max().item()))
+        torch.testing.assert_close(outs[_export(name) + ".encode"], enc, rtol=1e-5,
+                                   atol=1e-5 * max(1.0, enc.abs().max().item()))
+        torch.testing.assert_close(outs[_export(name) + ".decode"], dec, rtol=1e-5,
+                                   atol=1e-5 * max(1.0, dec.abs().max().item()))

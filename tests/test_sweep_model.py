@@ -144,19 +144,22 @@ def test_a_site_sweep_through_the_cli_plans_an_sae_per_site_and_a_bad_site_start
     with model_reads() as reads:
         ran = ok(cli("train", "--source", "model", "--model-path", minilm, "--text-path", text, "--expansion-factor",
                      "2", "--k", "8", "--steps", "1", "--batch-size", "8", "--eval-rows", "0", "--checkpoint-every",
-                     "0", "--no-db", "--devices", "cpu:1", "--model-layer", "2", "--sweep", "model_site=attn_out,mlp_out",
+                     "0", "--no-db", "--devices", "cpu:1", "--model-layer", "2",
+                     "--sweep", "model_site=attn_out,mlp_out",
                      "--out-dir", str(run), env={"SAE_DIST_HOME": str(tmp_path / "home")}))
     # One sweep in one process (cpu:1): its config read once (sites and d_in checked), its weights once.
     assert [m.split(": ")[1] for m in reads if m.startswith(f"reading {minilm}")] == [
         "AutoConfig, AutoTokenizer", "AutoConfig, AutoTokenizer, AutoModel"], reads
     said = ran.stdout + ran.stderr
-    assert "2 SAEs from one model stream" in said and "hooks 2 sites in one forward pass (L2 attn_out, L2 mlp_out)" in said
+    assert "2 SAEs from one model stream" in said
+    assert "hooks 2 sites in one forward pass (L2 attn_out, L2 mlp_out)" in said
     assert "the model source runs on every device" in said and "x 2 sites" in said  # the placement counts the model
     for site in ("attn_out", "mlp_out"):
         meta = json.loads(next((run / "saes" / site / "checkpoints").glob("step_*/meta.json")).read_text())["config"]
         assert (meta["model_layer"], meta["model_site"]) == (2, site), meta
-    code, out, err = cli("train", "--source", "model", "--model-path", minilm, "--text-path", text, "--devices", "cpu:1",
-                         "--no-db", "--sweep", "model_site=attn_out,mlp", "--out-dir", str(tmp_path / "bad"))
+    code, out, err = cli("train", "--source", "model", "--model-path", minilm, "--text-path", text,
+                         "--devices", "cpu:1", "--no-db", "--sweep", "model_site=attn_out,mlp",
+                         "--out-dir", str(tmp_path / "bad"))
     assert code == 2 and err.count("\n") == 1, err
     assert "model_site: unknown value 'mlp'; choose one of resid, mlp_out, attn_out" in err, err
     assert not (tmp_path / "bad").exists()

@@ -141,7 +141,8 @@ def test_exports_load(runs):
     (["--sweep", "kk=4,8"], "unknown setting; did you mean 'k'?"),
     (["--sweep", "k="], "an empty value"),
     (["--k", "8", "--sweep", "k=4,8"], "k is given both as a setting"),
-    (["--sweep", "k=" + ",".join(str(i) for i in range(1, 18)), "--sweep", "lr=" + ",".join(f"{i}e-4" for i in range(1, 17))],
+    (["--sweep", "k=" + ",".join(str(i) for i in range(1, 18)),
+      "--sweep", "lr=" + ",".join(f"{i}e-4" for i in range(1, 17))],
      "272 SAEs"),
 ])
 def test_bad_sweeps_are_one_error_and_start_nothing(cli, tmp_path, flags, message):

@@ -261,7 +261,8 @@ def _mixed_d_in(d: Path) -> None:
 @pytest.mark.parametrize("make, words, real_process", [
     (lambda d: None, "does not exist", True),  # the CLI's exit for real
     (lambda d: (d / "acts").mkdir(), "no .safetensors", False),
-    (lambda d: ((d / "acts").mkdir(), (d / "acts" / "x.safetensors").write_bytes(b"garbage!garbage")), "x.safetensors", False),
+    (lambda d: ((d / "acts").mkdir(), (d / "acts" / "x.safetensors").write_bytes(b"garbage!garbage")),
+     "x.safetensors", False),
     (lambda d: _mixed_d_in(d), "d_in", False),
 ])
 def test_bad_shards_give_one_clear_error(tmp_path, make, words, real_process):

@@ -3,8 +3,8 @@
 import streamlit as st
 
 from sae_dist.analytics.cards import Card
-from sae_dist.analytics.monitor_views import View, stack_view
 from sae_dist.analytics.events import events_summary
+from sae_dist.analytics.monitor_views import View, stack_view
 
 
 def card_row(cards: list[Card]) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from sae_dist.format import MISSING, fmt_ratio, fmt_seconds, fmt_share
 
+
 def rebalance_steps(events: list[dict]) -> list[int]:
     """The steps at which the shares were rebalanced, in order."""
     return sorted(e["step"] for e in events if e["kind"] == "rebalance")

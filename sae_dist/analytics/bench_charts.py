@@ -20,8 +20,8 @@ import pandas as pd
 from sae_dist.analytics import units
 from sae_dist.analytics.charts import CHART_HEIGHT, event_marks, events_subtitle, step_x, value_y
 from sae_dist.analytics.downsample import MAX_ROWS_PER_CHART, downsample_indices, points_per_series
-from sae_dist.format import MISSING
 from sae_dist.bench import scaling
+from sae_dist.format import MISSING
 
 MARKED_EVENTS = ("rebalance", "degraded")  # the events that change who computes what
 
@@ -89,7 +89,8 @@ def efficiency_chart(rows: list[dict]) -> alt.Chart:
         ok = bool(r.get("reliable", True))
         mark = {"reliable": ok, "reason": None if ok else r.get("reason")}
         if r["efficiency"] is not None:
-            records.append({"devices": str(r["devices"]), "efficiency": r["efficiency"], "against": "ideal (N x)", **mark})
+            records.append({"devices": str(r["devices"]), "efficiency": r["efficiency"],
+                            "against": "ideal (N x)", **mark})
         if r.get("efficiency_vs_ceiling") is not None and r["devices"] > 1:
             records.append({"devices": str(r["devices"]), "efficiency": r["efficiency_vs_ceiling"],
                             "against": "ceiling (same processes, no communication)", **mark})
@@ -108,7 +109,8 @@ def efficiency_chart(rows: list[dict]) -> alt.Chart:
     # bars' colour legend is empty when no count is reliable).
     hollow = base.transform_filter(~alt.datum.reliable).mark_bar(
         filled=False, color=UNRELIABLE_COLOR, strokeWidth=2).encode(
-        strokeDash=alt.StrokeDash("unreliable:N", legend=alt.Legend(title="Unreliable (hollow, grey)", orient="bottom")))
+        strokeDash=alt.StrokeDash("unreliable:N",
+                                  legend=alt.Legend(title="Unreliable (hollow, grey)", orient="bottom")))
     bars = alt.layer(solid, hollow)
     floor = alt.Chart(pd.DataFrame({"y": [scaling.TARGET_EFFICIENCY]})).mark_rule(
         color="#cf222e", strokeDash=[4, 4]).encode(y="y:Q")

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 
-from sae_dist.format import MISSING, fmt_bytes, fmt_util
 from sae_dist.bench import reliability as R
 from sae_dist.bench import summary as S
+from sae_dist.format import MISSING, fmt_bytes, fmt_util
 
 
 def _num(value, fmt: str = ",.0f") -> str:
@@ -123,7 +123,8 @@ def projection_note(rows: list[dict]) -> str | None:
     if one is None:
         return "No projection: no 1-device point to project from."
     if not one.get("reliable", True):
-        return f"No projection: the 1-device point is unreliable ({one['reason']}); measure it again on a quiet machine."
+        return (f"No projection: the 1-device point is unreliable ({one['reason']}); "
+                f"measure it again on a quiet machine.")
     if not one.get("grad_bytes"):
         return "No projection: the 1-device point recorded no gradient size."
     return None

@@ -18,10 +18,10 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
-from sae_dist.analytics.downsample import MAX_POINTS_PER_SERIES, downsample
 from sae_dist import format as fmt
 from sae_dist.analytics import units
 from sae_dist.analytics.cards import Card, card_text, last_plotted_row, memory_text
+from sae_dist.analytics.downsample import MAX_POINTS_PER_SERIES, downsample
 from sae_dist.analytics.events import MAX_EVENT_MARKS, group_events, kinds_text
 from sae_dist.analytics.time_axis import time_tooltip, time_x
 

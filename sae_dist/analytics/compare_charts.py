@@ -16,9 +16,9 @@ import altair as alt
 import pandas as pd
 
 from sae_dist.analytics import units
-from sae_dist.format import MISSING
 from sae_dist.analytics.pareto import SELECTION
 from sae_dist.analytics.run_compare import X_AXES, Overlay
+from sae_dist.format import MISSING
 
 CHART_HEIGHT = 240
 RAW_OPACITY = 0.25  # the unsmoothed curve, faint beneath its smoothing

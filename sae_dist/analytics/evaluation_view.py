@@ -64,8 +64,10 @@ def recovery_cards(ev: dict[str, Any]) -> list[list[Card]]:
     return [[
         Card("Mean best cosine", fmt_number(_get(rec, "mean_best_cos"), 3),
              f"Over {_count(_get(rec, 'features'))} planted features: each one's best cosine with any decoder row."),
-        Card("Recovered > 0.9", fmt_percent(_get(rec, "frac_above_0_9")), "Planted features with a best cosine over 0.9."),
-        Card("Recovered > 0.8", fmt_percent(_get(rec, "frac_above_0_8")), "Planted features with a best cosine over 0.8."),
+        Card("Recovered > 0.9", fmt_percent(_get(rec, "frac_above_0_9")),
+             "Planted features with a best cosine over 0.9."),
+        Card("Recovered > 0.8", fmt_percent(_get(rec, "frac_above_0_8")),
+             "Planted features with a best cosine over 0.8."),
     ], [
         Card("Rarest tenth: mean best cosine", fmt_number(_get(rec, "rare_mean_best_cos"), 3), f"Over {rare}."),
         Card("Rarest tenth: > 0.9", fmt_percent(_get(rec, "rare_frac_above_0_9")), f"Over {rare}."),

@@ -15,11 +15,16 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
-from sae_dist.db.schema import (
-    FINAL_JOB_STATES, REASON_DETAIL_WORDS, REASON_WORDS, Device, TrainingRun,
-)
 from sae_dist.array_notation import label_rows
-from sae_dist.job_listing import pending_task_groups, query as _query, read_job, read_jobs
+from sae_dist.db.schema import (
+    FINAL_JOB_STATES,
+    REASON_DETAIL_WORDS,
+    REASON_WORDS,
+    Device,
+    TrainingRun,
+)
+from sae_dist.job_listing import pending_task_groups, read_job, read_jobs
+from sae_dist.job_listing import query as _query
 
 STATE_COLORS = {"PENDING": "gray", "RUNNING": "blue", "COMPLETED": "green", "FAILED": "red",
                 "CANCELLED": "orange", "TIMEOUT": "orange", "NODE_FAIL": "red",

@@ -15,8 +15,7 @@ from sqlalchemy import and_, case, func, select
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from sae_dist.db.schema import (BenchmarkPoint, BenchmarkRun, RankStat, RunEvent, SaeEvaluation, StepMetric,
-                                TrainingRun)
+from sae_dist.db.schema import BenchmarkPoint, BenchmarkRun, RankStat, RunEvent, SaeEvaluation, StepMetric, TrainingRun
 from sae_dist.errors import UserError
 
 CURVE_METRICS = ("loss", "fvu", "l0", "dead_fraction")

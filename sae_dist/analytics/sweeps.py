@@ -188,5 +188,6 @@ def sae_colors(shown: Sequence[dict[str, Any]]) -> dict[int, str]:
 
 def swatch(color: str) -> str:
     """A square of `color` as an image the grid's image column draws (an SVG data URL)."""
-    svg = f"<svg xmlns='http://www.w3.org/2000/svg' width='12' height='12'><rect width='12' height='12' fill='{color}'/></svg>"
+    svg = (f"<svg xmlns='http://www.w3.org/2000/svg' width='12' height='12'>"
+           f"<rect width='12' height='12' fill='{color}'/></svg>")
     return "data:image/svg+xml;utf8," + quote(svg)

@@ -12,8 +12,18 @@ from datetime import datetime
 from typing import Any
 
 from sae_dist.analytics import jobs
-from sae_dist.format import (MISSING, fmt_ago, fmt_exit, fmt_bytes, fmt_duration, fmt_number, fmt_seconds,
-                                       fmt_share, fmt_steps, short_devices)
+from sae_dist.format import (
+    MISSING,
+    fmt_ago,
+    fmt_bytes,
+    fmt_duration,
+    fmt_exit,
+    fmt_number,
+    fmt_seconds,
+    fmt_share,
+    fmt_steps,
+    short_devices,
+)
 
 Row = dict[str, Any]
 

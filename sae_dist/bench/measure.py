@@ -20,8 +20,8 @@ import torch
 
 from sae_dist import distributed as D
 from sae_dist.bench.load import wait_scale
-from sae_dist.contract import DEVICE_TYPE_ENV, THREADS_PER_RANK_ENV
 from sae_dist.config import TrainConfig, build_config
+from sae_dist.contract import DEVICE_TYPE_ENV, THREADS_PER_RANK_ENV
 from sae_dist.memory import PeakMemory
 
 
@@ -32,8 +32,8 @@ def measure(cfg: TrainConfig, warmup: int, steps: int, start_at: float | None = 
     of the largest rank, the bytes all-reduced per step. start_at (Unix time) lines up the
     independent processes of a ceiling measurement.
     """
-    from sae_dist.step import autocast_for, make_optimizer, train_step, wrap_ddp
     from sae_dist.sources.make import make_source
+    from sae_dist.step import autocast_for, make_optimizer, train_step, wrap_ddp
     from sae_dist.train import build_sae, set_threads
 
     ctx = D.init_distributed()

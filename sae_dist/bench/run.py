@@ -299,14 +299,16 @@ def _measure_point(cfg: TrainConfig, n: int, what: str, kind: str, steps: int, w
 
 def _submit(argv: list[str], n: int, name: str) -> int:
     done = subprocess.run([sys.executable, "-m", "scheduler", "submit", "--exclusive", "--json", "--gpus", str(n),
-                           "-J", name, "--chdir", os.getcwd(), "--", *argv], capture_output=True, text=True, timeout=120)
+                           "-J", name, "--chdir", os.getcwd(), "--", *argv],
+                          capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         said = (done.stderr.strip() or done.stdout.strip()).splitlines()
         raise UserError(f"could not queue a benchmark point: {said[-1] if said else f'exit code {done.returncode}'}")
     try:
         return int(json.loads(done.stdout)["job_id"])
     except (ValueError, KeyError, TypeError):
-        raise UserError(f"could not queue a benchmark point: submit --json printed {done.stdout.strip()[:200]!r}") from None
+        raise UserError(f"could not queue a benchmark point: "
+                        f"submit --json printed {done.stdout.strip()[:200]!r}") from None
 
 
 def _cancel(job_id: int) -> None:

@@ -59,13 +59,13 @@ def _other_load(points: list[dict]) -> dict:
     """The most other load any of these points saw while it ran (CPU: percent of one core; GPU:
     the busiest other process's SM utilisation); None where none was recorded."""
     loads = [reliability.point_load(p.get("other_load_json")) for p in points]
-    cpu = [(l["cpu_pct"], l["top"]) for l in loads if l["cpu_pct"] is not None]
-    gpu = [l["gpu_pct"] for l in loads if l["gpu_pct"] is not None]
+    cpu = [(load["cpu_pct"], load["top"]) for load in loads if load["cpu_pct"] is not None]
+    gpu = [load["gpu_pct"] for load in loads if load["gpu_pct"] is not None]
     worst = max(cpu, key=lambda c: c[0]) if cpu else (None, "")
     return {"other_cpu_pct": worst[0], "other_cpu_top": worst[1],
             "other_gpu_pct": max(gpu) if gpu else None,
-            "other_gpu_unknown": max((l["gpu_unknown"] for l in loads), default=0),
-            "other_jobs": sorted({(j["id"], j["name"], j["user"]) for l in loads for j in l["jobs"]})}
+            "other_gpu_unknown": max((load["gpu_unknown"] for load in loads), default=0),
+            "other_jobs": sorted({(j["id"], j["name"], j["user"]) for load in loads for j in load["jobs"]})}
 
 
 def best_speedup(rows: list[dict]) -> dict | None:

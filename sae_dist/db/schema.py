@@ -9,7 +9,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from sqlalchemy import BigInteger, DateTime, Index, MetaData, UniqueConstraint, text
-from sqlalchemy import false as sa_false, true as sa_true
+from sqlalchemy import false as sa_false
+from sqlalchemy import true as sa_true
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import registry
 from sqlalchemy.types import TypeDecorator

@@ -6,12 +6,12 @@ import argparse
 import json
 from pathlib import Path
 
-from sae_dist.format import fmt_percent
 from sae_dist.errors import DataError
 from sae_dist.evaluate.data import DEFAULT_ROWS, evaluate_shards
 from sae_dist.evaluate.load import load_sae
 from sae_dist.evaluate.metrics import Evaluation
 from sae_dist.evaluate.planted import write_planted_shards
+from sae_dist.format import fmt_percent
 
 
 def planted_defaults() -> dict[str, float | int]:

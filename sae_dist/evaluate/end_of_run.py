@@ -13,10 +13,10 @@ import logging
 from collections.abc import Iterator
 
 from sae_dist import distributed as D
-from sae_dist.format import fmt_percent
 from sae_dist.evaluate.data import batch_rows_for
 from sae_dist.evaluate.metrics import Evaluation, Planted, evaluate_sae
 from sae_dist.evaluate.planted import load_planted, planted_from_settings
+from sae_dist.format import fmt_percent
 from sae_dist.sources.base import ActivationSource
 
 log = logging.getLogger(__name__)

@@ -106,7 +106,8 @@ def plan(spec: HarvestSpec, tokenizer, config) -> Plan:
     tokens = join_documents(tokenizer(documents, add_special_tokens=False)["input_ids"],
                             tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id)
     sample = "harvest"
-    framing = framing_from_examples(tokenizer(sample)["input_ids"], tokenizer(sample, add_special_tokens=False)["input_ids"],
+    framing = framing_from_examples(tokenizer(sample)["input_ids"],
+                                    tokenizer(sample, add_special_tokens=False)["input_ids"],
                                     tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
     contexts = make_contexts(tokens, framing, spec.context_length, spec.max_tokens)
     if not contexts:

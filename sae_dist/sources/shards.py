@@ -24,8 +24,8 @@ import hashlib
 import itertools
 import logging
 import os
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 

@@ -6,6 +6,7 @@ import json
 import sys
 
 from streamlit.testing.v1 import AppTest
+
 REPO = sys.argv[1]
 out = {}
 at = AppTest.from_file(f"{REPO}/app.py", default_timeout=60).run()

@@ -7,7 +7,6 @@
 
 from alembic import context
 from sqlalchemy import create_engine
-
 from sqlmodel.sql.sqltypes import AutoString
 
 from sae_dist.db.schema import UTCDateTime, metadata

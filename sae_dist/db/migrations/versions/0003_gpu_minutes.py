@@ -11,9 +11,8 @@ Revises: 0002
 Create Date: 2026-11-22 05:00:00
 """
 
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0003'
 down_revision = '0002'

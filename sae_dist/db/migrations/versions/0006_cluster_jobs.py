@@ -5,9 +5,8 @@ Revises: 0005
 Create Date: 2026-11-23 16:04:54.166139
 """
 
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0006'
 down_revision = '0005'

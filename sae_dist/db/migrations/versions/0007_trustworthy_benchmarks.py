@@ -6,9 +6,8 @@ Revises: 0006
 Create Date: 2026-11-24 01:30:00
 """
 
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0007'
 down_revision = '0006'

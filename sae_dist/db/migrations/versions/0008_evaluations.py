@@ -6,9 +6,8 @@ Revises: 0007
 Create Date: 2026-11-24 04:20:00
 """
 
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0008'
 down_revision = '0007'

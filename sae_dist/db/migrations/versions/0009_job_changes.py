@@ -6,9 +6,8 @@ Revises: 0008
 Create Date: 2026-11-24 10:50:00
 """
 
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0009'
 down_revision = '0008'

@@ -9,9 +9,8 @@ Revises: 0009
 Create Date: 2026-11-24 14:00:00
 """
 
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0010'
 down_revision = '0009'

@@ -7,9 +7,8 @@ Revises: 0010
 Create Date: 2026-11-24 19:30:00
 """
 
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0011'
 down_revision = '0010'
