@@ -27,11 +27,11 @@ from sae_dist.config import (
     build_config,
     config_fields,
 )
+from sae_dist.contract.sweep_argv import SWEEP_KEY
+from sae_dist.data.shard_format import read_layout  # the shards' headers, without torch
 from sae_dist.defaults import describe_resolved
 from sae_dist.errors import ConfigError, UserError
 from sae_dist.paths import state_home
-from sae_dist.shard_format import read_layout  # the shards' headers, without torch
-from sae_dist.sweep_argv import SWEEP_KEY
 from scheduler import status
 from scheduler.recommend import recommend
 from scheduler.spec import JobSpec, parse_time_limit

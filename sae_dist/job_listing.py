@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sae_dist.state_db import busy_timeout_pragma
+from sae_dist.paths import busy_timeout_pragma
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

@@ -4,6 +4,12 @@ where a run writes (its run directory).
 Every component asks here, so `SAE_DIST_HOME` and `SAE_DIST_DB_URL` mean the same thing
 everywhere and tests can redirect all state to a temporary directory. Torch-free: the scheduler
 and the app import it.
+
+Also here, the facts about the state database that need no SQLAlchemy: its newest schema
+revision and how long a connection waits for another writer's lock. `sae_dist.db` migrates any
+database below the head revision; the scheduler's lean `submit` (standard-library sqlite3)
+writes only to one already at it. Importing `sae_dist.db` costs ~0.4 s of SQLAlchemy, so both
+read them here (a test checks the revision against Alembic's head, so it cannot go stale).
 """
 
 from __future__ import annotations
@@ -14,7 +20,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sae_dist.checkpoint import latest_checkpoint
 from sae_dist.errors import UserError
 
 if TYPE_CHECKING:
@@ -50,16 +55,38 @@ def default_run_name(cfg: TrainConfig) -> str:
     return f"{cfg.architecture}-{cfg.resolved_d_sae}-{datetime.now():%Y%m%d-%H%M%S}"
 
 
-def check_run_dir(cfg: TrainConfig) -> tuple[str, Path]:
-    """(run name, run directory) for a config; a UserError when the directory does not fit."""
+def run_dir_for(cfg: TrainConfig) -> tuple[str, Path]:
+    """(run name, run directory) of a config: --out-dir, else the state home's runs/<name>
+    (sae_dist.train.checkpoint.check_run_dir also checks that the directory fits)."""
     name = cfg.name or default_run_name(cfg)
-    run_dir = Path(cfg.out_dir).expanduser() if cfg.out_dir else state_home() / "runs" / safe_name(name)
-    if cfg.resume:
-        latest = latest_checkpoint(run_dir)
-        if latest is None:
-            raise UserError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; "
-                            f"start without --resume or point --out-dir at the run to continue")
-    elif run_dir.exists() and any(run_dir.iterdir()):
-        raise UserError(f"run directory {run_dir} already exists and is not empty; "
-                        f"use --resume to continue it or choose another --out-dir / --name")
-    return name, run_dir
+    return name, Path(cfg.out_dir).expanduser() if cfg.out_dir else state_home() / "runs" / safe_name(name)
+
+
+# ---- the state database, without SQLAlchemy ----
+
+HEAD_REVISION = "0011"
+"""The newest migration in sae_dist/db/migrations/versions/."""
+
+BUSY_TIMEOUT_ENV = "SAE_DIST_DB_BUSY_TIMEOUT_S"
+DEFAULT_BUSY_TIMEOUT_S = 30.0
+MAX_BUSY_TIMEOUT_S = 3600.0
+
+
+def busy_timeout_s() -> float:
+    """How long a SQLite connection waits for a lock another process holds: $SAE_DIST_DB_BUSY_TIMEOUT_S
+    (seconds), default 30. Past it the command reports the database as locked."""
+    raw = os.environ.get(BUSY_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_BUSY_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= MAX_BUSY_TIMEOUT_S:  # NaN fails this too
+        raise UserError(f"{BUSY_TIMEOUT_ENV}={raw!r}: give seconds from 0 to {MAX_BUSY_TIMEOUT_S:.0f}, "
+                        f"or unset it for {DEFAULT_BUSY_TIMEOUT_S:.0f}")
+    return value
+
+
+def busy_timeout_pragma() -> str:
+    return f"PRAGMA busy_timeout={int(busy_timeout_s() * 1000)}"

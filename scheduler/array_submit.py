@@ -12,8 +12,8 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+from sae_dist.contract.sweep_argv import SWEEP_KEY, swept_keys
 from sae_dist.errors import UserError
-from sae_dist.sweep_argv import SWEEP_KEY, swept_keys
 from scheduler.arrays import ArraySpec
 from scheduler.newjob import NewJob, job_row, new_job
 from scheduler.spec import JobSpec

@@ -16,8 +16,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from sae_dist.contract import NUM_GPUS_ENV
+from sae_dist.contract.sweep_argv import SWEEP_KEY, sweep_size
 from sae_dist.errors import USER_ERROR_EXIT, UserError
-from sae_dist.sweep_argv import SWEEP_KEY, sweep_size
 
 STORAGE_ERROR_EXIT = 1  # the state database could not be used (scheduler.storage_errors says why)
 
@@ -219,7 +219,7 @@ def _storage_line(error: Exception) -> str | None:
     from scheduler.storage_errors import storage_line
 
     try:
-        from sae_dist.state_db import busy_timeout_s
+        from sae_dist.paths import busy_timeout_s
 
         waited = busy_timeout_s()
     except UserError:
@@ -302,8 +302,8 @@ def cmd_submit(args) -> int:
     array = _parsed("--array", parse_array, args.array) if args.array is not None else None
     if args.train:
         from sae_dist.config import build_config, load_toml
-        from sae_dist.sweep import parse_sweep_flags
-        from sae_dist.sweep_argv import checked_lists
+        from sae_dist.contract.sweep import parse_sweep_flags
+        from sae_dist.contract.sweep_argv import checked_lists
         from scheduler.array_submit import ARRAY_TABLE, array_from_overrides
 
         if argv:

@@ -2,7 +2,7 @@
 
 Importing SQLAlchemy, SQLModel and the schema costs a Python process ~0.4 s, several times what
 a whole `submit` may take (sweeps are submitted from shell loops). When the state database is a
-SQLite file already migrated to the head revision (`sae_dist.state_db.HEAD_REVISION`), in WAL
+SQLite file already migrated to the head revision (`sae_dist.paths.HEAD_REVISION`), in WAL
 mode as the engine leaves it, the row `scheduler.newjob.job_row` builds is inserted here in one
 `BEGIN IMMEDIATE` transaction, its dependencies checked in the same transaction, exactly as
 `scheduler.store.submit` does. Anything else (PostgreSQL, no file yet, an older schema) returns
@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from sae_dist.job_listing import sqlite_file
-from sae_dist.state_db import HEAD_REVISION, busy_timeout_pragma, busy_timeout_s
+from sae_dist.paths import HEAD_REVISION, busy_timeout_pragma, busy_timeout_s
 from scheduler.array_submit import jobs_to_store, task_rows
 from scheduler.arrays import ArraySpec
 from scheduler.newjob import check_dependencies_found

@@ -13,7 +13,7 @@ import re
 import shlex
 
 from sae_dist.contract import DEVICE_TYPE_ENV
-from sae_dist.sweep_argv import stored_job_flags
+from sae_dist.contract.sweep_argv import stored_job_flags
 
 RDZV_PORT = 29400  # torchrun's documented c10d default; the cluster job owns its nodes
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sae_dist.contract import JOB_ID_ENV, RESERVED_JOB_ENV, TRAIN_FLAG, checked_train_config
+from sae_dist.contract.sweep_argv import SWEEP_KEY, check_stored, split_stored
 from sae_dist.errors import UserError
-from sae_dist.sweep_argv import SWEEP_KEY, check_stored, split_stored
 
 if TYPE_CHECKING:
     from sae_dist.config import TrainConfig
@@ -337,7 +337,7 @@ class JobSpec:
             if not isinstance(self.train_config, (dict, TrainConfig)):
                 raise _err("--train", "a training job needs a config (--train run.toml)")
             # Validated here once; the supervisor and sbatch trust the stored dict. A sweep's lists
-            # ride in it under one key (sae_dist.sweep_argv), checked against the base settings.
+            # ride in it under one key (sae_dist.contract.sweep_argv), checked against the base settings.
             plain, lists = split_stored(self.train_config) if isinstance(self.train_config, dict) \
                 else (self.train_config, None)
             self.train_config = checked_train_config(plain).to_dict()

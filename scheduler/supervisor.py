@@ -30,9 +30,9 @@ from sae_dist.contract import (
     THREADS_PER_RANK_ENV,
     VIRTUAL_DEVICES_ENV,
 )
+from sae_dist.contract.sweep_argv import stored_job_flags
 from sae_dist.db import get_engine
 from sae_dist.paths import state_home
-from sae_dist.sweep_argv import stored_job_flags
 from scheduler import procs
 from scheduler.devices import VIRTUAL_PREFIX, usable_cores, virtual_count, virtual_device_threads
 from scheduler.final_state import FinalState, record_until_stored

@@ -88,7 +88,7 @@ def write_shard_dir(directory: Path, d_in: int, total_bytes: int = SHARD_BYTES,
     """Gaussian activations [rows, d_in] as shards (written chunk by chunk, never whole in memory)."""
     import torch
 
-    from sae_dist.shard_format import write_shards
+    from sae_dist.data.shard_format import write_shards
 
     rows_per_file = file_bytes // (4 * d_in)
     files = max(1, total_bytes // file_bytes)
@@ -98,7 +98,7 @@ def write_shard_dir(directory: Path, d_in: int, total_bytes: int = SHARD_BYTES,
 
 def measured_runtime() -> int:
     """RssAnon of a fresh process that has imported what a rank imports before its model."""
-    code = ("import sae_dist.cli, sae_dist.train, sae_dist.sources.shards; "
+    code = ("import sae_dist.cli, sae_dist.train.loop, sae_dist.data.sources.shards; "
             "from sae_dist.memory import anonymous_bytes; print(anonymous_bytes())")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     return int(out.stdout.strip())
@@ -106,8 +106,8 @@ def measured_runtime() -> int:
 
 CUDA_CONTEXT_CODE = """
 import pynvml, torch
-from sae_dist.sae import SparseAutoencoder
-from sae_dist.step import make_optimizer, train_step
+from sae_dist.models.sae import SparseAutoencoder
+from sae_dist.train.step import make_optimizer, train_step
 pynvml.nvmlInit()
 uuid = "GPU-" + str(torch.cuda.get_device_properties(0).uuid)  # no CUDA context yet
 handle = pynvml.nvmlDeviceGetHandleByUUID(uuid.encode())

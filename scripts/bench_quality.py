@@ -104,7 +104,7 @@ def make_data(ds: DataSet, out: Path, text: Path | None) -> Path:
         import torch
         from safetensors.torch import save_file
 
-        from sae_dist.sources.shards import open_shards
+        from sae_dist.data.sources.shards import open_shards
 
         total = open_shards(shards).total_rows
         if total < TRAIN_ROWS + HELDOUT:

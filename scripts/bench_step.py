@@ -7,7 +7,7 @@
         --shapes 768x24576x32,4096x65536x64                    # the GPU check's four tables
 
 The floor is the encoder's one dense product, (batch x d_in) @ (d_in x d_sae), timed here in the
-same dtype; "ours" is sae_dist.step.train_step (forward, backward, decoder constraint, fused Adam:
+same dtype; "ours" is sae_dist.train.step.train_step (forward, backward, decoder constraint, fused Adam:
 exactly what the trainer runs per step); "naive" is the same SAE through dense autograd
 (sparse_ops.dense_topk_reference) with a foreach Adam. The three are timed in alternating rounds
 so that the machine's drift hits them alike; with --peers, the peers' scripts run between two
@@ -34,10 +34,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sae_dist.config import TrainConfig  # noqa: E402
-from sae_dist.kernels import DISABLE_ENV  # noqa: E402
-from sae_dist.sae import SparseAutoencoder  # noqa: E402
-from sae_dist.sparse_ops import BLOCK_ROWS_ENV, dense_topk_reference  # noqa: E402
-from sae_dist.step import autocast_for, make_optimizer, train_step  # noqa: E402
+from sae_dist.models.kernels import DISABLE_ENV  # noqa: E402
+from sae_dist.models.sae import SparseAutoencoder  # noqa: E402
+from sae_dist.models.sparse_ops import BLOCK_ROWS_ENV, dense_topk_reference  # noqa: E402
+from sae_dist.train.step import autocast_for, make_optimizer, train_step  # noqa: E402
 
 
 def make_batches(n: int, batch: int, d_in: int, device, seed: int = 0) -> list[torch.Tensor]:

@@ -97,7 +97,7 @@ def _base_flags(args, tmp: Path) -> list[str]:
         return flags
     import torch
 
-    from sae_dist.shard_format import write_shards
+    from sae_dist.data.shard_format import write_shards
 
     rows = args.steps * args.batch_size * 2 + 1024  # more than one epoch's worth is never needed
     gen = torch.Generator().manual_seed(0)
@@ -116,7 +116,7 @@ def _tests_model() -> str:
 def _d_in(args, base: list[str]) -> int:
     if args.source != "model":
         return args.d_in
-    from sae_dist.sources.model import check_model_source
+    from sae_dist.data.sources.model import check_model_source
 
     return check_model_source(base[base.index("--model-path") + 1], 0, "resid", args.text_path)
 

@@ -39,7 +39,7 @@ fi
 
 # The compiled CPU top-k kernel, built once into torch's extension cache (~30 s; a no-op after),
 # so that no training rank waits for the compiler. Without a compiler the trainer uses torch.topk.
-"$VENV/bin/python" -c "from sae_dist.kernels import cpu_topk; cpu_topk()" \
+"$VENV/bin/python" -c "from sae_dist.models.kernels import cpu_topk; cpu_topk()" \
     || echo "setup: the CPU top-k kernel could not be built; training uses stock PyTorch (slower)"
 
 # The test suite loads our exported SAEs with the real sae-lens; its dependencies clash with ours,

@@ -32,9 +32,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from sae_dist.config import TrainConfig  # noqa: E402
+from sae_dist.data.sources.synthetic import SyntheticSource  # noqa: E402
 from sae_dist.defaults import default_lr  # noqa: E402
 from sae_dist.evaluate import Planted, evaluate_sae, heldout_rows, load_sae, planted_from_settings  # noqa: E402
-from sae_dist.sources.synthetic import SyntheticSource  # noqa: E402
 
 HELDOUT = 16384  # rows each SAE is evaluated on
 REFERENCE = {"d_in": 256, "batch": 1024, "d_sae": 4096, "k": 16}  # the rule's terms are ratios to these

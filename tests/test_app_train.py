@@ -10,8 +10,8 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from conftest import REPO
+from sae_dist.data.shard_format import write_shards
 from sae_dist.db import get_engine
-from sae_dist.shard_format import write_shards
 from scheduler.control import daemon_running
 from scheduler.store import list_jobs
 from test_status import running_job

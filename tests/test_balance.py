@@ -1,10 +1,10 @@
-"""The pure load-balance decisions (sae_dist.balance), with plain numbers."""
+"""The pure load-balance decisions (sae_dist.train.balance), with plain numbers."""
 
 import random
 
 import pytest
 
-from sae_dist.balance import (
+from sae_dist.train.balance import (
     EVIDENCE_WINDOWS,
     MAX_MOVES,
     MIN_WINDOW_STEPS,

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from conftest import LENGTH_FREE_SCHEDULE, main_here, run_cli
-from sae_dist.balance import BalanceState
-from sae_dist.checkpoint import STATE, latest_checkpoint
 from sae_dist.contract import KILL_RANK_AT_ENV, SLOW_RANKS_ENV
-from sae_dist.shard_format import write_shards
-from sae_dist.survive import DEVICE_ERROR_EXIT, Failure, device_ids, lost_ranks, survivors_env
+from sae_dist.data.shard_format import write_shards
+from sae_dist.train.balance import BalanceState
+from sae_dist.train.checkpoint import STATE, latest_checkpoint
+from sae_dist.train.survive import DEVICE_ERROR_EXIT, Failure, device_ids, lost_ranks, survivors_env
 from test_train import REFERENCE, SMALL, final_weights, ok, one_rank_reference, rel_diff, shares_in
 
 __all__ = ["one_rank_reference", "shares_in"]  # the session's 1-rank reference; shares_in for test_harvest

@@ -8,8 +8,8 @@ from conftest import run_cli
 from sae_dist.config import TrainConfig, build_config, load_toml, parse_devices
 from sae_dist.defaults import default_lr
 from sae_dist.errors import ConfigError
-from sae_dist.lr import lr_at
-from sae_dist.metrics import find_stragglers
+from sae_dist.train.lr import lr_at
+from sae_dist.train.metrics import find_stragglers
 
 
 @pytest.mark.parametrize("values, field, words", [

@@ -63,9 +63,9 @@ def test_nvml_and_cuda_in_pci_bus_order_name_the_same_gpus():
 
 def test_balance_memory_finds_each_gpu_in_nvml_and_reads_what_cuda_sees():
     """`--balance memory` reads a rank's free memory from NVML, finding its GPU by CUDA's UUID or
-    PCI bus id (sae_dist.free_memory): both ways name a GPU NVML knows, and the figure agrees with
+    PCI bus id (sae_dist.train.free_memory): both ways name a GPU NVML knows, and the figure agrees with
     CUDA's own within 1 GiB (other processes may allocate in between)."""
-    from sae_dist.free_memory import cuda_identity, free_memory, nvml_free_memory
+    from sae_dist.train.free_memory import cuda_identity, free_memory, nvml_free_memory
 
     for i in range(torch.cuda.device_count()):
         device = torch.device("cuda", i)
@@ -92,8 +92,8 @@ def test_the_health_probe_checks_cuda_too_on_a_healthy_gpu():
 def _one_step(device: str, precision: str):
     """The parameters after one training step, and the step's update to each (after - before)."""
     from sae_dist.config import TrainConfig
-    from sae_dist.sae import SparseAutoencoder
-    from sae_dist.step import autocast_for, make_optimizer, train_step
+    from sae_dist.models.sae import SparseAutoencoder
+    from sae_dist.train.step import autocast_for, make_optimizer, train_step
 
     torch.manual_seed(0)
     x = torch.randn(512, 256, generator=torch.Generator().manual_seed(1)).to(device)
@@ -136,4 +136,4 @@ def test_a_two_gpu_training_over_nccl_completes(tmp_path):
     out = run_cli("train", "--d-in", "64", "--d-sae", "512", "--k", "16", "--steps", "20", "--log-every", "5",
                   "--batch-size", "1024", "--devices", "cuda:2", "--out-dir", str(tmp_path / "run"),
                   "--checkpoint-every", "0", timeout=600)
-    assert out.returncode == 0, out.stderr[-4000:]  # CUDA ranks join with NCCL (sae_dist/train.py)
+    assert out.returncode == 0, out.stderr[-4000:]  # CUDA ranks join with NCCL (sae_dist/train/loop.py)

@@ -9,9 +9,9 @@ import pytest
 
 from conftest import main_here, run_cli
 from sae_dist.config import TrainConfig, build_config
+from sae_dist.data.sources.synthetic import SyntheticSource
 from sae_dist.evaluate import evaluate_sae, heldout_rows, load_planted, load_sae, planted_from_settings
 from sae_dist.evaluate.planted import write_planted_shards
-from sae_dist.sources.synthetic import SyntheticSource
 
 TINY = ["--d-sae", "64", "--k", "4", "--batch-size", "64", "--steps", "6", "--log-every", "3", "--seed", "1",
         "--devices", "cpu:1"]

@@ -12,6 +12,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from sae_dist.data.shard_format import write_shards
+from sae_dist.data.sources.synthetic import SyntheticSource
 from sae_dist.errors import DataError, UserError
 from sae_dist.evaluate import (
     DENSITY_EDGES,
@@ -27,10 +29,8 @@ from sae_dist.evaluate import (
     recovery,
     write_planted_shards,
 )
-from sae_dist.export import export_saelens
-from sae_dist.sae import SparseAutoencoder
-from sae_dist.shard_format import write_shards
-from sae_dist.sources.synthetic import SyntheticSource
+from sae_dist.models.export import export_saelens
+from sae_dist.models.sae import SparseAutoencoder
 
 ARCHS = ["topk", "standard", "jumprelu", "batchtopk"]
 D_IN, D_SAE, K = 16, 64, 4

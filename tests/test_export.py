@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from sae_dist.errors import UserError
-from sae_dist.export import export_saelens, load_feature_density, load_sae
-from sae_dist.sae import SparseAutoencoder
+from sae_dist.models.export import export_saelens, load_feature_density, load_sae
+from sae_dist.models.sae import SparseAutoencoder
 
 ARCHS = ["topk", "standard", "jumprelu", "batchtopk"]
 D_IN, D_SAE, K = 16, 64, 4

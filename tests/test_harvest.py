@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from conftest import LENGTH_FREE_SCHEDULE, REPO, main_here, run_cli
+from sae_dist.data.harvest.contexts import framing_from_examples, join_documents, make_contexts, text_files
+from sae_dist.data.harvest.sites import module_path
+from sae_dist.data.sources.shards import open_shards
 from sae_dist.errors import UserError
-from sae_dist.harvest.contexts import framing_from_examples, join_documents, make_contexts, text_files
-from sae_dist.harvest.sites import module_path
-from sae_dist.sources.shards import open_shards
 
 TEXT = [str(REPO / "README.md")]  # English the repository ships (~15,000 BERT tokens, and growing)
 
@@ -158,7 +158,7 @@ def test_harvest_then_train_an_sae_on_it(minilm, text, harvested, tmp_path):
     assert final, trained.stdout
     print(final.group(0))
     assert float(final.group(1)) < 0.4 and float(final.group(2)) == pytest.approx(16.0)
-    from sae_dist.export import load_sae
+    from sae_dist.models.export import load_sae
 
     sae = load_sae(run / "sae")
     x = first[:64]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import REPO
-from sae_dist.kernels import cpu_topk
+from sae_dist.models.kernels import cpu_topk
 
 
 def kernel_topk(pre, bias, k, dead=None, k_aux=0):
@@ -53,8 +53,8 @@ def test_without_a_compiler_training_uses_torch_topk(tmp_path):
     """No compiler: one warning, and the stock path trains (a missing kernel costs speed only)."""
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "CXX": "/bin/false"}
     code = ("import logging; logging.basicConfig();"
-            "import torch; from sae_dist.kernels import cpu_topk; assert cpu_topk() is None;"
-            "from sae_dist.sae import SparseAutoencoder;"
+            "import torch; from sae_dist.models.kernels import cpu_topk; assert cpu_topk() is None;"
+            "from sae_dist.models.sae import SparseAutoencoder;"
             "sae = SparseAutoencoder(16, 64, 'topk', 4, seed=0); out = sae(torch.randn(8, 16)); out.loss.backward();"
             "print('trained', float(out.loss) > 0)")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
@@ -78,7 +78,7 @@ def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next(tmp_path):
     (copy / "lock").touch()
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
     code = ("import logging; logging.basicConfig();"
-            "from sae_dist.kernels import cpu_topk; print('kernel', cpu_topk() is not None)")
+            "from sae_dist.models.kernels import cpu_topk; print('kernel', cpu_topk() is not None)")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch.distributed.run import config_from_args, get_args_parser, run_script_path
 
-from sae_dist.launch import FORKED_RANK, torchrun_argv
+from sae_dist.train.launch import FORKED_RANK, torchrun_argv
 
 
 def parsed(fork: bool, port: str | None):

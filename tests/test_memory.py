@@ -16,6 +16,7 @@ import torch
 
 from conftest import REPO
 from sae_dist.config import TrainConfig
+from sae_dist.data.shard_format import write_shards
 from sae_dist.memory import (
     CPU_RUNTIME_BYTES,
     CUDA_CONTEXT_BYTES,
@@ -25,7 +26,6 @@ from sae_dist.memory import (
     estimate_for_config,
     estimate_memory,
 )
-from sae_dist.shard_format import write_shards
 
 MIB = 2**20
 FINAL = re.compile(r"peak memory: measured ([\d.]+) MiB, estimated ([\d.]+) MiB")

@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import REPO
+from sae_dist.data.harvest.run import HarvestSpec, harvest
+from sae_dist.data.shard_format import write_shards
 from sae_dist.evaluate.model_check import model_check
-from sae_dist.harvest.run import HarvestSpec, harvest
-from sae_dist.sae import SparseAutoencoder
-from sae_dist.shard_format import write_shards
+from sae_dist.models.sae import SparseAutoencoder
 
 TEXT = str(REPO / "README.md")
 

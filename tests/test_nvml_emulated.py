@@ -22,8 +22,8 @@ import pytest
 import fake_nvml
 from conftest import REPO
 from fake_nvml import CPU_TORCH
-from sae_dist.balance import initial_weights
-from sae_dist.free_memory import choose, sources_line
+from sae_dist.train.balance import initial_weights
+from sae_dist.train.free_memory import choose, sources_line
 from scheduler import known_gpus
 from scheduler.busy import classify
 from scheduler.devices import DeviceInfo, in_bus_order, keep_identity, trusted_identities
@@ -299,7 +299,7 @@ def test_another_hosts_gpus_in_a_shared_state_home_are_never_this_hosts(nvml_env
 
 FREE_MEMORY = """
 import json, os, sys
-from sae_dist.free_memory import nvml_free_memory
+from sae_dist.train.free_memory import nvml_free_memory
 asks = json.loads(sys.argv[1])
 out = [nvml_free_memory(uuid, bus) for uuid, bus in asks]
 os.replace(sys.argv[2], os.environ["FAKE_NVML_SCENARIO"])  # the driver stops loading

@@ -1,4 +1,4 @@
-"""Placement of a sweep's SAEs on a job's devices (sae_dist.placement) on plain data: DDP groups
+"""Placement of a sweep's SAEs on a job's devices (sae_dist.sweeps.placement) on plain data: DDP groups
 when devices outnumber SAEs, several SAEs per device otherwise, one error for a sweep that does
 not fit (which SAEs, on which device, by how much), and the plan as printed and stored."""
 
@@ -8,9 +8,10 @@ import json
 
 import pytest
 
+from sae_dist.contract.sweep import build_sweep
 from sae_dist.errors import UserError
 from sae_dist.memory import MemoryEstimate
-from sae_dist.placement import (
+from sae_dist.sweeps.placement import (
     Device,
     PlacementError,
     SaeNeed,
@@ -18,7 +19,6 @@ from sae_dist.placement import (
     needs_for,
     place,
 )
-from sae_dist.sweep import build_sweep
 
 MIB = 2**20
 GIB = 2**30
@@ -184,7 +184,7 @@ def test_the_model_source_s_memory_is_on_every_device_and_its_parts_are_said(tmp
     import numpy as np
     from safetensors.numpy import save_file
 
-    from sae_dist.source_memory import estimate_source_memory, safetensors_bytes
+    from sae_dist.data.source_memory import estimate_source_memory, safetensors_bytes
 
     # forward: 4 B x (2 x 8 tokens x (6 x 4 + 2 x 16 + 3 x 4) + 2 x 2 contexts x 2 heads x 8^2);
     # fill: 4 copies x 10 rows x 3 sites x d_in 4 x 4 B.

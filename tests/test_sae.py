@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 
-from sae_dist.kernels import DISABLE_ENV
-from sae_dist.sae import SparseAutoencoder
+from sae_dist.models.kernels import DISABLE_ENV
+from sae_dist.models.sae import SparseAutoencoder
 
 PARAMS = ("W_enc", "b_enc", "W_dec", "b_dec")
 

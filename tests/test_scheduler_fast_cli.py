@@ -12,7 +12,7 @@ import pytest
 from conftest import add_virtual_devices, run_cli
 from sae_dist.db import get_engine, utcnow
 from sae_dist.errors import UserError
-from sae_dist.state_db import BUSY_TIMEOUT_ENV, HEAD_REVISION, busy_timeout_s
+from sae_dist.paths import BUSY_TIMEOUT_ENV, HEAD_REVISION, busy_timeout_s
 from scheduler import quick_submit
 from scheduler.newjob import new_job
 from scheduler.spec import JobSpec

@@ -12,10 +12,10 @@ import pytest
 
 from conftest import wait_for
 from sae_dist.config import load_toml
+from sae_dist.contract.sweep import build_sweep, parse_sweep_flags, split_sweep
+from sae_dist.contract.sweep_argv import SWEEP_KEY, stored_job_flags, sweep_flags, sweep_size, swept_keys
 from sae_dist.db import get_engine
 from sae_dist.db.sweeps import list_sweeps, sweep_runs
-from sae_dist.sweep import build_sweep, parse_sweep_flags, split_sweep
-from sae_dist.sweep_argv import SWEEP_KEY, stored_job_flags, sweep_flags, sweep_size, swept_keys
 from scheduler.spec import JobSpec
 from scheduler.store import count_jobs, get_job
 from scheduler.supervisor import job_argv

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from sae_dist.balance import BatchPlan
+from sae_dist.data.shard_format import write_shards
+from sae_dist.data.sources.shards import ShardStream, open_shards, read_rows
 from sae_dist.errors import DataError
-from sae_dist.shard_format import write_shards
-from sae_dist.sources.shards import ShardStream, open_shards, read_rows
+from sae_dist.train.balance import BatchPlan
 
 ROWS = 301  # a prime: no batch or block size used here divides it
 SIZES = [97, 204]  # two files, so reads cross a file boundary

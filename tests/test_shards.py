@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from sae_dist.data.shard_format import write_shards
+from sae_dist.data.sources.shards import ShardStream, open_shards
 from sae_dist.errors import DataError
-from sae_dist.shard_format import write_shards
-from sae_dist.sources.shards import ShardStream, open_shards
 
 
 def indexed_rows(start: int, count: int, d_in: int = 4) -> torch.Tensor:

@@ -8,8 +8,8 @@ import torch.distributed as dist
 
 from sae_dist.config import TrainConfig
 from sae_dist.distributed import DistContext
-from sae_dist.sae import SparseAutoencoder
-from sae_dist.step import ddp_bucket_mb, make_optimizer, train_step, wrap_ddp
+from sae_dist.models.sae import SparseAutoencoder
+from sae_dist.train.step import ddp_bucket_mb, make_optimizer, train_step, wrap_ddp
 
 
 def sae_and_sgd(seed: int = 0):
@@ -74,8 +74,8 @@ def test_an_sae_never_loads_the_compiler():
     import subprocess
     import sys
 
-    code = ("import sys, torch, sae_dist.train\n"
-            "from sae_dist.sae import SparseAutoencoder\n"
+    code = ("import sys, torch, sae_dist.train.loop\n"
+            "from sae_dist.models.sae import SparseAutoencoder\n"
             "sae = SparseAutoencoder(32, 256, 'topk', 8, auxk_coefficient=1/32, seed=0)\n"
             "sae(torch.randn(64, 32), dead_mask=torch.ones(256, dtype=torch.bool)).loss.backward()\n"
             "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo was imported'\n")

@@ -1,4 +1,4 @@
-"""A sweep's definition (sae_dist.sweep) on plain data: the grid's product and explicit points,
+"""A sweep's definition (sae_dist.contract.sweep) on plain data: the grid's product and explicit points,
 --sweep flags read as their settings' types, names, and one clear error for each bad input."""
 
 from __future__ import annotations
@@ -12,18 +12,17 @@ from conftest import REPO
 from sae_dist.cli import _parser
 from sae_dist.config import TrainConfig, load_toml
 from sae_dist.contract import config_from_args, train_argv
-from sae_dist.errors import ConfigError, UserError
-from sae_dist.sweep import (
+from sae_dist.contract.sweep import (
     MAX_SAES,
     SWEEPABLE,
     build_sweep,
-    check_trainable,
-    model_sites,
     parse_sweep_flags,
     point_name,
     split_sweep,
     unique_names,
 )
+from sae_dist.data.harvest.sites import check_trainable, model_sites
+from sae_dist.errors import ConfigError, UserError
 
 
 def _sweep(base=None, table=None, flags=None):
@@ -250,7 +249,7 @@ def _module_level_imports(module: str) -> set[str]:
     return seen
 
 
-@pytest.mark.parametrize("module", ["sae_dist.sweep", "sae_dist.placement"])
+@pytest.mark.parametrize("module", ["sae_dist.contract.sweep", "sae_dist.sweeps.placement"])
 def test_the_sweep_is_read_and_placed_without_torch(module):
     """The scheduler's submit and the Train page will use both: no torch at import."""
     imported = _module_level_imports(module)

@@ -1,5 +1,5 @@
 """A sweep's ends, for real: each SAE evaluated on the rows the sweep never trained on, recorded in
-its own run (sae_dist/sweep_eval.py), and every export loaded by the real SAELens. The 1- and
+its own run (sae_dist/sweeps/eval.py), and every export loaded by the real SAELens. The 1- and
 2-rank grids against SAEs trained alone are in tests/test_sweep_train.py (its shared runs); here
 the shard source's held-out tail, --eval-rows 0, and an architecture sweep in SAELens. Each sweep
 is tiny and trains in this process."""

@@ -1,5 +1,5 @@
 """A sweep over the model source's layers: one forward pass hooks every layer the sweep reads
-(sae_dist/sources/model.py), and each SAE equals the same SAE trained alone from the model at its
+(sae_dist/data/sources/model.py), and each SAE equals the same SAE trained alone from the model at its
 layer (same seed, same global batches), on 1 rank (in this process) and on 2 gloo ranks. The tiny
 6-layer BERT of test_harvest, a few steps of a small batch; one module fixture trains it all."""
 
@@ -99,7 +99,7 @@ def test_one_pass_over_several_sites_gives_each_site_its_own_rows(minilm, text):
     slice is the rows a source of that site alone gives, in the same shuffled order."""
     import torch
 
-    from sae_dist.sources.model import ModelSource
+    from sae_dist.data.sources.model import ModelSource
 
     def source(layer, site, sites=None):
         return ModelSource(minilm, layer, site, text, 128, 32, 5, 0, 1, torch.device("cpu"), sites=sites)
@@ -115,14 +115,14 @@ def test_one_pass_over_several_sites_gives_each_site_its_own_rows(minilm, text):
 
 @contextlib.contextmanager
 def model_reads():
-    """Each read of a model from disk in the block, as sae_dist.harvest.run says it (debug level)."""
+    """Each read of a model from disk in the block, as sae_dist.data.harvest.run says it (debug level)."""
     seen: list[str] = []
 
     class Reads(logging.Handler):
         def emit(self, record):
             seen.append(record.getMessage())
 
-    handler, said = Reads(logging.DEBUG), logging.getLogger("sae_dist.harvest.run")
+    handler, said = Reads(logging.DEBUG), logging.getLogger("sae_dist.data.harvest.run")
     level = said.level
     said.addHandler(handler)
     said.setLevel(logging.DEBUG)

@@ -1,4 +1,4 @@
-"""A sweep trained for real: many SAEs in one job from one stream (sae_dist/sweep_train.py).
+"""A sweep trained for real: many SAEs in one job from one stream (sae_dist/sweeps/train.py).
 
 Each SAE of a sweep must equal the same SAE trained alone (same seed, same global batches), on 1
 rank (in this process) and on 2 gloo ranks, both when the SAEs share the devices (3 SAEs on 2
@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import main_here, run_cli
-from sae_dist.checkpoint import WEIGHTS, list_checkpoints
-from sae_dist.export import load_sae
+from sae_dist.models.export import load_sae
+from sae_dist.train.checkpoint import WEIGHTS, list_checkpoints
 
 pytestmark = pytest.mark.slow  # every test here reads runs trained by the module fixture
 
@@ -169,7 +169,7 @@ def test_a_run_toml_sweep_table(cli, tmp_path):
     ("groups", {f"k{k}": k for k in (4, 8)}),  # 2 ranks, an SAE each: the rows sent to rank 1 once
 ])
 def test_each_sae_is_evaluated_as_it_alone(runs, which, points):
-    """The end-of-run evaluation of each SAE (sae_dist/sweep_eval.py) is the one its run alone
+    """The end-of-run evaluation of each SAE (sae_dist/sweeps/eval.py) is the one its run alone
     writes: the same unseen rows (the stream's after the last step), the same figures."""
     for name, k in points.items():
         mine = json.loads((runs[which] / "saes" / name / "evaluation.json").read_text())

@@ -21,10 +21,10 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import LENGTH_FREE_SCHEDULE, REPO, main_here, run_cli
-from sae_dist.checkpoint import STATE, WEIGHTS, latest_checkpoint, list_checkpoints
-from sae_dist.export import load_sae
-from sae_dist.shard_format import write_shards
-from sae_dist.sources.synthetic import SyntheticSource
+from sae_dist.data.shard_format import write_shards
+from sae_dist.data.sources.synthetic import SyntheticSource
+from sae_dist.models.export import load_sae
+from sae_dist.train.checkpoint import STATE, WEIGHTS, latest_checkpoint, list_checkpoints
 
 pytestmark = pytest.mark.slow  # every test here trains, or starts the CLI
 

@@ -1,7 +1,8 @@
 """Import rules of the trainer's side: the run-directory helpers stay torch-free (the app and the
-launcher check a run directory before any rank starts), and the harvest never imports the
-sources (the `model` source reads a model with the harvest's reader; a harvest writes shards
-with sae_dist.shard_format), so the arrow between the two packages goes one way."""
+launcher check a run directory before any rank starts: sae_dist.paths, sae_dist.train.checkpoint),
+and the harvest never imports the sources (the `model` source reads a model with the harvest's
+reader; a harvest writes shards with sae_dist.data.shard_format), so the arrow between the two
+packages goes one way."""
 
 from __future__ import annotations
 
@@ -14,14 +15,15 @@ import pytest
 import torch
 
 from conftest import REPO
-from sae_dist.shard_format import write_shards
+from sae_dist.data.shard_format import write_shards
 
-HARVEST = REPO / "sae_dist" / "harvest"
+HARVEST = REPO / "sae_dist" / "data" / "harvest"
 
 
 def test_paths_is_torch_free():
     code = ("import sys, sae_dist.paths as p; assert p.safe_name('../a b') == '_a_b', p.safe_name('../a b'); "
-            "assert p.latest_checkpoint is not None; assert 'torch' not in sys.modules, 'torch imported'")
+            "import sae_dist.train.checkpoint as c; assert c.check_run_dir is not None; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
 
@@ -40,7 +42,8 @@ def _imports(path: Path) -> set[str]:
 def test_harvest_does_not_import_the_sources():
     files = sorted(HARVEST.glob("*.py"))
     assert files
-    found = {f.name: sorted(m for m in _imports(f) if m == "sae_dist.sources" or m.startswith("sae_dist.sources."))
+    found = {f.name: sorted(m for m in _imports(f)
+                            if m == "sae_dist.data.sources" or m.startswith("sae_dist.data.sources."))
              for f in files}
     assert not any(found.values()), found
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import torch
 
-from sae_dist.balance import BatchPlan
+from sae_dist.data.shard_format import write_shards
+from sae_dist.data.sources.shards import ShardStream, open_shards
+from sae_dist.data.sources.synthetic import SyntheticSource
 from sae_dist.distributed import DistContext
 from sae_dist.evaluate import heldout_rows
-from sae_dist.shard_format import write_shards
-from sae_dist.sources.shards import ShardStream, open_shards
-from sae_dist.sources.synthetic import SyntheticSource
+from sae_dist.train.balance import BatchPlan
 
 CPU = torch.device("cpu")
 MAIN, OTHER = DistContext(0, 2, 0, CPU, "none"), DistContext(1, 2, 1, CPU, "none")

@@ -61,14 +61,14 @@ def repeats_last(current: str | None, last: str | None, confirmed: bool) -> bool
 # ---- a sweep: many SAEs in one job (issue 20) ----
 
 SWEEP_FIELDS = ("architecture", "k", "expansion_factor", "lr")
-"""The settings the form sweeps (sae_dist.sweep takes more from a TOML file or the CLI)."""
+"""The settings the form sweeps (sae_dist.contract.sweep takes more from a TOML file or the CLI)."""
 
 
 def sweep_lists(texts: dict[str, str], architectures: list[str]) -> tuple[dict[str, list[Any]], dict[str, str]]:
     """The form's sweep fields as {setting: [values]}, and an error per field that cannot be
     read ("16, 32, 64": each value as its setting's type). A blank field is not swept."""
+    from sae_dist.contract.sweep import parse_sweep_flags
     from sae_dist.errors import ConfigError
-    from sae_dist.sweep import parse_sweep_flags
 
     lists: dict[str, list[Any]] = {"architecture": list(architectures)} if architectures else {}
     errors: dict[str, str] = {}
@@ -109,8 +109,8 @@ def checked_sweep(values: dict[str, Any], lists: dict[str, list[Any]]) -> tuple[
     """The sweep the form describes over its other `values` (a swept setting's own field is
     left out), or None and the errors: one per bad field (its values checked alone), else one
     for the whole grid ("sweep": two points that train the same SAE, too many SAEs)."""
+    from sae_dist.contract.sweep import build_sweep
     from sae_dist.errors import ConfigError
-    from sae_dist.sweep import build_sweep
 
     if not lists:
         return None, {"sweep": "list values in at least one field (e.g. 16, 32, 64 in k), or turn the sweep off"}
@@ -143,7 +143,7 @@ def sweep_plan(sweep: Any, devices: list[tuple[str, int | None]], device_type: s
     device with its estimated memory; or the placement's error (which SAE lacks how much)."""
     from sae_dist.errors import UserError
     from sae_dist.format import fmt_bytes
-    from sae_dist.placement import Device, needs_for, place
+    from sae_dist.sweeps.placement import Device, needs_for, place
 
     shown: dict[str, Any] = {"count": len(sweep), "names": sweep.names, "reason": None, "rows": [], "error": None}
     if not devices:

@@ -32,9 +32,9 @@ def measure(cfg: TrainConfig, warmup: int, steps: int, start_at: float | None = 
     of the largest rank, the bytes all-reduced per step. start_at (Unix time) lines up the
     independent processes of a ceiling measurement.
     """
-    from sae_dist.sources.make import make_source
-    from sae_dist.step import autocast_for, make_optimizer, train_step, wrap_ddp
-    from sae_dist.train import build_sae, set_threads
+    from sae_dist.data.sources.make import make_source
+    from sae_dist.train.loop import build_sae, set_threads
+    from sae_dist.train.step import autocast_for, make_optimizer, train_step, wrap_ddp
 
     ctx = D.init_distributed()
     set_threads(ctx)
@@ -125,7 +125,7 @@ def run_point(spec_path: str, result_path: str) -> None:
 def point(spec_path: str, result_path: str) -> int:
     """`bench-point`: a DDP point through torchrun's launcher (or in this process for one device),
     a ceiling as N independent single-device processes started together."""
-    from sae_dist.launch import exit_rank, in_worker, launch
+    from sae_dist.train.launch import exit_rank, in_worker, launch
 
     spec = json.loads(Path(spec_path).read_text())
     if in_worker() or spec["kind"] == "member":

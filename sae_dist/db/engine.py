@@ -20,8 +20,7 @@ from sqlalchemy import create_engine, event, exc
 from sqlalchemy.engine import Connection, Engine, make_url
 
 from sae_dist.errors import UserError
-from sae_dist.paths import default_db_url, state_home
-from sae_dist.state_db import HEAD_REVISION, busy_timeout_pragma  # HEAD_REVISION: re-exported
+from sae_dist.paths import HEAD_REVISION, busy_timeout_pragma, default_db_url, state_home  # HEAD_REVISION: re-exported
 
 if TYPE_CHECKING:
     from alembic.config import Config

@@ -120,7 +120,7 @@ class Sweep(Base, table=True):
     job_id: int | None = None  # the scheduler job that ran it (no FK: jobs may be pruned)
     keys_json: str  # JSON list of the swept settings, in the order given
     config_json: str  # the base config (every setting the SAEs share) as JSON
-    placement_json: str | None = None  # sae_dist.placement.Placement.to_dict(), once planned
+    placement_json: str | None = None  # sae_dist.sweeps.placement.Placement.to_dict(), once planned
     world_size: int
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)

@@ -65,8 +65,8 @@ def evaluate(ns: argparse.Namespace) -> int:
 
 def _heldout_tail(shards: str) -> int:
     """The rows a run on these shards held out (by default), so evaluate reads what it never saw."""
+    from sae_dist.data.sources.shards import open_shards
     from sae_dist.defaults import heldout_rows_of
-    from sae_dist.sources.shards import open_shards
 
     total = open_shards(shards).total_rows
     return heldout_rows_of(DEFAULT_ROWS, total) or total

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from sae_dist.data.sources.shards import open_shards, tail_batches
 from sae_dist.errors import DataError
 from sae_dist.evaluate.metrics import Evaluable, Evaluation, evaluate_sae
 from sae_dist.evaluate.planted import load_planted
-from sae_dist.sources.shards import open_shards, tail_batches
 
 DEFAULT_ROWS = 16384
 BATCH_ROWS = 4096

@@ -1,6 +1,6 @@
 """The evaluation every run ends with: its SAE on rows it never trained on.
 
-Which rows is the source's to say (ActivationSource.unseen_rows in sae_dist.sources.base): shards
+Which rows is the source's to say (ActivationSource.unseen_rows in sae_dist.data.sources.base): shards
 hold out their tail (the stream never draws it); the synthetic stream gives its rows after the
 run's last sample; the model source its next rows (the text after what it trained on).
 Planted data (synthetic, or shards written by make-planted) also gets feature recovery, and
@@ -13,11 +13,11 @@ import logging
 from collections.abc import Iterator
 
 from sae_dist import distributed as D
+from sae_dist.data.sources.base import ActivationSource
 from sae_dist.evaluate.data import batch_rows_for
 from sae_dist.evaluate.metrics import Evaluation, Planted, evaluate_sae
 from sae_dist.evaluate.planted import load_planted, planted_from_settings
 from sae_dist.format import fmt_percent
-from sae_dist.sources.base import ActivationSource
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def end_of_run_evaluation(cfg, sae, source: ActivationSource, ctx: D.DistContext
 
 def evaluate_trained(cfg, sae, batches, planted: Planted | None, check=None) -> Evaluation:
     """A trained SAE on unseen rows (`planted`: planted_for(cfg)), with the model check for shards.
-    A sweep draws its rows once and calls this for each of its SAEs (sae_dist/sweep_eval.py), with
+    A sweep draws its rows once and calls this for each of its SAEs (sae_dist/sweeps/eval.py), with
     one `check` (shared_model_check) for them all: the model is loaded once per sweep."""
     was_training = sae.training
     sae.eval()  # BatchTopK encodes with its learned threshold, as exported

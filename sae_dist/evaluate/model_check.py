@@ -30,9 +30,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from sae_dist.data.harvest.contexts import framing_from_examples, join_documents, make_contexts
+from sae_dist.data.harvest.sites import site_module_path
 from sae_dist.errors import UserError
-from sae_dist.harvest.contexts import framing_from_examples, join_documents, make_contexts
-from sae_dist.harvest.sites import site_module_path
 
 ENCODER_TYPES = ("bert", "roberta", "distilbert")  # sentence embeddings; every other model: causal LM
 BATCH = 16  # contexts per forward pass
@@ -176,7 +176,7 @@ def _ce_loss(*runs: list) -> dict:
 
 
 def _manifest(directory: Path) -> dict | None:
-    from sae_dist.shard_format import MANIFEST
+    from sae_dist.data.shard_format import MANIFEST
 
     try:
         return json.loads((directory / MANIFEST).read_text())
@@ -188,9 +188,9 @@ def _contexts(manifest: dict, max_texts: int, max_tokens: int):
     """(contexts, where they come from, tokenizer, config): the harvest's contexts of its text,
     those after the harvested ones where there are any.
 
-    Cut as the harvest cuts them (sae_dist.harvest.run.plan), but documents are tokenised only as
+    Cut as the harvest cuts them (sae_dist.data.harvest.run.plan), but documents are tokenised only as
     far as the check reaches: a harvest's text may be far larger than the check needs."""
-    from sae_dist.harvest.run import _read_text, load_tokenizer
+    from sae_dist.data.harvest.run import _read_text, load_tokenizer
 
     tokenizer, config = load_tokenizer(manifest["model"])
     names = manifest.get("text_files") or []
@@ -241,7 +241,7 @@ def _contexts(manifest: dict, max_texts: int, max_tokens: int):
 
 
 def _load(name: str, causal: bool):
-    from sae_dist.harvest.run import _from_disk, _transformers
+    from sae_dist.data.harvest.run import _from_disk, _transformers
 
     t = _transformers()  # sets HF_HUB_OFFLINE before anything is loaded
     loader = t.AutoModelForCausalLM if causal else t.AutoModel

@@ -19,11 +19,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from sae_dist.data.shard_format import MANIFEST, SUFFIX, write_shards
+from sae_dist.data.sources.shards import open_shards
+from sae_dist.data.sources.synthetic import SyntheticSource
 from sae_dist.errors import DataError, UserError
 from sae_dist.evaluate.metrics import Planted
-from sae_dist.shard_format import MANIFEST, SUFFIX, write_shards
-from sae_dist.sources.shards import open_shards
-from sae_dist.sources.synthetic import SyntheticSource
 
 PLANTED_KEY = "planted"  # the manifest's key for the settings
 PLANTED_FILE = "planted/dictionary.safetensors"
@@ -91,7 +91,7 @@ def write_planted_shards(out_dir: str | os.PathLike, rows: int, d_in: int, featu
             yield source.samples(start, min(rows_per_shard, rows - start))
 
     settings = {**planted.settings, "rows": rows, "rows_per_shard": rows_per_shard, "file": PLANTED_FILE,
-                "source": "sae_dist.sources.synthetic.SyntheticSource, stream positions 0..rows-1"}
+                "source": "sae_dist.data.sources.synthetic.SyntheticSource, stream positions 0..rows-1"}
     return write_shards(out, chunks(), metadata={PLANTED_KEY: settings})
 
 

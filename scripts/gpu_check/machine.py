@@ -19,7 +19,7 @@ from pathlib import Path
 
 from harness import expect, run_step
 
-IMPORTS = ("sae_dist.cli", "sae_dist.train", "sae_dist.db", "scheduler.cli", "scheduler.daemon", "sqlmodel",
+IMPORTS = ("sae_dist.cli", "sae_dist.train.loop", "sae_dist.db", "scheduler.cli", "scheduler.daemon", "sqlmodel",
            "alembic", "pynvml", "safetensors", "filelock", "streamlit", "altair")
 
 

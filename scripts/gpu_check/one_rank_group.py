@@ -1,5 +1,5 @@
 """A one-rank process group and its collectives through the trainer's own helpers
-(sae_dist.distributed, sae_dist.step.wrap_ddp): what of NCCL one GPU can show.
+(sae_dist.distributed, sae_dist.train.step.wrap_ddp): what of NCCL one GPU can show.
 
     python3 scripts/gpu_check/one_rank_group.py            # NCCL on cuda:0
     python3 scripts/gpu_check/one_rank_group.py --gloo     # the rehearsal: gloo on the CPU
@@ -35,8 +35,8 @@ def main() -> int:
     from sae_dist import distributed as D
     from sae_dist.config import TrainConfig
     from sae_dist.contract import DEVICE_TYPE_ENV
-    from sae_dist.sae import SparseAutoencoder
-    from sae_dist.step import autocast_for, make_optimizer, train_step, wrap_ddp
+    from sae_dist.models.sae import SparseAutoencoder
+    from sae_dist.train.step import autocast_for, make_optimizer, train_step, wrap_ddp
 
     if not gloo and not torch.cuda.is_available():
         raise CheckFailed("torch sees no CUDA device")

@@ -1,0 +1,31 @@
+"""The source a config names, for one rank (the transformers and shard readers are imported only
+by the runs that use them)."""
+
+from __future__ import annotations
+
+from sae_dist import distributed as D
+from sae_dist.config import SYNTHETIC_D_IN, TrainConfig
+from sae_dist.data.sources.base import ActivationSource
+from sae_dist.defaults import heldout_rows_of
+
+
+def make_source(cfg: TrainConfig, ctx: D.DistContext) -> ActivationSource:
+    if cfg.source == "synthetic":
+        from sae_dist.data.sources.synthetic import SyntheticSource
+
+        return SyntheticSource(
+            d_in=cfg.d_in or SYNTHETIC_D_IN, n_features=cfg.synthetic_features, active=cfg.synthetic_active,
+            power_law=cfg.synthetic_power_law, noise=cfg.synthetic_noise, seed=cfg.seed,
+            rank=ctx.rank, world_size=ctx.world_size, batch_size=cfg.batch_size)
+    if cfg.source == "model":
+        from sae_dist.data.sources.model import ModelSource
+
+        return ModelSource(cfg.model_path, cfg.model_layer, cfg.model_site, cfg.text_path, cfg.context_length,
+                           cfg.batch_size, cfg.seed, ctx.rank, ctx.world_size, ctx.device,
+                           global_batch=cfg.batch_size * ctx.world_size * cfg.grad_accum)
+    from sae_dist.data.sources.shards import ShardStream, open_shards
+
+    # One stream over all the data, the same on every rank; each reads its slice of a step.
+    dataset = open_shards(cfg.shards_path)
+    return ShardStream(dataset, rank=0, world_size=1, batch_size=cfg.batch_size * ctx.world_size * cfg.grad_accum,
+                       seed=cfg.seed, holdout_rows=heldout_rows_of(cfg.eval_rows, dataset.total_rows))

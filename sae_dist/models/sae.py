@@ -1,0 +1,201 @@
+"""The sparse autoencoder: TopK, BatchTopK, standard (ReLU + L1) and JumpReLU in one module.
+
+Weights follow SAELens' layout (W_enc [d_in, d_sae], W_dec [d_sae, d_in]) so export is a copy.
+Decoder rows are kept at unit norm (`normalize_decoder`) and the part of their gradient that
+would change the norm is removed (`remove_parallel_gradient`); the trainer calls both.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from sae_dist.models.sparse_ops import sparse_decode, sparse_encode
+
+
+@dataclass
+class SaeOutput:
+    x_hat: Tensor
+    loss: Tensor  # what the optimizer minimises
+    mse: Tensor  # mean over samples of the summed squared error
+    sparsity_loss: Tensor  # L1 (standard) or L0 (jumprelu) penalty before its coefficient; 0 otherwise
+    auxk_loss: Tensor  # normalised AuxK loss before its coefficient; 0 when no latent is dead
+    l0: Tensor  # mean active latents per sample
+    fired: Tensor  # [d_sae] how many samples each latent fired on in this batch (float)
+
+
+class _JumpReLU(torch.autograd.Function):
+    """x * (x > t), with a straight-through gradient for the threshold (Rajamanoharan et al. 2024)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, threshold: Tensor, bandwidth: float) -> Tensor:
+        ctx.save_for_backward(x, threshold)
+        ctx.bandwidth = bandwidth
+        return x * (x > threshold)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, threshold = ctx.saved_tensors
+        eps = ctx.bandwidth
+        near = ((x - threshold).abs() < eps / 2).to(grad.dtype)  # rectangle kernel
+        grad_threshold = (-(threshold / eps) * near * grad).sum(0)
+        return (x > threshold).to(grad.dtype) * grad, grad_threshold, None
+
+
+class _Step(torch.autograd.Function):
+    """Heaviside step H(x - t) for the L0 penalty: straight-through gradient to the threshold only."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, threshold: Tensor, bandwidth: float) -> Tensor:
+        ctx.save_for_backward(x, threshold)
+        ctx.bandwidth = bandwidth
+        return (x > threshold).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, threshold = ctx.saved_tensors
+        eps = ctx.bandwidth
+        near = ((x - threshold).abs() < eps / 2).to(grad.dtype)
+        return torch.zeros_like(x), (-(1.0 / eps) * near * grad).sum(0), None
+
+
+class SparseAutoencoder(nn.Module):
+    def __init__(
+        self,
+        d_in: int,
+        d_sae: int,
+        architecture: str = "topk",
+        k: int = 32,
+        *,
+        l1_coefficient: float = 0.0,
+        l0_coefficient: float = 0.0,
+        auxk_coefficient: float = 0.0,
+        auxk_k: int | None = None,
+        jumprelu_init_threshold: float = 0.001,
+        jumprelu_bandwidth: float = 0.001,
+        seed: int | None = None,
+        device: torch.device | str | None = None,
+    ):
+        super().__init__()
+        self.d_in, self.d_sae, self.architecture, self.k = d_in, d_sae, architecture, k
+        self.l1_coefficient, self.l0_coefficient = l1_coefficient, l0_coefficient
+        self.auxk_coefficient = auxk_coefficient
+        self.auxk_k = auxk_k if auxk_k is not None else max(1, d_in // 2)
+        self.bandwidth = jumprelu_bandwidth
+
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        w_dec = torch.randn(d_sae, d_in, generator=gen)
+        w_dec /= w_dec.norm(dim=1, keepdim=True)
+        # Encoder starts as the decoder's transpose (Gao et al. 2024): each latent reads the
+        # direction it writes, so the first steps already reconstruct something.
+        self.W_dec = nn.Parameter(w_dec.to(device))
+        self.W_enc = nn.Parameter(w_dec.t().contiguous().to(device))
+        self.b_enc = nn.Parameter(torch.zeros(d_sae, device=device))
+        self.b_dec = nn.Parameter(torch.zeros(d_in, device=device))
+        if architecture == "jumprelu":
+            self.log_threshold = nn.Parameter(
+                torch.full((d_sae,), math.log(jumprelu_init_threshold), device=device))
+        if architecture == "batchtopk":
+            # Inference threshold: running mean of the smallest kept activation (SAELens' rule);
+            # exported as a JumpReLU threshold, since batch-level top-k needs a batch.
+            self.register_buffer("topk_threshold", torch.zeros((), device=device))
+
+    # ---- encode / decode ----
+    def pre_acts(self, x: Tensor) -> Tensor:
+        return (x - self.b_dec) @ self.W_enc + self.b_enc
+
+    @property
+    def threshold(self) -> Tensor:
+        if self.architecture == "jumprelu":
+            return self.log_threshold.exp()
+        if self.architecture == "batchtopk":
+            return self.topk_threshold.expand(self.d_sae)
+        raise AttributeError(f"{self.architecture} has no threshold")
+
+    def encode(self, x: Tensor) -> Tensor:
+        """Dense latent activations for inference (BatchTopK uses its learned threshold)."""
+        pre = self.pre_acts(x)
+        if self.architecture == "topk":
+            vals, idx = pre.topk(self.k, dim=-1, sorted=False)
+            return torch.zeros_like(pre).scatter_(-1, idx, vals.relu())
+        if self.architecture == "standard":
+            return pre.relu()
+        return pre.relu() * (pre > self.threshold)
+
+    def decode(self, acts: Tensor) -> Tensor:
+        return acts @ self.W_dec + self.b_dec
+
+    # ---- training forward ----
+    def forward(self, x: Tensor, dead_mask: Tensor | None = None) -> SaeOutput:
+        if self.architecture in ("topk", "batchtopk"):
+            return self._forward_sparse(x, dead_mask)
+        pre = self.pre_acts(x)
+        if self.architecture == "standard":
+            acts = pre.relu()
+            sparsity = acts.sum(-1).mean()  # decoder rows have unit norm, so plain L1
+        else:  # jumprelu
+            threshold = self.log_threshold.exp()
+            acts = _JumpReLU.apply(pre.relu(), threshold, self.bandwidth)
+            sparsity = _Step.apply(pre.relu(), threshold, self.bandwidth).sum(-1).mean()
+        x_hat = acts @ self.W_dec + self.b_dec
+        active = acts > 0
+        mse = (x_hat - x).pow(2).sum(-1).mean()
+        coef = self.l1_coefficient if self.architecture == "standard" else self.l0_coefficient
+        return SaeOutput(x_hat=x_hat, loss=mse + coef * sparsity, mse=mse, sparsity_loss=sparsity,
+                         auxk_loss=pre.new_zeros(()), l0=active.sum(-1).to(pre.dtype).mean(),
+                         fired=active.sum(0).to(pre.dtype))
+
+    def _forward_sparse(self, x: Tensor, dead_mask: Tensor | None) -> SaeOutput:
+        """TopK / BatchTopK through sparse_ops: one dense product, everything else on the k latents."""
+        num_dead = int(dead_mask.sum()) if dead_mask is not None and self.auxk_coefficient > 0 else 0
+        enc = sparse_encode(x, self.b_dec, self.W_enc, self.b_enc, self.k,
+                            batch_level=self.architecture == "batchtopk",
+                            dead_mask=dead_mask if num_dead else None, k_aux=min(self.auxk_k, num_dead))
+        x_hat = sparse_decode(enc.acts, self.W_dec, enc.pattern) + self.b_dec
+        active = (enc.acts > 0).to(enc.acts.dtype)
+        if self.architecture == "batchtopk" and self.training:
+            self._update_threshold(enc.acts.detach())
+        mse = (x_hat - x).pow(2).sum(-1).mean()
+        auxk = x_hat.new_zeros(())
+        if num_dead:
+            # AuxK (Gao et al. 2024): predict the residual e = x - x_hat from the top dead latents,
+            # normalised by the residual's variance, scaled down while fewer than auxk_k are dead.
+            residual = (x - x_hat).detach()
+            e_hat = sparse_decode(enc.aux_acts, self.W_dec, enc.aux_pattern)
+            total_variance = (residual - residual.mean(0)).pow(2).sum().clamp_min(1e-12)
+            auxk = min(num_dead / self.auxk_k, 1.0) * (e_hat - residual).pow(2).sum() / total_variance
+        return SaeOutput(x_hat=x_hat, loss=mse + self.auxk_coefficient * auxk, mse=mse,
+                         sparsity_loss=x_hat.new_zeros(()), auxk_loss=auxk, l0=active.sum() / x.shape[0],
+                         fired=enc.pattern.column_sums(active))
+
+    @torch.no_grad()
+    def _update_threshold(self, kept: Tensor) -> None:
+        """BatchTopK's inference threshold: running mean of the smallest kept positive activation
+        (SAELens' rule); exported as a JumpReLU threshold, since batch-level top-k needs a batch."""
+        kept = kept[kept > 0]
+        if kept.numel():
+            self.topk_threshold.lerp_(kept.min().to(self.topk_threshold.dtype), 0.01)
+
+    # ---- decoder constraint ----
+    @torch.no_grad()
+    def normalize_decoder(self) -> None:
+        self.W_dec /= self.W_dec.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+    @torch.no_grad()
+    def remove_parallel_gradient(self) -> None:
+        """Drop the gradient component along each decoder row (it would only change the norm)."""
+        g = self.W_dec.grad
+        if g is None:
+            return
+        parallel = (g * self.W_dec).sum(dim=1, keepdim=True)
+        g -= parallel * self.W_dec
+
+    def inference_state_dict(self) -> dict[str, Tensor]:
+        """Weights in SAELens' names; BatchTopK and JumpReLU carry a per-latent `threshold`."""
+        out = {name: getattr(self, name).detach() for name in ("W_enc", "b_enc", "W_dec", "b_dec")}
+        if self.architecture in ("jumprelu", "batchtopk"):
+            out["threshold"] = self.threshold.detach().clone()
+        return out
