@@ -16,7 +16,7 @@ import streamlit as st
 
 from sae_dist import format as fmt
 from sae_dist.analytics import devices as dev
-from sae_dist.analytics import train_form
+from sae_dist.analytics import jobs, train_form
 from sae_dist.config import (
     ARCHITECTURES,
     BALANCES,
@@ -349,17 +349,21 @@ with devices_box:
             if row["recommended"]:
                 note = ":green-badge[recommended] " + note
             cols[5].markdown(note or " ")
-    effective = len(selected) * batch * grad_accum if isinstance(batch, int) and isinstance(grad_accum, int) else None
-    st.markdown(f"**Selected: {len(selected)} GPUs | Effective batch size: "
+    asked = train_form.devices_asked(selected, wanted)
+    free = sum(r["selectable"] for r in table)
+    effective = asked["gpus"] * batch * grad_accum if isinstance(batch, int) and isinstance(grad_accum, int) else None
+    picked = f"{len(selected)} GPUs" if selected else f"none, any {asked['gpus']} GPU{'s' * (asked['gpus'] != 1)}"
+    st.markdown(f"**Selected: {picked} | Effective batch size: "
                 f"{effective if effective is not None else fmt.MISSING}**")
     if estimate is not None:
         st.caption(f"Estimated memory: {estimate.describe()}.")
-        st.caption("Optimisation: " + describe_resolved(config, config.resolved(max(1, len(selected)))) + ".")
+        st.caption("Optimisation: " + describe_resolved(config, config.resolved(asked["gpus"])) + ".")
     else:
         st.caption(f"Estimated memory per device: {fmt.MISSING} (fix the form first).")
-    if not any(r["selectable"] for r in table):
-        st.info("Every device is taken (the State column says by what). Come back when a job ends: "
-                "the Overview shows how far each one is.", title="No device is free now")
+    if not free:
+        st.info(f"Submit queues the job for any {asked['gpus']} device{'s' if asked['gpus'] != 1 else ''}: it "
+                "waits in the queue (PENDING) and the scheduler starts it as soon as they are free. The State "
+                "column says what holds each one.", title="Every device is taken: the job will wait")
     elif advice.error:
         short = any(r["selectable"] and r["low_memory"] for r in table)
         st.warning(f"{len(fitting)} of the {wanted} wanted are idle with room for the estimate; the "
@@ -369,8 +373,10 @@ with devices_box:
                    title=f"Fewer than {wanted} devices fit now")
 
 if sweep is not None:  # its SAEs and where they would train, before the submit
-    plan = train_form.sweep_plan(sweep, [(r["label"], None if r["virtual"] else r["memory_total"])
-                                         for r in table if r["uuid"] in selected],
+    # The devices it would train on: those ticked, else the largest it may get.
+    planned = ([r for r in table if r["uuid"] in selected] if selected else
+               sorted(table, key=lambda r: -(r["memory_total"] or 0))[:asked["gpus"]])
+    plan = train_form.sweep_plan(sweep, [(r["label"], None if r["virtual"] else r["memory_total"]) for r in planned],
                                  "cpu" if all_virtual else "cuda")
     with sweep_preview:
         st.markdown(f"**{plan['count']} SAEs in one job:** " + ", ".join(f"`{n}`" for n in plan["names"]))
@@ -385,11 +391,11 @@ if sweep is not None:  # its SAEs and where they would train, before the submit
 # ---- the job: checked as the scheduler will, then submitted ----
 spec = None
 train_dict = None if config is None else {**config.to_dict(), **({SWEEP_KEY: sweep_lists} if sweep else {})}
-if config is not None and not errors and selected:
+if config is not None and not errors:
     try:
         spec = JobSpec(kind="train", train_config=train_dict, name=config.name or "train",
-                       gpu_ids=selected, priority=int(priority), time_limit_s=time_limit_s,
-                       workdir=str(APP_ROOT))
+                       gpu_ids=asked["gpu_ids"], gpus=asked["gpus"], priority=int(priority),
+                       time_limit_s=time_limit_s, workdir=str(APP_ROOT))
     except UserError as error:
         flag, _, message = str(error).partition(": ")
         errors[SPEC_FLAGS.get(flag, "general")] = message if flag in SPEC_FLAGS else str(error)
@@ -403,7 +409,7 @@ for field, message in errors.items():
 
 # One click queues one job: the form just submitted cannot be queued again by another click (the
 # next free devices are ticked by then) until it changes, or the person asks for the same again.
-current = (train_form.fingerprint(train_dict, int(priority), time_limit_s, len(selected))
+current = (train_form.fingerprint(train_dict, int(priority), time_limit_s, asked["gpus"])
            if spec is not None else None)
 last = st.session_state.get("tr_last_submit")
 repeat = train_form.repeats_last(current, last, st.session_state.get("tr_again", False))
@@ -422,25 +428,23 @@ with st.container(horizontal=True, vertical_alignment="center"):
                   on_click=lambda: st.session_state.update(tr_again=True))
     elif errors:
         st.caption("Fix the fields marked in red to submit.")
-    elif not selected:
-        st.caption("Select at least one device to submit.")
     else:
-        st.caption(f"{f'{len(sweep)} SAEs, ' if sweep else ''}{config.steps:,} steps on "
-                   f"{', '.join(r['label'] for r in table if r['uuid'] in selected)}"
+        on = train_form.asked_in_words(asked, {r["uuid"]: r["label"] for r in table}, free)
+        st.caption(f"{f'{len(sweep)} SAEs, ' if sweep else ''}{config.steps:,} steps on {on}"
                    f"{'' if time_limit_s is None else ', time limit ' + fmt.fmt_duration(time_limit_s)}")
 if clicked and spec is not None:
     if not config.name:  # name the job and its run alike, and uniquely
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         run_name = (f"sweep{len(sweep)}" if sweep else f"{config.architecture}-{config.resolved_d_sae}") + f"-{stamp}"
         spec = JobSpec(kind="train", train_config={**train_dict, "name": run_name}, name=run_name,
-                       gpu_ids=spec.gpu_ids, priority=spec.priority, time_limit_s=spec.time_limit_s,
-                       workdir=spec.workdir)
+                       gpu_ids=spec.gpu_ids, gpus=spec.gpus, priority=spec.priority,
+                       time_limit_s=spec.time_limit_s, workdir=spec.workdir)
     try:
         job_id = submit_spec(engine, spec, devices)
     except UserError as error:
         st.error(str(error), title="The job was not queued")
     else:
-        st.session_state["tr_submitted"] = (job_id, spec.name, len(spec.gpu_ids))
+        st.session_state["tr_submitted"] = (job_id, spec.name, spec.gpus)
         st.session_state["tr_submitted_saes"] = len(sweep) if sweep else None
         st.session_state["tr_last_submit"] = current
         st.session_state.pop("tr_again", None)
@@ -450,8 +454,9 @@ if clicked and spec is not None:
 if "tr_submitted" in st.session_state:
     job_id, job_name, n = st.session_state["tr_submitted"]
     saes = st.session_state.get("tr_submitted_saes")
-    st.success(f"Job {job_id} ({job_name}{f', {saes} SAEs' if saes else ''}) is queued on {n} "
-               f"device{'s' if n > 1 else ''}.",
+    standing = train_form.job_status(jobs.get_job(engine, job_id), jobs.explain_reason)
+    st.success(f"Job {job_id} ({job_name}{f', {saes} SAEs' if saes else ''}, {n} "
+               f"device{'s' if n > 1 else ''}) is in the queue: {standing}.",
                title="Submitted", icon=":material/check_circle:")
     with st.container(horizontal=True):
         st.page_link(MONITOR_PAGE, label=f"Monitor job {job_id}", icon=":material/speed:",

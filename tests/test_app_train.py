@@ -110,9 +110,9 @@ def test_the_summary_follows_the_selection_and_the_batch():
     assert summary(at) == "Selected: 1 GPUs | Effective batch size: 1024"
     at.number_input(key="tr_grad_accum").set_value(3).run()  # micro-batches multiply it
     assert summary(at) == "Selected: 1 GPUs | Effective batch size: 3072"
-    pick(at, [])
-    assert summary(at) == "Selected: 0 GPUs | Effective batch size: 0"
-    assert at.button(key="tr_submit").disabled
+    pick(at, [])  # none ticked: any 1 device, as many as wanted (the scheduler picks, or queues)
+    assert summary(at) == "Selected: none, any 1 GPU | Effective batch size: 3072"
+    assert not at.button(key="tr_submit").disabled
     at.button(key="tr_use_recommended").click().run()
     assert len(ticked(at)) == 1
 
@@ -144,7 +144,7 @@ def test_submit_queues_a_pending_training_on_exactly_the_chosen_devices():
     assert (config["steps"], config["batch_size"], config["lr"], config["name"]) == (200, 512, 3e-4, "pick-two")
     assert (config["architecture"], config["source"], config["d_in"]) == ("topk", "synthetic", 64)
     assert (config["balance"], config["rebalance"], config["on_rank_loss"]) == ("speed", False, "fail")
-    assert at.success[0].value.startswith(f"Job {job.id} (pick-two) is queued on 2 devices")
+    assert at.success[0].value.startswith(f"Job {job.id} (pick-two, 2 devices) is in the queue: PENDING, ")
     assert at.text_input(key="tr_name").value == ""  # a name is for one run
     assert any(link.value == f"Monitor job {job.id}" for link in at.page_link) or \
         any(f"Job id {job.id}" in c.value for c in at.caption)
@@ -176,14 +176,24 @@ def test_an_allocated_device_cannot_be_chosen_and_says_which_job():
         box.check()
 
 
-def test_with_every_device_taken_nothing_can_be_submitted():
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
+def test_with_every_device_taken_a_submit_queues_the_job_until_devices_free():
+    """Queueing is the point of a scheduler: with every device busy the page still submits, for
+    any N devices, and says where the job stands (the Queue page's words)."""
     job_id = running_job(get_engine(), UUIDS)
     at = train_page()
     assert all(device(at, u).disabled for u in UUIDS) and ticked(at) == []
-    assert at.info[0].proto.title == "No device is free now"
-    assert summary(at) == "Selected: 0 GPUs | Effective batch size: 0"
-    assert at.button(key="tr_submit").disabled
+    assert at.info[0].proto.title == "Every device is taken: the job will wait"
+    assert summary(at) == "Selected: none, any 1 GPU | Effective batch size: 256"
     assert sum(f"allocated to job {job_id}" in m.value for m in at.markdown) == 4
+    at.number_input(key="tr_n_gpus").set_value(2).run()
+    assert any("any 2 devices, queued until they are free (0 free now)" in c.value for c in at.caption)
+    at.button(key="tr_submit").click().run()
+    assert not at.exception
+    queued = [j for j in list_jobs(get_engine()) if j.id != job_id]
+    assert [(j.state, j.gpus, j.gpu_ids_json) for j in queued] == [("PENDING", 2, None)]
+    assert at.success[0].value.startswith(f"Job {queued[0].id} (")
+    assert "2 devices) is in the queue: PENDING, waiting for the next scheduling pass" in at.success[0].value
 
 
 @pytest.mark.slow  # 1 s or more (AppTest runs of the page)
@@ -316,7 +326,7 @@ def test_a_sweep_shows_its_saes_and_memory_per_device_then_queues_one_job():
     config = json.loads(job.train_config_json)
     assert (job.name, job.gpus, config["sweep"]) == ("grid", 2, {
         "architecture": ["topk", "batchtopk"], "k": [4, 8], "expansion_factor": [2, 4]})
-    assert at.success[0].value.startswith(f"Job {job.id} (grid, 8 SAEs) is queued on 2 devices")
+    assert at.success[0].value.startswith(f"Job {job.id} (grid, 8 SAEs, 2 devices) is in the queue: PENDING")
     assert sum(link.proto.page == "Sweeps" for link in at.page_link) == 2  # the sidebar's, and the sweep's
 
 

@@ -162,3 +162,36 @@ def sweep_plan(sweep: Any, devices: list[tuple[str, int | None]], device_type: s
                       "Capacity": fmt_bytes(d.capacity) if d.capacity is not None else "unknown (virtual)"}
                      for d in plan.devices]
     return shown
+
+
+def devices_asked(selected: list[str], wanted: int) -> dict[str, Any]:
+    """What a submit asks the scheduler for: the devices ticked (it waits for those), or, with
+    none ticked, any `wanted` devices (it starts the job on the first that are free), as SLURM's
+    `--gpus N`. Submitting never needs a free device: the job waits in the queue."""
+    if selected:
+        return {"gpu_ids": list(selected), "gpus": len(selected)}
+    return {"gpu_ids": None, "gpus": max(1, wanted)}
+
+
+def asked_in_words(asked: dict[str, Any], labels: dict[str, str], free: int) -> str:
+    """The devices a submit asks for, in words, and whether it will wait for them."""
+    if asked["gpu_ids"]:
+        return ", ".join(labels.get(u, u) for u in asked["gpu_ids"])
+    n = asked["gpus"]
+    devices = f"any {n} device{'s' if n != 1 else ''}"
+    if free >= n:
+        return f"{devices} (the scheduler picks; {free} free now)"
+    return f"{devices}, queued until {'they are' if n != 1 else 'one is'} free ({free} free now)"
+
+
+def job_status(job: dict[str, Any] | None, explain) -> str:
+    """Where a submitted job stands, as the Queue page says it: its state, what a pending job
+    waits for (`explain`: the reason code in words), the devices a running one got."""
+    if job is None:
+        return "no longer in the queue"
+    state = job["state"]
+    if state == "PENDING":
+        return f"PENDING, {explain(job.get('reason'))}"
+    if state == "RUNNING":
+        return f"RUNNING on {', '.join(job.get('devices') or []) or 'its devices'}"
+    return state
