@@ -5,7 +5,8 @@ installs the `chromium` package; never `playwright install`).
 A person's path through the app: the Overview, a training job submitted from the Train page,
 its Monitor charts growing on their own (the fragment refreshes without a page load), the job
 cancelled from the Queue page, the run and the (empty) benchmarks pages, a sweep on the
-Sweeps page, and two runs compared (a click on the L0-FVU chart opens one). A screenshot of each
+Sweeps page, two runs compared (a click on the L0-FVU chart opens one), and a job queued from the
+Train page while every device is busy, PENDING until they free, then RUNNING. A screenshot of each
 page is kept under test-artifacts/e2e/ (or $SAE_DIST_E2E_ARTIFACTS) to be looked at.
 
 Every request the browser makes on the way is recorded, and a step fails naming any to a host
@@ -376,6 +377,52 @@ def test_7_two_runs_compared_and_a_pareto_click_opens_one(served, page):
     expect(page.get_by_role("heading", name="e2e-sweep-k4-x4", exact=True)).to_be_visible()
     assert f"run={other}" in page.url, page.url
     no_exception(page)
+
+
+def test_8_with_every_device_busy_the_train_page_queues_a_job_that_starts_when_they_free(served, page):
+    """Train, with both devices held by another job: the page still submits (any 2 devices), the
+    job waits PENDING with the scheduler's reason, and runs once the devices are free."""
+    from playwright.sync_api import expect
+
+    url, engine = served
+    env = {**os.environ, "SAE_DIST_HOME": str(Path(engine.url.database).parent), "SAE_DIST_VIRTUAL_GPUS": "2",
+           "SAE_DIST_AUTOSTART": "0"}
+    env.pop("SAE_DIST_DB_URL", None)
+
+    def scheduler(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "scheduler", *args], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    blocker = int(scheduler("submit", "--json", "--gpus", "2", "-J", "blocker", "--", "sleep", "600")
+                  .split('"job_id": ')[1].split(",")[0])
+    deadline = time.monotonic() + 60
+    while get_job(engine, blocker).state != "RUNNING":
+        assert time.monotonic() < deadline, "the blocking job never started"
+        time.sleep(0.2)
+    page.goto(f"{url}/Train")
+    expect(page.get_by_text("Every device is taken: the job will wait")).to_be_visible()
+    set_number(page, "GPUs wanted", 2)
+    page.get_by_label("Name", exact=True).fill("e2e-queued")
+    page.get_by_label("Name", exact=True).press("Enter")
+    expect(page.get_by_text("any 2 devices, queued until they are free (0 free now)")).to_be_visible()
+    page.get_by_role("button", name="Submit training job").click()
+    status = page.get_by_text(re.compile(r"\(e2e-queued, 2 devices\) is in the queue: "))
+    expect(status).to_be_visible()
+    queued = next(j for j in list_jobs(engine) if j.name == "e2e-queued")
+    refresh = page.get_by_role("button", name="Refresh")
+    for wanted in ("PENDING, Resources: waiting for enough free devices", "RUNNING on virtual-0, virtual-1"):
+        if wanted.startswith("RUNNING"):
+            scheduler("cancel", str(blocker))
+        deadline = time.monotonic() + 60
+        while wanted not in status.inner_text():
+            assert time.monotonic() < deadline, f"never {wanted!r}: {status.inner_text()}"
+            time.sleep(0.5)
+            refresh.click()
+        no_exception(page)
+    shoot(page, "10-train-queued-while-busy")
+    scheduler("cancel", str(queued.id))
 
 
 def test_request_checks_on_plain_data():
