@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
+
+from sae_dist.contract import RANK_PROCESS_NAME
 
 # Indices into `stat_fields` (field N of /proc/PID/stat is index N - 3).
 _STATE, _PPID, _UTIME, _STIME, _START = 0, 1, 11, 12, 19
@@ -59,8 +62,13 @@ def _parents() -> dict[int, int]:
     return out
 
 
+RANK_NAME = re.compile("^" + RANK_PROCESS_NAME.format(local_rank=r"(\d+)") + "$")
+
+
 def local_rank(pid: int) -> int | None:
-    """The LOCAL_RANK in a process's environment (torchrun sets it per rank), or None."""
+    """A training rank's LOCAL_RANK, or None for another process: from its environment, where
+    torchrun sets it for a rank it spawns; else from its name, which a rank our launcher forked
+    gives itself (its /proc environ is the launcher's: sae_dist/cli/forked_rank.py)."""
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
@@ -68,7 +76,11 @@ def local_rank(pid: int) -> int | None:
     for item in env:
         if item.startswith(b"LOCAL_RANK="):
             return int(item.split(b"=", 1)[1] or 0)
-    return None
+    try:
+        named = RANK_NAME.match(Path(f"/proc/{pid}/comm").read_text().strip())
+    except OSError:
+        return None
+    return int(named.group(1)) if named else None
 
 
 def own_open_files() -> dict[int, str]:
@@ -170,17 +182,23 @@ def jobs_pids(jobs: list) -> dict[int, list[int]]:
 
 
 def pids_by_device(running: list, pids: dict[int, list[int]] | None = None) -> dict[str, list[int]]:
-    """Which processes count on which device: a training rank on the device of its LOCAL_RANK,
-    everything else of the job (launcher, a plain command) on the job's first device. `pids`:
-    `jobs_pids(running)` when the caller has it already."""
+    """Which processes count on which device: a training rank on the device of its LOCAL_RANK;
+    a job without ranks (a plain command, a one-device training in its launcher) wholly on its
+    first device. The launcher of ranked jobs counts on none: it trains on no device, and on
+    device 0 it doubled that device's memory beside rank 0's. `pids`: `jobs_pids(running)` when
+    the caller has it already."""
     pids = jobs_pids(running) if pids is None else pids
     out: dict[str, list[int]] = {}
     for job in running:
         devices = json.loads(job.devices_json or "[]")
         if not devices:
             continue
-        for pid in pids.get(job.id, []):
-            rank = local_rank(pid)
-            device = devices[rank] if rank is not None and rank < len(devices) else devices[0]
-            out.setdefault(device, []).append(pid)
+        ranks = {pid: local_rank(pid) for pid in pids.get(job.id, [])}
+        ranked = {pid: r for pid, r in ranks.items() if r is not None and r < len(devices)}
+        for pid in ranks:
+            if ranked:
+                if pid in ranked:
+                    out.setdefault(devices[ranked[pid]], []).append(pid)
+            else:
+                out.setdefault(devices[0], []).append(pid)
     return out

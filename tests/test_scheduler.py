@@ -297,6 +297,61 @@ def test_cancel_two_rank_training_leaves_no_process(sched, tmp_path):
     assert run.status == "STOPPED" and "SIGTERM" in run.error and run.finished_at is not None
 
 
+@pytest.mark.slow
+def test_each_rank_of_a_two_device_job_is_counted_on_its_own_device(sched, tmp_path):
+    """A 2-rank training on 2 virtual devices: each device's recorded memory is its own rank's
+    resident memory (within 20%) and its utilisation its rank's CPU. Forked CPU ranks keep the
+    launcher's /proc environ, so all of a job once read as its first device's (virtual-1 at 0 B
+    and 0% for the whole job); a rank names itself, and the launcher counts on no device."""
+    from sqlmodel import Session, select
+
+    from sae_dist.db import GpuSample
+    from scheduler.devices import read_rss
+
+    (tmp_path / "run.toml").write_text(textwrap.dedent(f"""
+        d_in = 64
+        d_sae = 1024
+        k = 8
+        batch_size = 256
+        steps = 1000000
+        log_every = 50
+        checkpoint_every = 0
+        out_dir = "{tmp_path / 'run'}"
+    """))
+    result = run_cli("submit", "--gpus", "2", "--train", str(tmp_path / "run.toml"), "-J", "two", module="scheduler")
+    assert result.returncode == 0, result.stderr
+    job_id = int(result.stdout.split()[-1])
+    sched.start_daemon()
+    engine = get_engine()
+
+    def named_ranks() -> dict[int, int]:
+        job = get_job(engine, job_id)
+        found = {procs.local_rank(pid): pid for pid in procs.descendants(job.pid)} if job.pid else {}
+        return {rank: pid for rank, pid in found.items() if rank is not None}
+
+    ranks = wait_for(lambda: len(named := named_ranks()) == 2 and named, 90, "both ranks, named")
+    devices = json.loads(get_job(engine, job_id).devices_json)
+    since = time.time()
+
+    def samples() -> dict[str, list]:
+        with Session(engine) as s:
+            rows = s.exec(select(GpuSample).where(GpuSample.job_id == job_id).order_by(GpuSample.id)).all()
+        return {d: [r for r in rows if r.device_uuid == d and r.time.timestamp() > since] for d in devices}
+
+    def three_each() -> dict[str, list] | None:
+        got = samples()
+        return got if all(len(v) >= 3 for v in got.values()) else None
+
+    seen = wait_for(three_each, 60, "3 samples a device")
+    for rank, device in enumerate(devices):
+        rss = read_rss(ranks[rank])
+        memory = seen[device][-1].memory_used
+        assert rss and abs(memory - rss) <= 0.2 * rss, (device, memory, rss)
+        busy = [s.utilization_pct for s in seen[device][-3:]]
+        assert max(busy) > 5, (device, busy)
+    assert run_cli("cancel", str(job_id), module="scheduler").returncode == 0
+
+
 def test_dependencies(sched):
     engine = get_engine()
     first = submit(engine, job("sh", "-c", "exit 1"))

@@ -42,6 +42,9 @@ FORKED_RANK_ENV = "SAE_DIST_FORKED_RANK"  # a CPU rank forked by our launcher (s
 RESTART_NOTE_ENV = "SAE_DIST_RESTART_NOTE"  # JSON: why the launcher restarted without a device
 DEVICE_TYPE_ENV = "SAE_DIST_DEVICE_TYPE"  # "cpu" forces CPU ranks (an sbatch script on CPU nodes)
 THREADS_PER_RANK_ENV = "SAE_DIST_THREADS_PER_RANK"  # torch threads of each CPU rank
+# A rank our launcher forked keeps the launcher's /proc environ (no LOCAL_RANK there), so it names
+# itself (its comm, 15 bytes at most) for the scheduler to count it on its own device.
+RANK_PROCESS_NAME = "sae-rank-{local_rank}"
 
 # ---- test and benchmark knobs ----
 SLOW_RANKS_ENV = "SAE_DIST_TEST_SLOW_RANKS"  # "1:3" makes rank 1's compute 3x slower (virtual devices)
