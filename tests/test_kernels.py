@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import REPO
-from sae_dist.models.kernels import cpu_topk
+from sae_dist.models.kernels import build_name, cpu_topk, module_name
 
 
 def kernel_topk(pre, bias, k, dead=None, k_aux=0):
@@ -64,6 +64,19 @@ def test_without_a_compiler_training_uses_torch_topk(tmp_path):
     assert "could not build the topk_cpu kernel" in result.stderr and "using stock PyTorch" in result.stderr
 
 
+def test_a_build_is_named_by_its_source_and_torch_so_checkouts_never_rebuild_each_others():
+    """torch's extension cache is per user: under one name, two checkouts (or one before and after
+    an update) rebuilt the kernel in turn at their jobs' start. Alike sources share a build."""
+    same = build_name("topk_cpu", b"int f();", "2.13.0+cpu")
+    assert same == build_name("topk_cpu", b"int f();", "2.13.0+cpu") and same.startswith("sae_dist_topk_cpu_")
+    assert build_name("topk_cpu", b"int f(); // changed", "2.13.0+cpu") != same
+    assert build_name("topk_cpu", b"int f();", "2.11.0+cu130") != same
+    import torch
+
+    source = (REPO / "sae_dist" / "models" / "kernels" / "topk_cpu.cpp").read_bytes()
+    assert module_name("topk_cpu") == build_name("topk_cpu", source, torch.__version__)
+
+
 @pytest.mark.slow
 def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next(tmp_path):
     """torch's build lock is a file: a process killed mid-build (a job cancelled at its start) left
@@ -72,8 +85,8 @@ def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next(tmp_path):
     from torch.utils.cpp_extension import _get_build_directory
 
     assert cpu_topk() is not None  # built (or loaded) here first
-    built = Path(_get_build_directory("sae_dist_topk_cpu", False))
-    copy = tmp_path / "ext" / "sae_dist_topk_cpu"
+    built = Path(_get_build_directory(module_name("topk_cpu"), False))
+    copy = tmp_path / "ext" / module_name("topk_cpu")
     shutil.copytree(built, copy, ignore=shutil.ignore_patterns("lock"))
     (copy / "lock").touch()
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}

@@ -1,10 +1,17 @@
-"""Compiled CPU kernels, built on first use with torch's extension loader (g++ and ninja) and cached
-in torch's extension directory; every caller has a stock-PyTorch fallback for when they cannot be
-built (no compiler, SAE_DIST_NO_KERNELS=1), so a missing compiler costs speed, never a run.
+"""Compiled CPU kernels, built with torch's extension loader (g++ and ninja) at set-up
+(scripts/setup.sh) or else on first use, and cached in torch's extension directory; every caller
+has a stock-PyTorch fallback for when they cannot be built (no compiler, SAE_DIST_NO_KERNELS=1),
+so a missing compiler costs speed, never a run.
+
+A build is named by its source and torch's version (`sae_dist_topk_cpu_<hash>`): torch's cache is
+per user, not per checkout, so under one name two checkouts (or one before and after an update)
+rebuilt it in turn, each at some job's start, behind torch's build lock (40 s to minutes at "step
+0"). Under a name of its own each source is built once and loaded by every checkout that has it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sys
@@ -16,6 +23,20 @@ log = logging.getLogger(__name__)
 DISABLE_ENV = "SAE_DIST_NO_KERNELS"
 _HERE = Path(__file__).resolve().parent
 _loaded: dict[str, object] = {}
+
+
+def build_name(name: str, source: bytes, torch_version: str) -> str:
+    """The extension's name in torch's cache: the kernel's, and a digest of its source and the torch
+    it is built against (pure)."""
+    digest = hashlib.sha256(source + b"\0" + torch_version.encode()).hexdigest()[:12]
+    return f"sae_dist_{name}_{digest}"
+
+
+def module_name(name: str) -> str:
+    """`build_name` of the kernel `name` here, for the torch installed."""
+    import torch
+
+    return build_name(name, (_HERE / f"{name}.cpp").read_bytes(), torch.__version__)
 
 
 def cpu_topk():
@@ -62,7 +83,7 @@ def _build(name: str):
     try:
         from torch.utils.cpp_extension import load
 
-        module = f"sae_dist_{name}"
+        module = module_name(name)
         with _only_builder(module):
             # -O3 and OpenMP's simd pragma, no -march=native: the cache may be shared by unlike nodes.
             return load(name=module, sources=[str(_HERE / f"{name}.cpp")],
