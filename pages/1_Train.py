@@ -34,7 +34,7 @@ from sae_dist.errors import ConfigError, UserError
 from sae_dist.paths import state_home
 from scheduler import status
 from scheduler.recommend import recommend
-from scheduler.spec import JobSpec, parse_time_limit
+from scheduler.spec import MAX_PRIORITY, JobSpec, parse_time_limit
 from scheduler.submit import submit_spec
 from webui.sidebar import APP_ROOT, page_frame
 
@@ -73,7 +73,7 @@ for key, value in train_form.first_values(FORM_DEFAULTS, all_virtual).items():
 WIDTH_BY = {"expansion": "Expansion factor", "d_sae": "d_sae"}
 PAGE_SOURCES = tuple(s for s in SOURCES if s != "model")  # a model source: from the CLI or a TOML file
 # Fields of the form that JobSpec checks (its errors name the CLI flag).
-SPEC_FLAGS = {"--job-name": "name", "--nice": "priority", "--time": "time_limit"}
+SPEC_FLAGS = {"--job-name": "name", "--priority": "priority", "--time": "time_limit"}
 
 
 def device_key(uuid: str) -> str:
@@ -216,7 +216,8 @@ with job_col:
     checkpoint_every = st.number_input("Checkpoint every (steps)", key="tr_checkpoint_every", step=100,
                                        help=HELP["checkpoint_every"])
     error_slot("checkpoint_every")
-    priority = st.number_input("Priority", key="tr_priority", step=1,
+    # Bounds: the browser refuses a number past them (a 20-digit one was silently stored as 0).
+    priority = st.number_input("Priority", key="tr_priority", step=1, min_value=-MAX_PRIORITY, max_value=MAX_PRIORITY,
                                help="Higher starts first among pending jobs (SLURM's -nice)")
     error_slot("priority")
     time_text = st.text_input("Time limit", key="tr_time", placeholder="UNLIMITED",

@@ -21,6 +21,8 @@ from sae_dist.defaults import DECAY_FRACTION, default_dead_after_samples, defaul
 from sae_dist.errors import ConfigError
 
 SYNTHETIC_D_IN = 512  # width of synthetic activations when d_in is not given
+MAX_LR = 1.0  # an Adam learning rate past 1 diverges at once
+MAX_STEPS = 10**9  # a billion steps: years on any machine
 ARCHITECTURES = ("topk", "batchtopk", "standard", "jumprelu")
 SOURCES = ("synthetic", "shards", "model")
 SITES = ("resid", "mlp_out", "attn_out")
@@ -194,6 +196,14 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, int):
                 raise ConfigError(name, f"must be a whole number, got {value!r}")
+        # Past these a value is a typo, never a plan (a learning rate of 1e9; 10^15 steps, an ETA of
+        # centuries), refused before anything is queued.
+        for name, most in (("lr", MAX_LR), ("steps", MAX_STEPS)):
+            value = getattr(self, name)
+            if value is not None and value > most:
+                def shown(x):
+                    return f"{x:,}" if isinstance(x, int) else f"{x:g}"
+                raise ConfigError(name, f"{shown(value)} is more than {shown(most)}, the most a run may take")
         if self.lr_decay_fraction is not None and not 0.0 <= self.lr_decay_fraction <= 1.0:
             raise ConfigError("lr_decay_fraction", f"must be between 0 and 1, got {self.lr_decay_fraction}")
         if self.source == "shards" and not self.shards_path:

@@ -26,10 +26,21 @@ if TYPE_CHECKING:
     from sae_dist.config import TrainConfig
 
 
+DB_URL_SCHEMES = ("sqlite://", "postgresql://", "postgresql+")  # SQLite, or PostgreSQL through a driver
+
+
 def state_home() -> Path:
-    """The state directory: `$SAE_DIST_HOME`, default `~/.sae_dist`; created on demand."""
-    home = Path(os.environ.get("SAE_DIST_HOME") or "~/.sae_dist").expanduser()
-    home.mkdir(parents=True, exist_ok=True)
+    """The state directory: `$SAE_DIST_HOME`, default `~/.sae_dist`; created on demand. A UserError
+    when it cannot be (a file, a place nobody may write)."""
+    raw = os.environ.get("SAE_DIST_HOME") or "~/.sae_dist"
+    home = Path(raw).expanduser()
+    if home.exists() and not home.is_dir():
+        raise UserError(f"SAE_DIST_HOME={raw!r} is a file, not a directory; point it at a directory")
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"SAE_DIST_HOME={raw!r} cannot hold the state ({e.strerror or e}); "
+                        "point it at a directory you may write") from None
     return home
 
 
@@ -37,6 +48,9 @@ def default_db_url() -> str:
     """The state database: `$SAE_DIST_DB_URL`, default a SQLite file in the state home."""
     url = os.environ.get("SAE_DIST_DB_URL")
     if url:
+        if not url.startswith(DB_URL_SCHEMES):
+            raise UserError(f"SAE_DIST_DB_URL={url!r} is not a database sae-dist can use: give "
+                            "sqlite:////path/to/state.db or postgresql+psycopg://user@host/dbname")
         return url
     return f"sqlite:///{state_home() / 'state.db'}"
 

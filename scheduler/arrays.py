@@ -60,7 +60,7 @@ def _part(part: str, text: str) -> range:
 
 
 def _number(word: str, what: str, text: str) -> int:
-    if not word.isdigit():
+    if not (word.isascii() and word.isdigit()):  # int() takes "０" and "٣" too
         raise UserError(f"--array {text!r}: {word!r} is not a {what} (a whole number, 0 or more)")
     return int(word)
 
@@ -69,6 +69,8 @@ def _limit(word: str, text: str) -> int:
     limit = _number(word, "limit after %", text)
     if limit < 1:
         raise UserError(f"--array {text!r}: %{word} must let at least 1 task run")
+    if limit > MAX_TASKS:
+        raise UserError(f"--array {text!r}: %{word} is more than the {MAX_TASKS:,} tasks an array may have")
     return limit
 
 

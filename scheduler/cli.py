@@ -61,12 +61,13 @@ def _add_submit(sub) -> None:
                         "over the TOML's [sweep] list for that key)")
     s.add_argument("-a", "--array", help="a job array: task ids 0-99, 1,3,5 or 0-15:4, then %%N to run at most N "
                                          "at once; each task gets SLURM_ARRAY_TASK_ID (and %%a in --output)")
-    s.add_argument("-G", "--gpus", type=int, help="number of GPUs (default 1; with --exclusive, every device)")
+    s.add_argument("-G", "--gpus", type=_whole_number,
+                   help="number of GPUs (default 1; with --exclusive, every device)")
     s.add_argument("--gpu-ids", help="exact devices, by index or UUID: 0,2")
     s.add_argument("--mem", help="memory needed per GPU: 20GiB, 512M (plain number: MB, as SLURM)")
     s.add_argument("-J", "--job-name", help="job name (default: the program's name, or 'train')")
-    s.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
-    s.add_argument("--nice", type=int, default=0, help="SLURM's nice: priority -= nice")
+    s.add_argument("--priority", type=_whole_number, default=0, help="higher runs first (default 0)")
+    s.add_argument("--nice", type=_whole_number, default=0, help="SLURM's nice: priority -= nice")
     s.add_argument("-t", "--time", help="time limit: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]], UNLIMITED")
     s.add_argument("-d", "--dependency", help="afterok:ID[:ID...], afterany:..., afternotok:... (comma-separated)")
     s.add_argument("--begin", help="start no earlier than: now+10minutes, 16:00, 2026-12-01T09:00")
@@ -171,6 +172,24 @@ def _job_ref(text: str):
         return parse_job_ref(text, MAX_SQL_INT)
     except UserError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _whole_number(text: str) -> int:
+    """An integer flag, in ASCII digits: int() also takes "٣" and "０", which nobody means."""
+    body = text.strip().removeprefix("-").removeprefix("+")
+    if not (body.isascii() and body.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    return int(text)
+
+
+def _checked_priority(priority: int, nice: int) -> int:
+    """The job's priority, --priority minus --nice; each flag out of range is named on its own."""
+    from scheduler.spec import MAX_PRIORITY
+
+    for flag, value in (("--priority", priority), ("--nice", nice)):
+        if abs(value) > MAX_PRIORITY:
+            raise UserError(f"{flag}: {value} is out of range; use -{MAX_PRIORITY:,} to {MAX_PRIORITY:,}")
+    return priority - nice
 
 
 def _job_id(text: str) -> int:
@@ -328,11 +347,12 @@ def cmd_submit(args) -> int:
     job_spec = S.JobSpec(
         name=args.job_name, kind="train" if args.train else "command", argv=argv, train_config=train_config,
         gpus=args.gpus,  # None: from --gpu-ids, the training config's devices, or 1
-        gpu_ids=S.parse_gpu_ids(args.gpu_ids) if args.gpu_ids else None,
-        mem_per_gpu=_parse_memory(args.mem) if args.mem else None, priority=args.priority - args.nice,
-        time_limit_s=_parsed("--time", S.parse_time_limit, args.time) if args.time else None,
-        begin_at=_parsed("--begin", S.parse_begin, args.begin, now) if args.begin else None,
-        dependencies=S.parse_dependency(args.dependency) if args.dependency else [],
+        gpu_ids=S.parse_gpu_ids(args.gpu_ids) if args.gpu_ids is not None else None,
+        mem_per_gpu=_parse_memory(args.mem) if args.mem is not None else None,
+        priority=_checked_priority(args.priority, args.nice),
+        time_limit_s=_parsed("--time", S.parse_time_limit, args.time) if args.time is not None else None,
+        begin_at=_parsed("--begin", S.parse_begin, args.begin, now) if args.begin is not None else None,
+        dependencies=S.parse_dependency(args.dependency) if args.dependency is not None else [],
         held=args.hold, requeue=args.requeue, exclusive=args.exclusive,
         workdir=os.path.abspath(args.chdir or os.getcwd()),
         env=S.parse_env(args.env), stdout=args.output, stderr=args.error)

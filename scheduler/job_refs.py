@@ -12,6 +12,8 @@ from sae_dist.errors import UserError
 from sae_dist.job_listing import query
 from scheduler.arrays import JobRef, fold_ids, parse_job_ref
 
+MAX_JOB_ID = 2**63 - 1  # SQLite's largest integer: no job id goes past it
+
 if TYPE_CHECKING:  # acct reads through here: SQLAlchemy costs a process ~0.4 s
     from sqlalchemy.engine import Engine
 
@@ -80,8 +82,10 @@ def listed_jobs(text: str) -> tuple[list[int], list[int]]:
     whole: set[int] = set()
     for part in split_refs(text):
         try:
-            ref = parse_job_ref(part)
-        except UserError:
+            ref = parse_job_ref(part, MAX_JOB_ID)
+        except UserError as e:
+            if str(e).startswith("no job "):  # an id no job can have: as cancel says it
+                raise UserError(f"--jobs: {e}") from None
             raise UserError(f"--jobs: {text!r} is not a list of job ids; write e.g. 3,5 or 12_7 "
                             "(task 7 of array 12)") from None
         if ref.tasks is None:

@@ -35,13 +35,23 @@ DEPENDENCY_KINDS = ("afterok", "afterany", "afternotok")
 # The flag each JobSpec field comes from, so an error names what the user typed (SLURM's spellings).
 FLAGS: dict[str, str] = {
     "name": "--job-name", "kind": "submit", "argv": "the command after --", "train_config": TRAIN_FLAG,
-    "gpus": "--gpus", "gpu_ids": "--gpu-ids", "mem_per_gpu": "--mem-per-gpu", "priority": "--nice",
+    "gpus": "--gpus", "gpu_ids": "--gpu-ids", "mem_per_gpu": "--mem-per-gpu", "priority": "--priority",
     "time_limit_s": "--time", "begin_at": "--begin", "dependencies": "--dependency", "held": "--hold",
     "requeue": "--requeue", "exclusive": "--exclusive", "workdir": "--chdir", "env": "--env",
     "stdout": "--output", "stderr": "--error",
 }
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_text(value: Any, flag: str) -> None:
+    """Text the database stores must be UTF-8: a shell passes bytes that are not (a name typed in
+    another encoding) as surrogates, which no database column takes."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _err(flag, f"{value!r} is not valid UTF-8 text") from None
 # SLURM's nice range; priority = -nice must fit the database's integer column.
 MAX_PRIORITY = 2_147_483_645
 MAX_NAME_CHARS = 256
@@ -352,6 +362,7 @@ class JobSpec:
                 self.name = os.path.basename(self.argv[0].rstrip("/")) or self.argv[0]
             else:
                 self.name = (self.train_config or {}).get("name") or "train"
+        _check_text(self.name, "--job-name")
         if not isinstance(self.name, str) or not self.name.strip():
             raise _err("--job-name", "empty; give a name or leave the flag out")
         if any(ord(c) < 32 or ord(c) == 127 for c in self.name):
@@ -402,9 +413,9 @@ class JobSpec:
 
     def _check_scheduling(self) -> None:
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
-            raise _err("--nice", f"must be a whole number, got {self.priority!r}")
-        if abs(self.priority) > MAX_PRIORITY:
-            raise _err("--nice", f"{-self.priority} is out of range; use -{MAX_PRIORITY} to {MAX_PRIORITY}")
+            raise _err("--priority", f"must be a whole number, got {self.priority!r}")
+        if abs(self.priority) > MAX_PRIORITY:  # --priority minus --nice, as the CLI gives it
+            raise _err("--priority", f"{self.priority} is out of range; use -{MAX_PRIORITY:,} to {MAX_PRIORITY:,}")
         if self.time_limit_s is not None:
             t = self.time_limit_s
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:

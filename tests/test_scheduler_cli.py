@@ -156,10 +156,24 @@ def test_bad_input_is_one_error_line_and_stores_nothing(sched, tmp_path, capsys)
         (("cancel", "999"), "no job 999"),
         (("hold", str(done)), "CANCELLED"),
         (("acct", "-j", "abc"), "--jobs"),
+        # issue 32: each refused, naming what was wrong (the sign kept, the flag the one typed)
+        (("submit", "--priority", "99999999999999999999", "--", "true"), "--priority: 99999999999999999999 is out"),
+        (("submit", "--priority", "3000000000", "--", "true"), "--priority: 3000000000 is out of range"),
+        (("submit", "--nice", "-3000000000", "--", "true"), "--nice: -3000000000 is out of range"),
+        (("submit", "--array", "０-３", "--", "true"), "'０' is not a task id"),
+        (("submit", "--array", "0-1%99999999999999999999", "--", "true"), "more than the 100,000 tasks"),
+        (("submit", "-d", "", "--", "true"), "--dependency: empty"),
+        (("submit", "-t", "", "--", "true"), "--time: '' is not a time limit"),
+        (("submit", "--gpu-ids", "", "--", "true"), "--gpu-ids: '' names no device"),
+        (("submit", "--mem", "", "--", "true"), "--mem"),
+        (("submit", "--begin", "", "--", "true"), "--begin"),
+        (("submit", "-J", "bad\udcff", "--", "true"), "is not valid UTF-8"),
+        (("acct", "-j", "9223372036854775808"), "no job 9223372036854775808"),
     ]
     from_argparse = [
         (("cancel", "abc"), "job id must be a positive number"),
         (("submit", "--gpus", "two", "--", "true"), "--gpus"),
+        (("submit", "--gpus", "٣", "--", "true"), "'٣' is not a whole number"),
         (("hold",), "job_ids"),
         (("queue", "--bogus"), "--bogus"),
         (("export-sbatch", "0"), "job id"),
@@ -179,6 +193,21 @@ def test_bad_input_is_one_error_line_and_stores_nothing(sched, tmp_path, capsys)
     assert count_jobs(get_engine()) == before  # nothing stored
     assert get_job(get_engine(), done).state == "CANCELLED"
     assert not get_job(get_engine(), done).held
+
+
+@pytest.mark.parametrize("env, needle", [
+    ({"SAE_DIST_HOME": "/proc/nonexistent"}, "SAE_DIST_HOME='/proc/nonexistent' cannot hold the state"),
+    ({"SAE_DIST_HOME": "/etc/passwd"}, "SAE_DIST_HOME='/etc/passwd' is a file, not a directory"),
+    ({"SAE_DIST_DB_URL": "garbage://"}, "SAE_DIST_DB_URL='garbage://' is not a database sae-dist can use"),
+])
+def test_a_state_home_or_database_that_cannot_be_used_is_one_line(env, needle):
+    """A bad SAE_DIST_HOME or SAE_DIST_DB_URL: one line naming it, exit 2, for listing and submitting
+    alike (each was a traceback)."""
+    for args in (("queue",), ("submit", "--", "true")):
+        done = run_cli(*args, module="scheduler", env=env)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, (args, done.stderr)
+        assert done.stderr.strip().splitlines() == [f"error: {done.stderr.strip().removeprefix('error: ')}"]
+        assert needle in done.stderr, (args, done.stderr)
 
 
 # ---------------------------------------------------------------------------------------------

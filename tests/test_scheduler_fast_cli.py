@@ -145,7 +145,7 @@ def test_a_job_id_beyond_the_largest_integer_is_one_line(migrated, capsys):
 def test_a_bad_flag_value_is_one_line_not_the_usage_block():
     result = run_cli("submit", "--gpus", "abc", "--", "true", module="scheduler")
     assert result.returncode == 2
-    assert result.stderr == ("python -m scheduler submit: error: argument -G/--gpus: invalid int value: 'abc' "
+    assert result.stderr == ("python -m scheduler submit: error: argument -G/--gpus: 'abc' is not a whole number "
                              "(see --help)\n")
 
 
@@ -165,8 +165,10 @@ def test_acct_filters_in_the_database_and_refuses_an_empty_list(migrated, tmp_pa
 
     ids = [submit(migrated, new_job(JobSpec(argv=["true"], workdir=str(tmp_path)), [(0, UUIDS[0])]))
            for _ in range(3)]
-    code, out, _ = _main(capsys, "acct", "--json", "-j", f"{ids[2]},{ids[0]},{2**64}")
-    assert code == 0 and [r["job_id"] for r in json.loads(out)] == [ids[0], ids[2]]
+    code, out, _ = _main(capsys, "acct", "--json", "-j", f"{ids[2]},{ids[0]},{ids[2] + 100}")
+    assert code == 0 and [r["job_id"] for r in json.loads(out)] == [ids[0], ids[2]]  # no such job: no row
+    code, out, err = _main(capsys, "acct", "-j", f"{ids[0]},{2**64}")  # no job can have it: as cancel says
+    assert (code, out) == (2, "") and err == f"error: --jobs: no job {2**64}: job ids go up to {2**63 - 1}\n"
     code, out, err = _main(capsys, "acct", "-j", "")
     assert (code, out) == (2, "") and err == ("error: --jobs: '' is not a list of job ids; "
                                               "write e.g. 3,5 or 12_7 (task 7 of array 12)\n")
