@@ -663,7 +663,8 @@ def cmd_acct(args) -> int:
         r["name"] = _table_name(r)
     _print_table(rows, [("label", "JOBID"), ("name", "NAME"), ("state", "STATE"), ("exit", "EXITCODE"),
                         ("start", "START"), ("end", "END"), ("elapsed", "ELAPSED"), ("gpus", "GPUS"),
-                        ("util", "UTIL mean/peak"), ("mem", "PEAK MEM"), ("wh", "ENERGY Wh")])
+                        ("util", "UTIL mean/peak"), ("mem", "PEAK MEM"), ("wh", "ENERGY Wh"),
+                        ("reason", "REASON")])
     return 0
 
 

@@ -115,6 +115,29 @@ def classify_exit(returncode: int, cancelled: bool, timed_out: bool,
     return "FAILED", code, sig
 
 
+FAILURE_REASON_CHARS = 200
+
+
+def end_reason(state: str, stderr_tail: str, by_user: bool, stopped_by: int | None) -> str | None:
+    """Why a job ended, in one line for the listings (SLURM's Reason): a failed job's last line
+    of error output ("error: run directory ... already exists"), which was only in its log; a
+    cancel by the user as such; a stop nobody asked for through the scheduler (a signal to the
+    supervisor, `stopped_by`) named as that, not as the user's."""
+    if state == "TIMEOUT":
+        return "Time limit reached"
+    if state == "CANCELLED":
+        if by_user:
+            return "Cancelled by user"
+        name = signal.Signals(stopped_by).name if stopped_by else "a signal"
+        return f"Stopped by {name} to its supervisor, not by a cancel"
+    if state in ("FAILED", "OUT_OF_MEMORY"):
+        lines = [line.strip() for line in stderr_tail.splitlines() if line.strip()]
+        if lines:
+            last = lines[-1]
+            return last if len(last) <= FAILURE_REASON_CHARS else last[: FAILURE_REASON_CHARS - 1] + "…"
+    return None
+
+
 def took_effect(stop_asked: bool, ended_first: bool) -> bool:
     """Whether a cancel (or a time limit) decides how a job ended, as in SLURM: only when its
     signal reached a job that still ran; a job that had already exited keeps its own outcome
@@ -160,12 +183,13 @@ def supervise(job_id: int) -> int:
     recorded = _record_process(engine, job_id, process)
 
     deadline = job.started_at.timestamp() + job.time_limit_s if job.time_limit_s else None
-    cancelled = timed_out = False
+    cancelled = timed_out = by_user = False
     while proc.poll() is None:
         if not stop:
             time.sleep(POLL_S)  # a signal is seen at the latest when this ends
         recorded = recorded or _record_process(engine, job_id, process)
-        cancel = bool(stop) or _cancel_requested(engine, job_id)
+        by_user = _cancel_requested(engine, job_id)
+        cancel = bool(stop) or by_user
         late = not cancel and deadline is not None and time.time() >= deadline
         if cancel or late:
             ended_first = proc.poll() is not None  # it ended on its own as the cancel came
@@ -178,8 +202,9 @@ def supervise(job_id: int) -> int:
     leftovers = procs.descendants(os.getpid())
     if leftovers:
         procs.signal_pids(leftovers, signal.SIGKILL)
-    state, code, sig = classify_exit(proc.returncode, cancelled, timed_out, _tail(err_path))
-    reason = "Time limit reached" if timed_out else ("Cancelled by user" if cancelled else None)
+    tail = _tail(err_path)
+    state, code, sig = classify_exit(proc.returncode, cancelled, timed_out, tail)
+    reason = end_reason(state, tail, by_user, stop[0] if stop else None)
     # Kept on disk first, then recorded, retried while the database refuses: never lost.
     record_until_stored(engine, job_id, FinalState(state, code, sig, reason, _now(), cancelled=cancelled,
                                                           started_at=job.started_at.isoformat()))

@@ -234,6 +234,35 @@ def test_sigkilled_supervisor_is_node_fail_and_frees_devices(sched):
     assert not procs.is_alive(running.pid, running.proc_start_ticks)  # nothing holds the devices
 
 
+def test_why_a_job_ended_is_one_line_for_the_listings():
+    """SLURM's Reason: a failure's last line of error output (it was only in the log), a cancel by
+    the user, a stop nobody asked for through the scheduler, a time limit."""
+    from scheduler.supervisor import FAILURE_REASON_CHARS, end_reason
+
+    tail = "step 0\nTraceback (most recent call last):\n  ...\nerror: run directory /r already exists\n\n"
+    assert end_reason("FAILED", tail, False, None) == "error: run directory /r already exists"
+    assert end_reason("OUT_OF_MEMORY", "CUDA out of memory. Tried to allocate 2 GiB", False, None).startswith("CUDA")
+    assert end_reason("FAILED", "", False, None) is None  # nothing said: nothing invented
+    assert len(end_reason("FAILED", "x" * 1000, False, None)) == FAILURE_REASON_CHARS
+    assert end_reason("CANCELLED", tail, True, signal.SIGTERM) == "Cancelled by user"
+    assert end_reason("CANCELLED", "", False, signal.SIGTERM) == "Stopped by SIGTERM to its supervisor, not by a cancel"
+    assert end_reason("TIMEOUT", tail, False, None) == "Time limit reached"
+    assert end_reason("COMPLETED", tail, False, None) is None
+
+
+def test_a_failed_job_says_why_in_acct_and_the_queue(sched, tmp_path):
+    engine = get_engine()
+    job_id = submit(engine, job("sh", "-c", "echo starting; echo 'error: the data is gone' >&2; exit 3"))
+    sched.start_daemon()
+    ended = wait_state(job_id, "FAILED", 30)
+    assert (ended.exit_code, ended.reason) == (3, "error: the data is gone")
+    acct = run_cli("acct", "-j", str(job_id), module="scheduler")
+    assert acct.returncode == 0 and "REASON" in acct.stdout.splitlines()[0]
+    assert acct.stdout.splitlines()[1].rstrip().endswith("error: the data is gone"), acct.stdout
+    listed = json.loads(run_cli("queue", "--all", "--json", module="scheduler").stdout)
+    assert [j["reason"] for j in listed if j["job_id"] == job_id] == ["error: the data is gone"]
+
+
 def test_sigkilled_job_is_failed_with_its_signal(sched):
     engine = get_engine()
     job_id = submit(engine, job("sleep", "300"))
