@@ -19,9 +19,8 @@ from sae_dist.train.metrics import find_stragglers
     ({"lr": -1e-3}, "lr", "positive"),
     ({"batch_size": 0}, "batch_size", "positive"),
     ({"steps": -5}, "steps", "positive"),
-    ({"lr": 1e9}, "lr", "1e+09 is more than 1, the most a run may take"),  # typos, never plans
-    ({"lr": float("inf")}, "lr", "inf is more than 1"),
-    ({"steps": 10**15}, "steps", "1,000,000,000,000,000 is more than 1,000,000,000"),
+    ({"steps": 10**15}, "steps", "1,000,000,000,000,000 is more than 1,000,000,000"),  # a typo, never a plan
+    ({"lr": float("inf")}, "lr", "must be finite"),
     ({"batch_size": 1.5}, "batch_size", "whole number"),
     ({"source": "web"}, "source", "unknown value"),
     ({"source": "shards"}, "shards_path", "needs the directory"),
