@@ -456,7 +456,7 @@ if "tr_submitted" in st.session_state:
     job_id, job_name, n = st.session_state["tr_submitted"]
     saes = st.session_state.get("tr_submitted_saes")
     standing = train_form.job_status(jobs.get_job(engine, job_id), jobs.explain_reason)
-    st.success(f"Job {job_id} ({job_name}{f', {saes} SAEs' if saes else ''}, {n} "
+    st.success(f"Job {job_id} ({fmt.plain_markdown(job_name)}{f', {saes} SAEs' if saes else ''}, {n} "
                f"device{'s' if n > 1 else ''}) is in the queue: {standing}.",
                title="Submitted", icon=":material/check_circle:")
     with st.container(horizontal=True):

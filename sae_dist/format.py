@@ -24,6 +24,15 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and not math.isfinite(value))
 
 
+MARKDOWN_SPECIAL = set("\\`*_[]<>|~$")
+
+
+def plain_markdown(text: str) -> str:
+    """User text (a job's name) shown as itself in the middle of a Markdown line: each character
+    Markdown (and Streamlit's :color[] and $math$) would act on there is escaped."""
+    return "".join("\\" + c if c in MARKDOWN_SPECIAL else c for c in text)
+
+
 def fmt_number(value: float | None, digits: int = 4) -> str:
     """`digits` significant digits (thousands separated when large); "—" when missing."""
     if _missing(value):

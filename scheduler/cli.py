@@ -381,7 +381,7 @@ def cmd_submit(args) -> int:
     answer = {"job_id": job_id, "state": SUBMITTED_STATE}
     if array is not None:
         answer.update(array=str(array), tasks=len(array.task_ids))
-    print(json.dumps(answer) if args.json else f"Submitted batch job {job_id}" if array else f"Submitted job {job_id}")
+    print(json.dumps(answer) if args.json else f"Submitted batch job {job_id}")  # SLURM's words, array or not
     return 0
 
 
@@ -487,7 +487,21 @@ def cmd_queue(args) -> int:
         r["why"] = _running_devices(r) if r["state"] == "RUNNING" else (r["reason"] or "")
     _print_table(rows, [("label", "JOBID"), ("name", "NAME"), ("user", "USER"), ("st", "ST"), ("gpus", "GPUS"),
                         ("elapsed", "TIME"), ("limit", "TIME_LIMIT"), ("why", "DEVICES(REASON)")])
+    _say_if_nothing_schedules(any(r["state"] == "PENDING" for r in rows))
     return 0
+
+
+def _say_if_nothing_schedules(pending: bool) -> None:
+    """Pending jobs with no daemon here to start them: say so (on stderr, the table stays clean).
+    A shared PostgreSQL database may be scheduled from another machine: nothing is said then."""
+    if not pending or os.environ.get("SAE_DIST_DB_URL", "").startswith("postgresql"):
+        return
+    from sae_dist.paths import state_home
+    from scheduler.control import daemon_running
+
+    if not daemon_running():
+        print(f"note: no scheduler daemon runs for {state_home()}: pending jobs wait until one starts "
+              "(python -m scheduler daemon --detach)", file=sys.stderr)
 
 
 def _exclusive_allocations(rows: list[dict]) -> dict[int, list[str]]:

@@ -152,6 +152,14 @@ def test_submit_queues_a_pending_training_on_exactly_the_chosen_devices():
 
 
 @pytest.mark.slow  # 1 s or more (AppTest runs of the page)
+def test_the_confirmation_shows_the_jobs_name_as_typed_not_as_markdown():
+    at = pick(train_page(), ["virtual-0"])
+    at.text_input(key="tr_name").set_value("*big* :red[run]").run()
+    at.button(key="tr_submit").click().run()
+    assert at.success[0].value.startswith("Job 1 (\\*big\\* :red\\[run\\], 1 device) is in the queue")
+
+
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
 def test_a_blank_name_gets_one_shared_by_the_job_and_its_run():
     at = pick(train_page(), ["virtual-3"])
     at.button(key="tr_submit").click().run()

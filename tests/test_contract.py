@@ -134,7 +134,7 @@ def test_submit_json(monkeypatch, tmp_path, capsys):
         assert set(said) == {"job_id", "state"} and isinstance(said["job_id"], int)
         assert said["state"] == get_job(get_engine(), said["job_id"]).state == "PENDING"
     assert main(["submit", "-D", str(tmp_path), "--", "true"]) == 0
-    assert capsys.readouterr().out == "Submitted job 3\n"  # without --json: SLURM's line
+    assert capsys.readouterr().out == "Submitted batch job 3\n"  # without --json: SLURM's line
 
 
 def test_supervisor_sets_every_reserved_name():

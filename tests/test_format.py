@@ -80,3 +80,11 @@ def test_a_rank_legend_names_the_gpu_in_a_few_characters():
     spec = charts.binned_rank_time_chart(times).to_dict()
     labels = {row["rank"] for rows in spec["datasets"].values() for row in rows if "rank" in row}
     assert labels == {"0 (GPU-00000000)", "1 (GPU-00000001)"}
+
+
+def test_a_name_in_markdown_shows_as_itself():
+    """A job's name inside a confirmation drew as Markdown (`*x*` in italics, `:red[x]` in red)."""
+    from sae_dist.format import plain_markdown
+
+    assert plain_markdown("e2e-topk (2)") == "e2e-topk (2)"  # nothing to escape mid-line
+    assert plain_markdown("*bold* :red[x] $a$ a_b `c`") == "\\*bold\\* :red\\[x\\] \\$a\\$ a\\_b \\`c\\`"

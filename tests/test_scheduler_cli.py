@@ -305,8 +305,9 @@ def test_names_patterns_environment_and_listings(sched, tmp_path, monkeypatch, c
     assert queue_all_process.returncode == 0 and queue_all_process.stdout == runs[3].stdout
     assert too_many_process.returncode == 2 and too_many_process.stdout == ""
     assert too_many_process.stderr.strip().splitlines() == runs[10].stderr.strip().splitlines()
-    for r in runs[:-2]:
-        assert r.returncode == 0 and r.stderr == "", r.stderr
+    for args, r in zip(listings, runs[:-2]):  # `queue` notes that no daemon starts its pending jobs
+        note = "note: no scheduler daemon runs for " if args[0] == "queue" and "--json" not in args else None
+        assert r.returncode == 0 and (r.stderr == "" or note and r.stderr.startswith(note)), (args, r.stderr)
     (queue, queue_json, queue_all, queue_all_json, info, info_json, acct, acct_json,
      rec, rec_json, too_many, too_many_json) = runs
 

@@ -110,8 +110,11 @@ def test_the_busy_timeout_is_checked(monkeypatch):
 def test_submit_from_the_command_line_on_a_migrated_database(migrated, tmp_path):
     result = run_cli("submit", "--gpu-ids", "3", "--", "true", module="scheduler",
                      env={"SAE_DIST_AUTOSTART": "0"})
-    assert result.returncode == 0 and result.stdout == "Submitted job 1\n", result.stderr
+    assert result.returncode == 0 and result.stdout == "Submitted batch job 1\n", result.stderr
     assert get_job(migrated, 1).gpu_ids_json == '["virtual-3"]'
+    listed = run_cli("queue", module="scheduler")  # a pending job, and no daemon to start it: said
+    assert listed.returncode == 0 and listed.stdout.splitlines()[1].split()[3] == "PD", listed.stdout
+    assert "note: no scheduler daemon runs for " in listed.stderr and "pending jobs wait" in listed.stderr
     bad = run_cli("submit", "--", "true", module="scheduler", env={BUSY_TIMEOUT_ENV: "soon"})
     assert (bad.returncode, bad.stderr.count("\n")) == (2, 1), bad.stderr
     assert f"error: {BUSY_TIMEOUT_ENV}='soon'" in bad.stderr
