@@ -9,7 +9,6 @@ memory estimate, the recommended devices (preselected until you pick your own), 
 summary.
 """
 
-from datetime import datetime
 from pathlib import Path
 
 import streamlit as st
@@ -31,7 +30,7 @@ from sae_dist.contract.sweep_argv import SWEEP_KEY
 from sae_dist.data.shard_format import read_layout  # the shards' headers, without torch
 from sae_dist.defaults import describe_resolved
 from sae_dist.errors import ConfigError, UserError
-from sae_dist.paths import state_home
+from sae_dist.paths import default_run_name, run_dir_for
 from scheduler import status
 from scheduler.recommend import recommend
 from scheduler.spec import MAX_PRIORITY, JobSpec, parse_time_limit
@@ -96,12 +95,10 @@ def shards_d_in(path: str) -> int:
     return read_layout(path).d_in
 
 
-def run_dir_taken(name: str) -> Path | None:
+def run_dir_taken(config) -> Path | None:
     """The run directory a named run would write to, when it already holds files (the trainer
     would refuse to start); None when the name is free."""
-    from sae_dist.paths import safe_name
-
-    run_dir = state_home() / "runs" / safe_name(name)
+    _, run_dir = run_dir_for(config)
     return run_dir if run_dir.is_dir() and any(run_dir.iterdir()) else None
 
 
@@ -274,7 +271,7 @@ if time_text.strip():
     except (UserError, OverflowError) as error:
         errors["time_limit"] = str(error).removeprefix("--time: ")
 if config is not None and config.name and "name" not in errors:
-    taken = run_dir_taken(config.name)
+    taken = run_dir_taken(config)
     if taken is not None:
         errors["name"] = f"a run named {config.name!r} already exists ({taken}); choose another name"
 
@@ -435,8 +432,7 @@ with st.container(horizontal=True, vertical_alignment="center"):
                    f"{'' if time_limit_s is None else ', time limit ' + fmt.fmt_duration(time_limit_s)}")
 if clicked and spec is not None:
     if not config.name:  # name the job and its run alike, and uniquely
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        run_name = (f"sweep{len(sweep)}" if sweep else f"{config.architecture}-{config.resolved_d_sae}") + f"-{stamp}"
+        run_name = default_run_name(config, len(sweep) if sweep else None)
         spec = JobSpec(kind="train", train_config={**train_dict, "name": run_name}, name=run_name,
                        gpu_ids=spec.gpu_ids, gpus=spec.gpus, priority=spec.priority,
                        time_limit_s=spec.time_limit_s, workdir=spec.workdir)

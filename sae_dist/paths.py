@@ -64,9 +64,12 @@ def safe_name(name: str) -> str:
     return clean[:120]
 
 
-def default_run_name(cfg: TrainConfig) -> str:
-    """A run without --name: its architecture, width and start time."""
-    return f"{cfg.architecture}-{cfg.resolved_d_sae}-{datetime.now():%Y%m%d-%H%M%S}"
+def default_run_name(cfg: TrainConfig, saes: int | None = None, now: datetime | None = None) -> str:
+    """A run without --name: its architecture, width and start time ("topk-4096-20261127-071800"),
+    or for a sweep of `saes` SAEs "sweep8-<time>". The one rule: the trainer and the Train page
+    (which names a job and its run alike at submit) both ask here."""
+    stamp = f"{now or datetime.now():%Y%m%d-%H%M%S}"
+    return f"sweep{saes}-{stamp}" if saes else f"{cfg.architecture}-{cfg.resolved_d_sae}-{stamp}"
 
 
 def run_dir_for(cfg: TrainConfig) -> tuple[str, Path]:

@@ -137,3 +137,15 @@ def test_estimate_memory_cli():
     from sae_dist.memory import estimate_memory
 
     assert result.stdout.strip() == estimate_memory(512, 4096, 4096, device_type="cpu").describe()
+
+
+def test_one_rule_names_a_run_without_a_name():
+    """The trainer and the Train page (which names a job and its run alike) ask one function."""
+    from datetime import datetime
+
+    from sae_dist.paths import default_run_name
+
+    at = datetime(2026, 11, 27, 7, 18, 5)
+    cfg = TrainConfig(d_in=64, expansion_factor=4)
+    assert default_run_name(cfg, now=at) == "topk-256-20261127-071805"
+    assert default_run_name(cfg, saes=8, now=at) == "sweep8-20261127-071805"
