@@ -211,16 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# OpenMP threads wait by spinning by default (libgomp), and two runtimes share each rank: torch's
-# and the compiled kernel's. On a loaded machine their spinning threads starve each other: a
-# 2-rank job on 2 cores sat 19 s in its first step (bench_job_start.py). Waiting passively cost
-# nothing measured (bench_step: 159 / 162 ms a step; a 2-rank run: 53.2k / 52.0k samples/s).
-# Set before torch is imported here, and inherited by the ranks; a user's own setting wins.
-OMP_WAIT = ("OMP_WAIT_POLICY", "PASSIVE")
-
-
 def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
-    os.environ.setdefault(*OMP_WAIT)
     from sae_dist.train.launch import die_with_parent, exit_rank, in_worker, launch
 
     if not in_worker():
@@ -241,6 +232,7 @@ def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
         # No restart without a lost device: the sweep's global batch and placement would change.
         return launch(dataclasses.replace(cfg, on_rank_loss="fail"), train_argv, in_process=in_process)
     # A rank started by torchrun (ours, or the user's on a cluster).
+
     from sae_dist.train.loop import train
 
     die_with_parent()
