@@ -232,7 +232,6 @@ def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
         # No restart without a lost device: the sweep's global batch and placement would change.
         return launch(dataclasses.replace(cfg, on_rank_loss="fail"), train_argv, in_process=in_process)
     # A rank started by torchrun (ours, or the user's on a cluster).
-
     from sae_dist.train.loop import train
 
     die_with_parent()
