@@ -274,20 +274,25 @@ def test_sigkilled_job_is_failed_with_its_signal(sched):
     assert active_devices() == {}
 
 
-def test_cancel_two_rank_training_leaves_no_process(sched, tmp_path):
+def submit_endless_two_rank_training(tmp_path: Path, name: str, d_in: int, d_sae: int, batch_size: int) -> int:
+    """A 2-rank training of a million steps (it runs until the test stops it), through the CLI."""
     (tmp_path / "run.toml").write_text(textwrap.dedent(f"""
-        d_in = 32
-        d_sae = 128
+        d_in = {d_in}
+        d_sae = {d_sae}
         k = 8
-        batch_size = 64
+        batch_size = {batch_size}
         steps = 1000000
         log_every = 50
         checkpoint_every = 0
         out_dir = "{tmp_path / 'run'}"
     """))
-    result = run_cli("submit", "--gpus", "2", "--train", str(tmp_path / "run.toml"), "-J", "ddp", module="scheduler")
+    result = run_cli("submit", "--gpus", "2", "--train", str(tmp_path / "run.toml"), "-J", name, module="scheduler")
     assert result.returncode == 0, result.stderr
-    job_id = int(result.stdout.split()[-1])
+    return int(result.stdout.split()[-1])
+
+
+def test_cancel_two_rank_training_leaves_no_process(sched, tmp_path):
+    job_id = submit_endless_two_rank_training(tmp_path, "ddp", 32, 128, 64)
     sched.start_daemon()
     engine = get_engine()
     wait_for(lambda: (j := get_job(engine, job_id)).pid and len(procs.descendants(j.pid)) >= 2, 60,
@@ -337,19 +342,7 @@ def test_each_rank_of_a_two_device_job_is_counted_on_its_own_device(sched, tmp_p
     from sae_dist.db import GpuSample
     from scheduler.devices import read_rss
 
-    (tmp_path / "run.toml").write_text(textwrap.dedent(f"""
-        d_in = 64
-        d_sae = 1024
-        k = 8
-        batch_size = 256
-        steps = 1000000
-        log_every = 50
-        checkpoint_every = 0
-        out_dir = "{tmp_path / 'run'}"
-    """))
-    result = run_cli("submit", "--gpus", "2", "--train", str(tmp_path / "run.toml"), "-J", "two", module="scheduler")
-    assert result.returncode == 0, result.stderr
-    job_id = int(result.stdout.split()[-1])
+    job_id = submit_endless_two_rank_training(tmp_path, "two", 64, 1024, 256)
     sched.start_daemon()
     engine = get_engine()
 
