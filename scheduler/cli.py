@@ -176,7 +176,8 @@ def _job_ref(text: str):
 
 def _whole_number(text: str) -> int:
     """An integer flag, in ASCII digits: int() also takes "٣" and "０", which nobody means."""
-    body = text.strip().removeprefix("-").removeprefix("+")
+    body = text.strip()
+    body = body[1:] if body[:1] in ("-", "+") else body  # one sign at most: int() takes no more
     if not (body.isascii() and body.isdigit()):
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
     return int(text)

@@ -9,10 +9,8 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from sae_dist.errors import UserError
-from sae_dist.job_listing import query
+from sae_dist.job_listing import MAX_ID, query
 from scheduler.arrays import JobRef, fold_ids, parse_job_ref
-
-MAX_JOB_ID = 2**63 - 1  # SQLite's largest integer: no job id goes past it
 
 if TYPE_CHECKING:  # acct reads through here: SQLAlchemy costs a process ~0.4 s
     from sqlalchemy.engine import Engine
@@ -76,18 +74,19 @@ def _tasks(n: int) -> str:
 
 def listed_jobs(text: str) -> tuple[list[int], list[int]]:
     """`acct -j`'s list (3,5,12_7,12_[0-3]): the job ids, and the ids whose array tasks are
-    wanted too (an array's id names the whole array, as in sacct). A filter: an id no job can
-    have simply matches nothing."""
+    wanted too (an array's id names the whole array, as in sacct). A filter: an id no job has
+    matches nothing; one no job can have (past the database's integers) is refused, as cancel
+    refuses it."""
     ids: set[int] = set()
     whole: set[int] = set()
     for part in split_refs(text):
         try:
-            ref = parse_job_ref(part, MAX_JOB_ID)
-        except UserError as e:
-            if str(e).startswith("no job "):  # an id no job can have: as cancel says it
-                raise UserError(f"--jobs: {e}") from None
+            ref = parse_job_ref(part)
+        except UserError:
             raise UserError(f"--jobs: {text!r} is not a list of job ids; write e.g. 3,5 or 12_7 "
                             "(task 7 of array 12)") from None
+        if ref.job_id > MAX_ID:
+            raise UserError(f"--jobs: no job {ref.job_id}: job ids go up to {MAX_ID}")
         if ref.tasks is None:
             ids.add(ref.job_id)
             whole.add(ref.job_id)

@@ -193,12 +193,10 @@ def pids_by_device(running: list, pids: dict[int, list[int]] | None = None) -> d
         devices = json.loads(job.devices_json or "[]")
         if not devices:
             continue
-        ranks = {pid: local_rank(pid) for pid in pids.get(job.id, [])}
-        ranked = {pid: r for pid, r in ranks.items() if r is not None and r < len(devices)}
-        for pid in ranks:
-            if ranked:
-                if pid in ranked:
-                    out.setdefault(devices[ranked[pid]], []).append(pid)
-            else:
-                out.setdefault(devices[0], []).append(pid)
+        own = pids.get(job.id, [])
+        ranked = {pid: r for pid in own if (r := local_rank(pid)) is not None and r < len(devices)}
+        if not ranked:
+            out.setdefault(devices[0], []).extend(own)
+        for pid, rank in ranked.items():
+            out.setdefault(devices[rank], []).append(pid)
     return out

@@ -6,7 +6,8 @@ so a missing compiler costs speed, never a run.
 A build is named by its source and torch's version (`sae_dist_topk_cpu_<hash>`): torch's cache is
 per user, not per checkout, so under one name two checkouts (or one before and after an update)
 rebuilt it in turn, each at some job's start, behind torch's build lock (40 s to minutes at "step
-0"). Under a name of its own each source is built once and loaded by every checkout that has it.
+0"). It is built from a copy of its source in its build directory too (a build names its source's
+path): each source is built once and loaded by every checkout that has it.
 """
 
 from __future__ import annotations
@@ -48,8 +49,20 @@ def cpu_topk():
     return _loaded["topk_cpu"]
 
 
+def _build_directory(module: str) -> Path | None:
+    """Where torch's load() builds `module` (created), or None with a torch whose private helper
+    for it is gone: the lock and the shared source below then fall back to torch's own ways."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory  # private: where load() builds
+    except ImportError:
+        return None
+    build_dir = Path(_get_build_directory(module, False))
+    build_dir.mkdir(parents=True, exist_ok=True)
+    return build_dir
+
+
 @contextmanager
-def _only_builder(module: str):
+def _only_builder(build_dir: Path | None):
     """Hold an flock on the build directory while torch builds or loads the kernel.
 
     torch's own lock is a file it creates and deletes (FileBaton): a process killed while holding it
@@ -57,15 +70,11 @@ def _only_builder(module: str):
     for it forever, so every training hangs at start. An flock dies with its process: under it, no
     other process of ours is building, and a `lock` file still there is such a leftover.
     """
-    from filelock import FileLock
-
-    try:
-        from torch.utils.cpp_extension import _get_build_directory  # private: where load() builds
-    except ImportError:  # another torch: its own lock alone
+    if build_dir is None:  # another torch: its own lock alone
         yield
         return
-    build_dir = Path(_get_build_directory(module, False))
-    build_dir.mkdir(parents=True, exist_ok=True)
+    from filelock import FileLock
+
     with FileLock(str(build_dir) + ".flock"):
         stale = build_dir / "lock"
         if stale.exists():
@@ -74,18 +83,16 @@ def _only_builder(module: str):
         yield
 
 
-def _shared_source(name: str, module: str) -> Path:
+def _shared_source(name: str, build_dir: Path | None) -> Path:
     """The kernel's source, copied into its build directory (under the builder's lock): the build
     names its source's path, so a build from one checkout's path was rebuilt, a minute on two
     cores, by the next job from another checkout (measured: 22-27 s to the first step, alternating
-    two checkouts). One path for every checkout with this source: built once. Without torch's
-    private build-directory helper, the checkout's own path."""
+    two checkouts). One path for every checkout with this source: built once. Without the build
+    directory, the checkout's own path."""
     original = _HERE / f"{name}.cpp"
-    try:
-        from torch.utils.cpp_extension import _get_build_directory
-    except ImportError:
+    if build_dir is None:
         return original
-    shared = Path(_get_build_directory(module, False)) / f"{name}.cpp"
+    shared = build_dir / f"{name}.cpp"
     text = original.read_bytes()
     if not shared.exists() or shared.read_bytes() != text:
         partial = shared.with_suffix(".cpp.partial")
@@ -104,9 +111,10 @@ def _build(name: str):
         from torch.utils.cpp_extension import load
 
         module = module_name(name)
-        with _only_builder(module):
+        build_dir = _build_directory(module)
+        with _only_builder(build_dir):
             # -O3 and OpenMP's simd pragma, no -march=native: the cache may be shared by unlike nodes.
-            return load(name=module, sources=[str(_shared_source(name, module))],
+            return load(name=module, sources=[str(_shared_source(name, build_dir))],
                         extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as e:  # no compiler, no ninja, no headers: the stock path serves
         log.warning("could not build the %s kernel (%s); using stock PyTorch (slower)", name,
