@@ -173,6 +173,61 @@ def test_killing_one_of_three_ranks_finishes_on_two(tmp_path, three_ranks_straig
     assert "SIGKILL" in faults[0].reason
 
 
+@pytest.mark.slow
+def test_a_sweep_rebalances_its_stream_like_a_single_run(tmp_path, monkeypatch):
+    """A sweep with --balance memory (equal free memory on virtual devices: equal shares first)
+    trains every SAE on every device, and rank 1 slowed 6x moves the stream's shares as a single
+    run's; each SAE still equals the same SAE trained alone on 1 rank with the whole batch."""
+    # lr 5e-4: other shares round differently (~1e-7), and where that flips a latent at the top-k
+    # boundary Adam's step on it is a whole lr (at the default lr this config's single run is 1e-4 off).
+    args = ["--d-in", "128", "--d-sae", "1024", "--steps", "40", "--log-every", "5", "--checkpoint-every", "0",
+            "--seed", "1", "--eval-rows", "0", "--lr", "5e-4"]
+    ok(main_here("train", *args, "--k", "16", "--devices", "cpu:1", "--batch-size", "1024", "--no-db",
+                 "--out-dir", str(tmp_path / "alone")))
+    home = {"SAE_DIST_HOME": str(tmp_path / "home")}
+    out = ok(run_cli("train", *args, "--devices", "cpu:2", "--batch-size", "512", "--balance", "memory",
+                     "--sweep", "k=8,16", "--out-dir", str(tmp_path / "sweep"), env={**home, SLOW_RANKS_ENV: "1:6"}))
+    assert "every SAE on every device" in out.stdout, out.stdout
+    moved = re.search(r"rebalanced shares \[512, 512\] -> \[(\d+), (\d+)\]", out.stdout)
+    assert moved is not None, out.stdout
+    assert int(moved.group(1)) > int(moved.group(2)) and int(moved.group(1)) + int(moved.group(2)) == 1024
+    assert rel_diff(final_weights(tmp_path / "sweep" / "saes" / "k16"), final_weights(tmp_path / "alone")) < 1e-5
+
+    monkeypatch.setenv("SAE_DIST_HOME", home["SAE_DIST_HOME"])
+    from sae_dist.db import get_engine, run_events
+    from sae_dist.db.runs import find_run_by_dir
+
+    engine = get_engine()
+    for name in ("k8", "k16"):
+        run = find_run_by_dir(engine, str((tmp_path / "sweep" / "saes" / name).resolve()))
+        events = [e for e in run_events(engine, run.id) if e.kind == "rebalance"]
+        assert run.status == "COMPLETED" and events, name
+        assert json.loads(events[0].details_json)["before"] == [512, 512]
+
+
+@pytest.mark.slow
+def test_a_sweep_that_loses_a_rank_finishes_on_the_others(tmp_path, three_ranks_straight):
+    """A sweep of two SAEs on 3 ranks (k4 on a DDP group of 2, k8 alone on rank 2); rank 2 SIGKILLs
+    itself after step 6. The sweep goes on from step 4 on the other two devices, with the global
+    batch kept, placed anew (an SAE each), and every SAE ends: k8 as an uninterrupted run of that
+    global batch."""
+    run_dir = tmp_path / "sweep"
+    sweep_args = [a for i, a in enumerate(THREE_RANKS) if a != "--k" and THREE_RANKS[i - 1] != "--k"]
+    result = run_cli("train", *sweep_args, "--batch-size", "128", "--devices", "cpu:3", "--sweep", "k=4,8",
+                     "--out-dir", str(run_dir),
+                     env={"SAE_DIST_HOME": str(tmp_path / "home"), "SAE_DIST_DEVICES": "virtual-0,virtual-1,virtual-2",
+                          KILL_RANK_AT_ENV: "2:6"})
+    stdout, stderr = result.stdout, result.stderr
+    assert result.returncode == 0, stderr[-3000:]
+    assert "ranks [0, 1]" in stdout and "ranks [2]" in stdout, stdout
+    assert "rank 2 (virtual-2): killed by SIGKILL; continuing from step_00000004 on the 2 other devices" in stderr
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert shares_in(stdout)[-1] == ([96, 96], 2)  # 384 a step: 2 micro-batches of 96 + 96
+    for name in ("k4", "k8"):
+        assert (run_dir / "saes" / name / "sae" / "cfg.json").is_file(), name
+    assert rel_diff(final_weights(run_dir / "saes" / "k8"), final_weights(three_ranks_straight)) < 1e-4
+
+
 def test_which_failures_blame_a_device():
     assert lost_ranks([Failure(2, -signal.SIGKILL), Failure(0, 1), Failure(1, 1)]) == [2]
     assert lost_ranks([Failure(1, DEVICE_ERROR_EXIT)]) == [1]

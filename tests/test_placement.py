@@ -211,3 +211,29 @@ def test_the_model_source_s_memory_is_on_every_device_and_its_parts_are_said(tmp
     assert "weights unknown" in unknown.describe() and unknown.total == 5888 + 640  # the forward pass and fill
     save_file({"w": np.zeros((3, 5), np.float16), "b": np.zeros(7, np.float32)}, str(tmp_path / "model.safetensors"))
     assert safetensors_bytes(tmp_path) == 3 * 5 * 2 + 7 * 4 and safetensors_bytes(tmp_path / "none") is None
+
+
+@pytest.mark.parametrize("saes, count", [(1, 2), (2, 2), (3, 2), (2, 4)])
+def test_everywhere_puts_every_sae_on_every_device(saes, count):
+    """--balance speed|memory: each SAE a DDP group of all the devices, each device holding them
+    all (their in-group estimates, runtime once, the largest step's temporaries)."""
+    needs = [need(f"s{i}", 1000 + 100 * i) for i in range(saes)]
+    plan = place(needs, devices(count), everywhere=True)
+    assert plan.mode == "everywhere"
+    assert all(slot.devices == tuple(f"cuda:{i}" for i in range(count)) for slot in plan.saes)
+    assert {d.bytes for d in plan.devices} == {device_bytes([n.in_group for n in needs])}
+    assert all(d.saes == tuple(n.name for n in needs) for d in plan.devices)
+    assert "every SAE on every device" in plan.reason and "--balance" in plan.reason
+
+
+def test_everywhere_on_one_device_is_the_plain_plan():
+    assert place([need("a", 100), need("b", 100)], devices(1), everywhere=True).mode == "shared"
+
+
+def test_everywhere_that_does_not_fit_names_each_device_and_the_way_out():
+    with pytest.raises(PlacementError) as e:
+        place([need("a", 30_000), need("b", 30_000)], [Device("cuda:0", 80 * GIB), Device("cuda:1", 40 * GIB)],
+              everywhere=True)
+    text = str(e.value)
+    assert "every SAE of the sweep trains on every device" in text and "cuda:1 has 40.0 GiB" in text
+    assert "cuda:0" not in text.split("on each:")[1] and "--balance equal" in text

@@ -153,7 +153,8 @@ def sweep_plan(sweep: Any, devices: list[tuple[str, int | None]], device_type: s
         return shown
     try:
         plan = place(needs_for([(p.name, p.config) for p in sweep.points], device_type),
-                     [Device(label, capacity) for label, capacity in devices])
+                     [Device(label, capacity) for label, capacity in devices],
+                     everywhere=sweep.points[0].config.balance != "equal")  # the job's setting, on every point
     except UserError as e:
         shown["error"] = str(e)
         return shown

@@ -33,7 +33,8 @@ def measure(cfg: TrainConfig, warmup: int, steps: int, start_at: float | None = 
     independent processes of a ceiling measurement.
     """
     from sae_dist.data.sources.make import make_source
-    from sae_dist.train.loop import build_sae, set_threads
+    from sae_dist.train.loop import set_threads
+    from sae_dist.train.members import build_sae
     from sae_dist.train.step import autocast_for, make_optimizer, train_step, wrap_ddp
 
     ctx = D.init_distributed()

@@ -5,7 +5,6 @@ are one line on stderr. `forked_rank` beside it is a CPU rank's entry when our l
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import sys
@@ -223,14 +222,7 @@ def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
             return launch(cfg, train_argv)
         sweep = sweep.with_d_in(cfg.d_in)  # k > d_sae and twin points show only with the width
         _placement(sweep, cfg, model_config)  # a sweep that cannot fit stops here, before any rank starts
-
-        def in_process():
-            from sae_dist.sweeps.train import train_sweep
-
-            train_sweep(cfg, sweep)
-
-        # No restart without a lost device: the sweep's global batch and placement would change.
-        return launch(dataclasses.replace(cfg, on_rank_loss="fail"), train_argv, in_process=in_process)
+        return launch(cfg, train_argv, sweep=sweep)
     # A rank started by torchrun (ours, or the user's on a cluster).
     from sae_dist.train.loop import train
 
@@ -239,13 +231,7 @@ def _train(ns: argparse.Namespace, train_argv: list[str]) -> int:
     if rank != "0":
         logging.getLogger().setLevel(logging.WARNING)  # rank 0 speaks for the job
     try:
-        sweep = sweep_from_args(ns)
-        if sweep is None:
-            train(config_from_args(ns))
-        else:
-            from sae_dist.sweeps.train import train_sweep
-
-            train_sweep(config_from_args(ns), sweep)
+        train(config_from_args(ns), sweep_from_args(ns))
     except TrainingStopped as e:
         if rank == "0" and not os.environ.get(OUR_LAUNCHER_ENV):  # under the user's torchrun
             print(f"training stopped by {e.signame}", file=sys.stderr, flush=True)
@@ -342,8 +328,8 @@ def _placement(sweep, cfg: TrainConfig, model_config=None):
     """The sweep on the job's devices (sae_dist/sweeps/placement.py), each GPU's memory as its capacity;
     from the model source (`model_config`: its config), the model's memory on every device too."""
     from sae_dist.data.harvest.sites import model_sites
-    from sae_dist.sweeps.members import job_devices
     from sae_dist.sweeps.placement import needs_for, place
+    from sae_dist.sweeps.setup import job_devices
     from sae_dist.train.launch import resolve_devices
 
     kind, ranks = resolve_devices(cfg.devices)
@@ -352,4 +338,5 @@ def _placement(sweep, cfg: TrainConfig, model_config=None):
         from sae_dist.data.sources.model import launcher_memory
 
         source = launcher_memory(cfg, model_config, len(model_sites(sweep)), cfg.batch_size * ranks * cfg.grad_accum)
-    return place(needs_for([(p.name, p.config) for p in sweep.points], kind), job_devices(kind, ranks), source)
+    return place(needs_for([(p.name, p.config) for p in sweep.points], kind), job_devices(kind, ranks), source,
+                 everywhere=cfg.balance != "equal")

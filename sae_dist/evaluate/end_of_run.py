@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
+import torch
+
 from sae_dist import distributed as D
 from sae_dist.data.sources.base import ActivationSource
 from sae_dist.evaluate.data import batch_rows_for
@@ -22,22 +24,59 @@ from sae_dist.format import fmt_percent
 log = logging.getLogger(__name__)
 
 
-def end_of_run_evaluation(cfg, sae, source: ActivationSource, ctx: D.DistContext,
-                          plan) -> tuple[Evaluation, str] | None:
-    """Every rank calls this (the model source draws its rows collectively); rank 0 gets the
-    evaluation and a few words saying which rows, the others None. None too when eval_rows is 0."""
-    if cfg.eval_rows == 0:
-        return None
-    unseen = source.unseen_rows(cfg.eval_rows, batch_rows_for(sae.d_sae), ctx, plan)
-    if unseen is None:
-        return None
-    return evaluate_trained(cfg, sae, unseen.batches, planted_for(cfg)), unseen.where
+def end_of_run_evaluations(cfg, ctx: D.DistContext, source: ActivationSource, members: list,
+                           plan) -> dict[str, tuple[Evaluation, str]]:
+    """Every rank calls this after the last step (the model source draws its rows collectively);
+    rank 0 gets {SAE name: (Evaluation, which rows)} for each live SAE of the job
+    (sae_dist.train.members), the others {}. {} everywhere with eval_rows 0 or a source without rows.
+
+    The unseen rows are drawn once for all the SAEs; rank 0 holds them and sends them on only when
+    another rank leads an SAE (an SAE's weights stay where they trained). Each SAE's leader
+    evaluates it in the batches a run of that SAE alone would use, so a sweep's figures are those
+    of its SAEs trained alone. From harvested shards the model is loaded once per rank for all."""
+    live = [m for m in members if m.live]
+    if cfg.eval_rows == 0 or not live:
+        return {}
+    shared = any(m.leader != 0 for m in live)  # the same on every rank: all ranks take part, or rank 0 alone
+    rows, where = _draw_once(cfg, ctx, source, live, plan, shared)
+    if rows is None:
+        return {}
+    leading = any(ctx.rank == m.leader for m in live)
+    planted = planted_for(cfg) if leading else None
+    check = shared_model_check(cfg) if leading else None
+    mine = {m.name: evaluate_trained(m.cfg, m.sae, _site(rows, m.site).split(batch_rows_for(m.sae.d_sae)), planted,
+                                     check)
+            for m in live if ctx.rank == m.leader}
+    parts = D.gather_objects(mine) if shared else [mine]
+    if not ctx.is_main:
+        return {}
+    return {name: (ev, where) for part in parts for name, ev in part.items()}
+
+
+def _draw_once(cfg, ctx: D.DistContext, source: ActivationSource, live: list, plan,
+               shared: bool) -> tuple[torch.Tensor | None, str]:
+    """The unseen rows as one CPU tensor on rank 0, and with `shared` on every rank (None on the
+    others, and everywhere when the source has none)."""
+    batch_rows = min(batch_rows_for(m.cfg.resolved_d_sae) for m in live)
+    unseen = source.unseen_rows(cfg.eval_rows, batch_rows, ctx, plan)  # every rank: the model source draws collectively
+    rows = torch.cat(list(unseen.batches)) if unseen is not None else None
+    if rows is not None and len(rows) == 0:
+        rows = None
+    where = unseen.where if unseen is not None else ""
+    if shared:
+        rows, where = D.broadcast_object((rows, where) if ctx.is_main else None)
+    return rows, where
+
+
+def _site(rows: torch.Tensor, site: int | None) -> torch.Tensor:
+    """An SAE's rows of a model source hooking several sites ([rows, n_sites, d_in]): its slice."""
+    return rows if site is None else rows[:, site].contiguous()
 
 
 def evaluate_trained(cfg, sae, batches, planted: Planted | None, check=None) -> Evaluation:
     """A trained SAE on unseen rows (`planted`: planted_for(cfg)), with the model check for shards.
-    A sweep draws its rows once and calls this for each of its SAEs (sae_dist/sweeps/eval.py), with
-    one `check` (shared_model_check) for them all: the model is loaded once per sweep."""
+    The end of a run calls this for each of its SAEs (`end_of_run_evaluations`), with one `check`
+    (shared_model_check) for them all: the model is loaded once per job."""
     was_training = sae.training
     sae.eval()  # BatchTopK encodes with its learned threshold, as exported
     try:

@@ -1,6 +1,6 @@
 """Where a sweep's SAEs train: a pure plan from their memory estimates and the job's devices.
 
-Two cases (issue 20):
+Three cases:
   * at least as many devices as SAEs: each SAE gets a DDP group of its own, the devices split as
     evenly as possible (groups differ by one device at most; the extra devices go to the
     heaviest SAEs, which have the most to compute), in device order;
@@ -73,7 +73,7 @@ class DeviceLoad:
 
 @dataclass(frozen=True)
 class Placement:
-    mode: str  # "groups" (a DDP group per SAE) or "shared" (several SAEs per device)
+    mode: str  # "groups" (a DDP group per SAE), "shared" (several SAEs per device) or "everywhere"
     saes: tuple[SaeSlot, ...]  # in the sweep's order
     devices: tuple[DeviceLoad, ...]  # in the job's device order
     reason: str
@@ -110,9 +110,11 @@ def needs_for(points: Sequence[tuple[str, TrainConfig]], device_type: str) -> li
             for name, cfg in points]
 
 
-def place(needs: Sequence[SaeNeed], devices: Sequence[Device], source: SourceMemory | None = None) -> Placement:
+def place(needs: Sequence[SaeNeed], devices: Sequence[Device], source: SourceMemory | None = None,
+          everywhere: bool = False) -> Placement:
     """The plan for these SAEs on these devices, or a PlacementError naming what does not fit;
-    `source`: the model source's memory, on every device."""
+    `source`: the model source's memory, on every device. `everywhere` (a sweep with --balance
+    speed or memory): every SAE on every device, so the stream's shares set each device's work."""
     if not needs:
         raise UserError("placement: no SAE to place")
     if not devices:
@@ -121,7 +123,10 @@ def place(needs: Sequence[SaeNeed], devices: Sequence[Device], source: SourceMem
     if len(set(names)) != len(names):
         raise UserError(f"placement: two SAEs share a name: {sorted({n for n in names if names.count(n) > 1})}")
     extra = source.total if source is not None else 0
-    plan = _groups(needs, devices, extra) if len(devices) >= len(needs) else _shared(needs, devices, extra)
+    if everywhere and len(devices) > 1:
+        plan = _everywhere(needs, devices, extra)
+    else:
+        plan = _groups(needs, devices, extra) if len(devices) >= len(needs) else _shared(needs, devices, extra)
     if source is None:
         return plan
     return dataclasses.replace(plan, reason=f"{plan.reason}; {source.describe()}")
@@ -191,6 +196,28 @@ def _shared(needs: Sequence[SaeNeed], devices: Sequence[Device], extra: int) -> 
               f"each onto an empty device while one was left, then onto the one with the most room"
               + _unchecked(devices))
     return Placement("shared", slots, tuple(loads), reason)
+
+
+def _everywhere(needs: Sequence[SaeNeed], devices: Sequence[Device], extra: int) -> Placement:
+    """Every SAE a DDP group of all the devices: each device holds them all and steps them one
+    after another on its share of the rows."""
+    total = device_bytes([n.in_group for n in needs], extra)
+    names = tuple(n.name for n in needs)
+    over = [d for d in devices if d.capacity is not None and total > d.capacity]
+    if over:
+        raise PlacementError(
+            f"with --balance speed or memory every SAE of the sweep trains on every device, and its {len(needs)} "
+            f"SAE{_s(needs)} need {fmt_bytes(total)} on each: "
+            + "; ".join(f"{d.name} has {fmt_bytes(d.capacity)}, {fmt_bytes(total - d.capacity)} short" for d in over)
+            + "; use --balance equal to give the SAEs devices of their own, or sweep fewer or smaller SAEs")
+    what = (f"{names[0]}, one of its {len(devices)} DDP ranks" if len(needs) == 1
+            else f"{', '.join(names)} ({len(needs)} SAEs, each one of its {len(devices)} DDP ranks)")
+    what += _with_source(extra)
+    loads = tuple(DeviceLoad(d.name, d.capacity, names, total, f"{what}: {_of(total, d)}") for d in devices)
+    slots = tuple(SaeSlot(n.name, tuple(d.name for d in devices), n.in_group.total) for n in needs)
+    reason = (f"{len(needs)} SAE{_s(needs)} on {len(devices)} devices: every SAE on every device, so that the "
+              f"shares of each step (--balance) set each device's work" + _unchecked(devices))
+    return Placement("everywhere", slots, loads, reason)
 
 
 def _choose(need: SaeNeed, held: list[list[SaeNeed]], devices: Sequence[Device], extra: int) -> int | None:

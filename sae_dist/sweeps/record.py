@@ -44,3 +44,4 @@ class SweepRecord:
 
             update_sweep(self.engine, self.sweep_id, status=status, error=error,
                          finished_at=datetime.now(timezone.utc))
+

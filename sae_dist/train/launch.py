@@ -88,9 +88,10 @@ def resolve_devices(spec: str) -> tuple[str, int]:
     return kind, count or 1
 
 
-def launch(cfg: TrainConfig, argv: list[str], command: str = "train", in_process=None) -> int:
+def launch(cfg: TrainConfig, argv: list[str], command: str = "train", in_process=None, sweep=None) -> int:
     """Run the job; argv is the `command` line (train, bench-point), handed unchanged to every
-    rank. One device runs in this process: `in_process()` (default: train(cfg))."""
+    rank. One device runs in this process: `in_process()` (default: train(cfg, sweep)). A rank
+    that loses its device restarts the training, a sweep's too, on the devices left."""
     kind, n = resolve_devices(cfg.devices)
     os.environ[DEVICE_TYPE_ENV] = kind
     os.environ[OUR_LAUNCHER_ENV] = "1"  # our ranks leave reporting a stop to this launcher
@@ -101,7 +102,7 @@ def launch(cfg: TrainConfig, argv: list[str], command: str = "train", in_process
             return 0
         from sae_dist.train.loop import train
 
-        train(cfg)
+        train(cfg, sweep)
         return 0
     if kind == "cpu":
         # Each gloo rank gets its share of the cores (torchrun would give each 1 thread).

@@ -1,14 +1,19 @@
-"""The training loop of one rank: DDP over the devices torchrun gave us, rank 0 logs and writes.
+"""The training loop of one rank, for one SAE or a sweep of many: DDP over the devices torchrun
+gave us, rank 0 logs and writes.
 
-Read top to bottom it is the whole story: set up the process group, the data and the model;
-start fresh (b_dec from the first batch) or resume from the latest checkpoint; then steps of
-forward / backward (DDP all-reduces the gradients) / decoder constraint / Adam; every `log_every`
-steps one report all-reduces the window's sums into the metrics and dead-latent counters and
-gathers every rank's timings, from which every rank takes the same rebalancing decision;
-checkpoints and the final SAELens export are written by rank 0 while the others wait at a
-barrier. The pieces: sae_dist.train.state (start, resume, checkpoint), sae_dist.train.window (the
-report), sae_dist.train.shares and sae_dist.train.balance (who computes how much of a step),
-sae_dist.train.run_record (the database). See docs/architecture.md.
+Read top to bottom it is the whole story: set up the process group and the data; the job's SAEs
+(a single run is one SAE on every rank; a sweep places its SAEs on the ranks,
+sae_dist.sweeps.placement); start fresh (b_dec from the first batch) or resume from the latest
+checkpoint; then steps. Each step every rank reads its share of the step's global batch from the
+one stream, and each SAE it holds takes a forward / backward (DDP all-reduces the gradients over
+the SAE's group) / decoder constraint / Adam step on its rows (sae_dist.train.members). Every
+`log_every` steps one report per SAE all-reduces the window's sums into its metrics and
+dead-latent counters (NaN or inf stops that SAE: a single run fails, a sweep's other SAEs go on)
+and gathers every rank's timings, from which every rank takes the same decision to move the
+stream's shares. Checkpoints, the end-of-run evaluation and the SAELens exports follow. The
+pieces: sae_dist.train.state (start, resume, checkpoint), .window (the report), .shares and
+.balance (who reads how much of a step), .members (the SAEs on this rank), .run_record (the
+database). See docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,23 +33,35 @@ import torch
 
 from sae_dist import distributed as D
 from sae_dist.config import TrainConfig
-from sae_dist.contract import KILL_RANK_AT_ENV, THREADS_PER_RANK_ENV, rank_values
-from sae_dist.data.sources.base import ActivationSource
+from sae_dist.contract import KILL_RANK_AT_ENV, RESTART_NOTE_ENV, THREADS_PER_RANK_ENV, rank_values
+from sae_dist.contract.sweep import Sweep
+from sae_dist.data.harvest.sites import check_trainable
 from sae_dist.data.sources.make import make_source
 from sae_dist.errors import TrainingStopped
-from sae_dist.evaluate.end_of_run import end_of_run_evaluation, summary_lines
+from sae_dist.evaluate.end_of_run import end_of_run_evaluations, summary_lines
 from sae_dist.evaluate.metrics import dictionary_recovery
 from sae_dist.memory import MemoryEstimate, PeakMemory, estimate_for_config
 from sae_dist.models.export import export_saelens
-from sae_dist.models.sae import SparseAutoencoder
+from sae_dist.sweeps.placement import Placement, PlacementError, needs_for, place
+from sae_dist.sweeps.record import SweepRecord
+from sae_dist.sweeps.setup import rank_devices, resolved, sweep_source
 from sae_dist.train.balance import BalanceDecision, BatchPlan, rebalance
-from sae_dist.train.checkpoint import check_run_dir
+from sae_dist.train.checkpoint import check_run_dir, latest_checkpoint
 from sae_dist.train.lr import lr_at
+from sae_dist.train.members import (
+    Member,
+    all_gathered,
+    build_member,
+    follow_stream,
+    init_b_dec,
+    open_sweep_records,
+    split_sites,
+)
 from sae_dist.train.run_record import RunRecord
 from sae_dist.train.shares import slowdown_for_tests
-from sae_dist.train.state import TrainState, on_main, start_or_resume, write_checkpoint
-from sae_dist.train.step import autocast_for, make_optimizer, train_step, use_bf16, wrap_ddp
-from sae_dist.train.window import MetricsWindow, WindowReport, progress_line
+from sae_dist.train.state import Stream, first_stream, on_main, resume, write_checkpoint
+from sae_dist.train.step import autocast_for, train_step, use_bf16, wrap_ddp
+from sae_dist.train.window import TrainingDiverged, WindowReport, progress_line
 
 log = logging.getLogger(__name__)
 
@@ -52,157 +69,366 @@ log = logging.getLogger(__name__)
 @dataclass
 class TrainResult:
     run_dir: Path
-    run_id: int | None
+    run_id: int | None  # a single run's row (None for a sweep, whose SAEs each have one)
     export_dir: Path | None
     step: int
     final: dict[str, Any] = field(default_factory=dict)
+    members: list[Member] = field(default_factory=list)
 
 
-def train(cfg: TrainConfig) -> TrainResult:
+@dataclass
+class Job:
+    """What this rank trains and where it goes: the same on every rank but for the weights."""
+
+    cfg: TrainConfig
+    ctx: D.DistContext
+    source: Any  # the one ActivationSource every SAE reads
+    name: str
+    run_dir: Path
+    device_ids: list[str]
+    record: RunRecord | SweepRecord  # the run's row, or the sweep's (each SAE then has its own run)
+    sweep: Sweep | None = None
+    placement: Placement | None = None
+    members: list[Member] = field(default_factory=list)
+
+    @property
+    def records(self) -> list[RunRecord]:
+        """The run rows of the SAEs still training (rank 0; empty elsewhere)."""
+        return [m.record for m in self.members if m.record is not None and m.live]
+
+    @property
+    def balances(self) -> bool:
+        """Whether the stream's shares change any device's work: only for an SAE on several ranks
+        (an SAE on one device trains on the whole global batch, whoever read it)."""
+        return self.ctx.world_size > 1 and any(len(m.ranks) > 1 for m in self.members if m.live)
+
+
+def train(cfg: TrainConfig, sweep: Sweep | None = None) -> TrainResult:
     ctx = D.init_distributed()
     with stop_on_signals():
-        result = _train(cfg, ctx)
+        result = _train(cfg, sweep, ctx)
     # Only a run that ended well tears the process group down: after an error a peer may be
     # gone already, and gloo's teardown then aborts the process (std::terminate).
     D.shutdown()
     return result
 
 
-def _train(cfg: TrainConfig, ctx: D.DistContext) -> TrainResult:
+def _train(cfg: TrainConfig, sweep: Sweep | None, ctx: D.DistContext) -> TrainResult:
     set_threads(ctx)
     torch.manual_seed(cfg.seed)
-    source = make_source(cfg, ctx)
+    source = make_source(cfg, ctx) if sweep is None else sweep_source(cfg, sweep, ctx)
     # Rule-based defaults become numbers here, so the run's stored config says what it ran with.
     cfg = cfg.with_d_in(source.d_in).resolved(ctx.world_size)
-
+    placement = None
+    if sweep is not None:
+        sweep = resolved(sweep.with_d_in(source.d_in), ctx.world_size)
+        # A torchrun started by hand skips the launcher's checks; the model source's config is read already.
+        check_trainable(sweep, getattr(getattr(source, "reader", None), "config", None))
+        memory = getattr(source, "memory", None)  # the model source's own, on every device
+        placement = _placement(sweep, cfg, ctx, memory() if memory is not None else None)
     name, run_dir = on_main(ctx, prepare_run_dir, cfg)
     device_ids = D.gather_objects(device_label(ctx))
-    record = RunRecord(cfg, ctx, name, run_dir, device_ids)
+    record = (RunRecord(cfg, ctx, name, run_dir, device_ids) if sweep is None
+              else SweepRecord(cfg, ctx, name, run_dir, sweep, placement))
+    job = Job(cfg, ctx, source, name, Path(run_dir), device_ids, record, sweep, placement)
     try:
-        return _loop(cfg, ctx, source, Path(run_dir), record, device_ids)
+        return _run(job)
     except BaseException as e:
-        if isinstance(e, TrainingStopped) or received_stop:
-            stop = e if isinstance(e, TrainingStopped) else TrainingStopped(received_stop[0])
-            record.finish(status="STOPPED", error=f"stopped by {stop.signame} (a cancel, a time limit or Ctrl-C)")
-            raise stop from None
-
-        record.finish(status="FAILED", error=f"{type(e).__name__}: {e}"[:2000])
+        stopped = isinstance(e, TrainingStopped) or bool(received_stop)
+        signame = (e if isinstance(e, TrainingStopped) else TrainingStopped(received_stop[0])).signame \
+            if stopped else ""
+        why = (f"stopped by {signame} (a cancel, a time limit or Ctrl-C)" if stopped
+               else f"{type(e).__name__}: {e}"[:2000])
+        status = "STOPPED" if stopped else "FAILED"
+        for r in job.records:
+            r.finish(status=status, error=why)
+        if isinstance(record, SweepRecord):
+            record.finish(status, why)
+        elif record not in job.records:  # it failed before its SAE was built
+            record.finish(status=status, error=why)
+        if stopped and not isinstance(e, TrainingStopped):
+            raise TrainingStopped(received_stop[0]) from None
         raise
 
 
-def _loop(cfg: TrainConfig, ctx: D.DistContext, source: ActivationSource, run_dir: Path, record: RunRecord,
-          device_ids: list[str]) -> TrainResult:
-    autocast = autocast_for(cfg, ctx.device)
+def _run(job: Job) -> TrainResult:
+    cfg, ctx = job.cfg, job.ctx
     peak = PeakMemory(ctx.device)
     peak.reset()
-    sae = build_sae(cfg, ctx.device)
-    opt = make_optimizer(sae, cfg.resolved_lr)
     slowdown = slowdown_for_tests(ctx.rank)
     kill_at = kill_step_for_tests(ctx.rank)
-    state, why, first_batches = start_or_resume(cfg, ctx, sae, opt, source, run_dir, record, device_ids, slowdown)
-    model = wrap_ddp(sae, ctx, cfg)
+    step, stream, first = _start(job, slowdown)
     estimate = estimate_for_config(cfg, ctx.world_size, ctx.device.type)
-    if ctx.is_main:
-        _log_start(cfg, ctx, record, state.plan, why, estimate, run_dir)
-    window = MetricsWindow(cfg.d_in, cfg.resolved_d_sae, ctx.device)
-    last_metrics: dict[str, Any] = {}
-    last_peak: int | None = None
-    limited_reported: int | None = None
+    n_sites = len(getattr(job.source, "sites", ()))  # > 1: rows [rows, n_sites, d_in], each SAE its slice
+    for m in job.members:
+        m.window.started = time.perf_counter()  # the start's reading and probing are not the first window's
+    gather = any(len(m.ranks) < ctx.world_size for m in job.members)
+    autocast = autocast_for(cfg, ctx.device)
+    started, first_step, limited_reported = time.perf_counter(), step, None
+    lead: WindowReport | None = None  # the last report's (its peak memory is the run's)
 
-    while state.step < cfg.steps:
-        state.step += 1
-        step = state.step
+    while step < cfg.steps:
+        step += 1
         at_checkpoint = bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps
         report = at_checkpoint or step % cfg.log_every == 0
-        lr = lr_at(step, cfg.resolved_lr, cfg.steps, cfg.lr_warmup_steps, cfg.lr_decay_fraction)
-        for group in opt.param_groups:
-            group["lr"] = lr
-
         t0 = time.perf_counter()
-        batches = first_batches or source.next_batches(state.plan, ctx.rank, ctx.device)
-        first_batches = None
-        result = train_step(model, sae, opt, batches, state.dead, autocast,
-                            grad_norm=report, loss_scale=state.plan.loss_scale(ctx.rank), slowdown=slowdown)
-        window.add(batches, result.outputs)
-        window.end_step(t0, result.forward_done - t0)  # compute: data + forward, no collective yet
+        local = first or job.source.next_batches(stream.plan, ctx.rank, ctx.device)
+        first = None
+        compute = time.perf_counter() - t0  # a rank's compute: its reading and its forwards, no collective
+        gathered = split_sites(all_gathered(local, stream.plan), n_sites) if gather else None
+        local = split_sites(local, n_sites)
+        grad_norms = torch.zeros(len(job.members), dtype=torch.float64)
+        for i, m in enumerate(job.members):
+            if not (m.here and m.live):
+                continue
+            lr = lr_at(step, m.cfg.resolved_lr, cfg.steps, m.cfg.lr_warmup_steps, m.cfg.lr_decay_fraction)
+            for group in m.opt.param_groups:
+                group["lr"] = lr
+            xs = m.rows(local[m.site], gathered[m.site] if len(m.ranks) < ctx.world_size else None, ctx.rank)
+            m_started = time.perf_counter()
+            result = train_step(m.model, m.sae, m.opt, xs, m.state.dead, autocast, grad_norm=report,
+                                loss_scale=m.plan.loss_scale(m.group_rank(ctx.rank)), slowdown=slowdown)
+            compute += result.forward_done - m_started
+            m.window.add(xs, result.outputs)
+            if report and ctx.rank == m.leader:
+                grad_norms[i] = result.grad_norm
+        for m in job.members:
+            m.window.end_step(t0, compute)
         if step == kill_at:  # test-only: a device that dies mid-run, for real
             os.kill(os.getpid(), signal.SIGKILL)
         if not report:
             continue
 
-        # ---- one report: a few small collectives for the whole window ----
-        w = window.report(step, state, cfg.dead_after_samples, run_dir, peak)
-        # Every rank decides from the same gathered numbers and the same state: the same new plan
-        # everywhere.
-        balance = rebalance(state.plan.shares, w.times, state.balance, allowed=cfg.rebalance and ctx.world_size > 1)
-        state.balance = balance.state
-        planted = source.planted_features
-        recovery = dictionary_recovery(planted, sae.W_dec) if planted is not None and at_checkpoint else None
-        last_metrics, last_peak = w.metrics(lr, result.grad_norm, balance.limited_rank, recovery), w.peak_bytes
-        if ctx.is_main:
-            record.log(last_metrics, step, w.rank_rows(device_ids, state.plan))
-            log.info("%s", progress_line(step, cfg.steps, last_metrics, w.stragglers))
-        _apply_balance(ctx, state, balance, w, record, limited_reported)
-        limited_reported = balance.limited_rank
+        # ---- one report: a few small collectives for each SAE's window ----
+        closed = _close_windows(job, step, peak)
+        if closed:
+            # Every rank decides from the same gathered numbers and the same state: the same new
+            # shares everywhere. Every SAE's window timed the same steps: the first one's will do.
+            lead = closed[0][1]
+            decision = rebalance(stream.plan.shares, lead.times, stream.balance, allowed=cfg.rebalance and job.balances)
+            stream.balance = decision.state
+            _record_reports(job, step, stream.plan, closed, D.all_reduce_sum(grad_norms.to(ctx.device)).tolist(),
+                            decision.limited_rank, at_checkpoint)
+            if ctx.is_main:
+                _log_progress(job, step, lead, (step - first_step) / max(time.perf_counter() - started, 1e-9))
+            _apply_balance(job, stream, step, decision, lead, limited_reported)
+            limited_reported = decision.limited_rank
         if at_checkpoint:
-            write_checkpoint(cfg, ctx, sae, opt, source, state, run_dir)
-        window.started = time.perf_counter()  # the checkpoint's time is not the next window's
+            write_checkpoint(cfg, ctx, job.members, job.source, stream, step, job.run_dir)
+        for m in job.members:
+            m.window.started = time.perf_counter()  # the checkpoint's time is not the next window's
 
-    return _finish(cfg, ctx, sae, source, state, last_metrics, last_peak, estimate, run_dir, record)
-
-
-def _log_start(cfg: TrainConfig, ctx: D.DistContext, record: RunRecord, plan: BatchPlan, why: str,
-               estimate: MemoryEstimate, run_dir: Path) -> None:
-    log.info("run %s: %s SAE d_in=%d d_sae=%d on %d x %s (%s), global batch %d, lr %.2e%s",
-             record.run_id if record.run_id is not None else "(no db)", cfg.architecture, cfg.d_in,
-             cfg.resolved_d_sae, ctx.world_size, ctx.device.type, ctx.backend, plan.global_batch,
-             cfg.resolved_lr, ", bf16 autocast" if use_bf16(cfg, ctx.device) else "")
-    log.info("shares of each micro-batch: %s, %d micro-batch%s a step (%s)", list(plan.shares),
-             plan.micro_steps, "es" if plan.micro_steps > 1 else "", why)
-    log.info("memory estimate: %s", estimate.describe())
-    log.info("run directory: %s", run_dir)
+    return _finish(job, stream, step, lead.peak_bytes if lead else None, estimate)
 
 
-def _apply_balance(ctx: D.DistContext, state: TrainState, balance: BalanceDecision, w: WindowReport,
-                   record: RunRecord, limited_reported: int | None) -> None:
-    """The rebalancer's decision takes effect from the next step; rank 0 records a move, and a rank
-    that stays slow even at its smallest share (once, until that changes)."""
-    if balance.changed(state.plan.shares):
-        window_plan = state.plan
-        state.plan = BatchPlan(window_plan.global_batch, window_plan.micro_steps, balance.shares)
-        if ctx.is_main:
-            record.rebalanced(state.step, window_plan, state.plan, w.compute_times, balance)
-    if balance.limited_rank is not None and balance.limited_rank != limited_reported and ctx.is_main:
-        record.balance_limited(state.step, balance)
-
-
-def _finish(cfg: TrainConfig, ctx: D.DistContext, sae: SparseAutoencoder, source: ActivationSource,
-            state: TrainState, last_metrics: dict, last_peak: int | None, estimate: MemoryEstimate,
-            run_dir: Path, record: RunRecord) -> TrainResult:
-    """The end: evaluate on rows never trained on, export once, record the final numbers."""
-    evaluated = end_of_run_evaluation(cfg, sae, source, ctx, state.plan)
-    export_dir = run_dir / "sae"
-    final: dict[str, Any] = {}
+def _start(job: Job, slowdown: float) -> tuple[int, Stream, list[torch.Tensor] | None]:
+    """The job's SAEs built, started fresh or resumed, wrapped for DDP and recorded: (the step,
+    the stream's shares, the first step's rows on a fresh start, b_dec set from them)."""
+    cfg, ctx = job.cfg, job.ctx
+    job.members = _build_members(job)
+    # The stream's shares: by --balance where they change a device's work, else equal.
+    probe = [m.sae for m in job.members if m.here and len(m.ranks) > 1]
+    shares_cfg = cfg if job.balances or job.sweep is None else replace(cfg, balance="equal")
+    latest = latest_checkpoint(job.run_dir) if cfg.resume else None
+    if latest is not None:
+        step, stream = resume(shares_cfg, ctx, job.members, job.source, latest, job.run_dir, probe, slowdown)
+    else:
+        step, stream = 0, first_stream(shares_cfg, ctx, probe, slowdown)
+    follow_stream(job.members, stream.plan)
+    for m in job.members:
+        if m.here:
+            m.model = wrap_ddp(m.sae, ctx, m.cfg, ranks=len(m.ranks), group=m.group)
+    _open_records(job, step, stream.plan, resumed=latest is not None)
     if ctx.is_main:
-        density = state.fire_total / max(state.samples_total, 1)
-        export_saelens(sae, export_dir, density, metadata={"run_name": run_dir.name})
-        final = {
-            "final_loss": last_metrics.get("loss"), "final_mse": last_metrics.get("mse"),
-            "final_fvu": last_metrics.get("fvu"), "final_l0": last_metrics.get("l0"),
-            "final_dead_fraction": last_metrics.get("dead_fraction"),
-            "final_samples_per_s": last_metrics.get("samples_per_s"),
-            "recovery_mean_cos": last_metrics.get("recovery_mean_cos"),
-            "recovery_frac": last_metrics.get("recovery_frac"),
-        }
-        record.finish(status="COMPLETED", export_dir=str(export_dir), last_step=state.step, **final)
-        final["peak_memory_bytes"] = last_peak  # of the training steps; the last checkpoint and export come after
-        final["estimated_memory_bytes"] = estimate.total
-        _log_final(state.step, final, estimate, export_dir)
-        if evaluated is not None:
-            record_run_evaluation(cfg, record, run_dir, export_dir, *evaluated)
+        _log_start(job, stream, estimate_for_config(cfg, ctx.world_size, ctx.device.type), latest)
+    if step > 0:
+        return step, stream, None
+    first = job.source.next_batches(stream.plan, ctx.rank, ctx.device)
+    init_b_dec(job.members, split_sites(first, len(getattr(job.source, "sites", ()))))
+    return step, stream, first
+
+
+def _placement(sweep: Sweep, cfg: TrainConfig, ctx: D.DistContext, source_memory) -> Placement:
+    """The sweep on this job's ranks. After a lost device the launcher restarts the job on the
+    others: a sweep that no longer fits them ends here, with its checkpoints, for --resume."""
+    try:
+        return place(needs_for([(p.name, p.config) for p in sweep.points], ctx.device.type), rank_devices(ctx),
+                     source_memory, everywhere=cfg.balance != "equal")
+    except PlacementError as e:
+        if not os.environ.get(RESTART_NOTE_ENV):
+            raise
+        raise PlacementError(f"{e}. A device was lost and the sweep cannot go on on the {ctx.world_size} left; "
+                             f"its checkpoints are kept: train again with --resume on enough devices") from None
+
+
+def _build_members(job: Job) -> list[Member]:
+    """A single run: one SAE on every rank, in the run's own folder, its row the run's. A sweep:
+    each SAE on the ranks of its placement, in saes/<name>; a source of several model sites
+    gives each SAE its site."""
+    ctx, every = job.ctx, tuple(range(job.ctx.world_size))
+    equal = BatchPlan(job.cfg.batch_size * ctx.world_size * job.cfg.grad_accum, job.cfg.grad_accum,
+                      (job.cfg.batch_size,) * ctx.world_size)  # until the start sets the stream's shares
+    if job.sweep is None:
+        member = build_member(job.name, job.cfg, every, job.run_dir, equal, ctx)
+        member.record = job.record if ctx.is_main else None
+        return [member]
+    names = [d.device for d in job.placement.devices]
+    site_of = getattr(job.source, "site_of", None)
+    return [build_member(p.name, p.config, tuple(sorted(names.index(d) for d in job.placement.group_of(p.name))),
+                         job.run_dir / "saes" / p.name, equal, ctx,
+                         site=site_of(p.config.model_layer, p.config.model_site) if site_of else None)
+            for p in job.sweep.points]
+
+
+def _open_records(job: Job, step: int, plan: BatchPlan, resumed: bool) -> None:
+    """A sweep's run row for each SAE still training; on a resume every row says so, and a
+    restart without a lost device is an event beside the curves."""
+    if job.sweep is not None:
+        open_sweep_records(job.members, job.ctx, job.name, job.record.sweep_id, job.device_ids)
+    if not resumed:
+        return
+    for i, m in enumerate(m for m in job.members if m.record is not None):
+        m.record.resumed_at(step, len(m.ranks), [job.device_ids[r] for r in m.ranks])
+        m.record.restart_event(step, plan, say=i == 0)
+
+
+def _close_windows(job: Job, step: int, peak: PeakMemory) -> list[tuple[int, WindowReport]]:
+    """Each live SAE's window all-reduced (the same numbers on every rank). One whose loss went
+    NaN or inf stops here, on every rank at once: a single run fails, a sweep's other SAEs go on."""
+    closed = []
+    for i, m in enumerate(job.members):
+        if not m.live:
+            continue
+        try:
+            closed.append((i, m.window.report(step, m.state, m.cfg.dead_after_samples, m.run_dir, peak)))
+        except TrainingDiverged as e:
+            if job.sweep is None:
+                raise
+            m.failed = f"SAE {m.name} stopped at step {step}: {e} The sweep's other SAEs go on."
+            m.sae = m.opt = m.model = None  # its memory goes back; its group steps it no more
+            if m.record is not None:
+                log.warning("%s", m.failed)
+                m.record.finish(status="FAILED", error=m.failed, last_step=step)
+    return closed
+
+
+def _record_reports(job: Job, step: int, plan: BatchPlan, closed: list[tuple[int, WindowReport]],
+                    grad_norms: list[float], limited_rank: int | None, at_checkpoint: bool) -> None:
+    """Each SAE's metrics from its window (planted-feature recovery at checkpoints, where rank 0
+    holds the SAE), and rank 0's rows: the metrics and its group's ranks' timings."""
+    planted = job.source.planted_features
+    for i, w in closed:
+        m = job.members[i]
+        lr = lr_at(step, m.cfg.resolved_lr, job.cfg.steps, m.cfg.lr_warmup_steps, m.cfg.lr_decay_fraction)
+        recovery = (dictionary_recovery(planted, m.sae.W_dec)
+                    if planted is not None and at_checkpoint and m.here and job.ctx.is_main else None)
+        m.last_metrics = w.metrics(lr, grad_norms[i], limited_rank, recovery)
+        if m.record is not None:
+            m.record.log(m.last_metrics, step, [r for r in w.rank_rows(job.device_ids, plan) if r["rank"] in m.ranks])
+
+
+def _log_progress(job: Job, step: int, lead: WindowReport, steps_per_s: float) -> None:
+    live = [m for m in job.members if m.live]
+    if job.sweep is None:
+        log.info("%s", progress_line(step, job.cfg.steps, live[0].last_metrics, lead.stragglers))
+        return
+    for i, m in enumerate(live):
+        if len(live) <= 8 or i == 0:
+            log.info("%s: %s", m.name, progress_line(step, job.cfg.steps, m.last_metrics, []))
+    log.info("step %d/%d: %d SAEs training, %.1f steps/s", step, job.cfg.steps, len(live), steps_per_s)
+
+
+def _apply_balance(job: Job, stream: Stream, step: int, decision: BalanceDecision, w: WindowReport,
+                   limited_reported: int | None) -> None:
+    """The rebalancer's decision takes effect from the next step for every SAE; rank 0 records a
+    move, and a rank that stays slow even at its smallest share (once, until that changes)."""
+    if decision.changed(stream.plan.shares):
+        before = stream.plan
+        stream.plan = BatchPlan(before.global_batch, before.micro_steps, decision.shares)
+        follow_stream(job.members, stream.plan)
+        for i, r in enumerate(job.records):
+            r.rebalanced(step, before, stream.plan, w.compute_times, decision, say=i == 0)
+    if decision.limited_rank is not None and decision.limited_rank != limited_reported:
+        for i, r in enumerate(job.records):
+            r.balance_limited(step, decision, say=i == 0)
+
+
+def _finish(job: Job, stream: Stream, step: int, last_peak: int | None, estimate: MemoryEstimate) -> TrainResult:
+    """The end: every live SAE evaluated on rows never trained on, exported once (by its group's
+    first rank), its final numbers recorded; then the sweep's own end."""
+    ctx = job.ctx
+    evaluated = end_of_run_evaluations(job.cfg, ctx, job.source, job.members, stream.plan)
+    final: dict[str, Any] = {}
+    for m in job.members:
+        if not m.live:
+            continue
+        export_dir = m.run_dir.resolve() / "sae"
+        if ctx.rank == m.leader:
+            density = m.state.fire_total / max(m.state.samples_total, 1)
+            where = {"sweep": job.name, "sweep_point": m.name} if job.sweep is not None else {}
+            export_saelens(m.sae, export_dir, density, metadata={"run_name": m.run_dir.name, **where})
+        if m.record is None:
+            continue
+        lm = m.last_metrics
+        final = {"final_loss": lm.get("loss"), "final_mse": lm.get("mse"), "final_fvu": lm.get("fvu"),
+                 "final_l0": lm.get("l0"), "final_dead_fraction": lm.get("dead_fraction"),
+                 "final_samples_per_s": lm.get("samples_per_s"), "recovery_mean_cos": lm.get("recovery_mean_cos"),
+                 "recovery_frac": lm.get("recovery_frac")}
+        m.record.finish(status="COMPLETED", export_dir=str(export_dir), last_step=step, **final)
+        if job.sweep is None:
+            final["peak_memory_bytes"] = last_peak  # of the training steps; the last checkpoint and export come after
+            final["estimated_memory_bytes"] = estimate.total
+            _log_final(step, final, estimate, export_dir)
+        if m.name in evaluated:
+            record_run_evaluation(m.cfg, m.record, m.run_dir, export_dir, *evaluated[m.name])
+    if isinstance(job.record, SweepRecord):
+        status, note = _sweep_end(job.members)
+        if note and ctx.is_main:
+            log.warning("%s", note)
+        job.record.finish(status, note)
     D.barrier()
-    return TrainResult(run_dir=run_dir, run_id=record.run_id, export_dir=export_dir if ctx.is_main else None,
-                       step=state.step, final=final)
+    single = job.sweep is None
+    return TrainResult(run_dir=job.run_dir, run_id=job.record.run_id if single else None,
+                       export_dir=job.run_dir / "sae" if single and ctx.is_main else None, step=step,
+                       final=final if single else {}, members=job.members)
+
+
+def _sweep_end(members: list[Member]) -> tuple[str, str | None]:
+    """The sweep row's end: COMPLETED while one SAE at least completed, with how many failed."""
+    failed = [m for m in members if not m.live]
+    if not failed:
+        return "COMPLETED", None
+    note = f"{len(failed)} of {len(members)} SAEs failed: " + "; ".join(m.failed for m in failed)
+    return ("FAILED" if len(failed) == len(members) else "COMPLETED"), note[:4000]
+
+
+def _log_start(job: Job, stream: Stream, estimate: MemoryEstimate, latest: Path | None) -> None:
+    cfg, ctx, plan = job.cfg, job.ctx, stream.plan
+    shares = (f"shares of each micro-batch: {list(plan.shares)}, {plan.micro_steps} micro-batch"
+              f"{'es' if plan.micro_steps > 1 else ''} a step ({stream.why})")
+    if job.sweep is None:
+        log.info("run %s: %s SAE d_in=%d d_sae=%d on %d x %s (%s), global batch %d, lr %.2e%s",
+                 job.record.run_id if job.record.run_id is not None else "(no db)", cfg.architecture, cfg.d_in,
+                 cfg.resolved_d_sae, ctx.world_size, ctx.device.type, ctx.backend, plan.global_batch,
+                 cfg.resolved_lr, ", bf16 autocast" if use_bf16(cfg, ctx.device) else "")
+        log.info("%s", shares)
+        log.info("memory estimate: %s", estimate.describe())
+        log.info("run directory: %s", job.run_dir)
+        return
+    log.info("sweep %s: %d SAEs from one %s stream on %d x %s (%s), global batch %d", job.name, len(job.members),
+             cfg.source, ctx.world_size, ctx.device.type, ctx.backend, plan.global_batch)
+    log.info("%s", shares)
+    if ctx.world_size > 1 and not job.balances:
+        log.info("each SAE trains on one device, on the whole global batch whoever read it: the shares change "
+                 "no device's work, so they stay equal and are not rebalanced")
+    for line in job.placement.lines():
+        log.info("%s", line)
+    for m in job.members:
+        log.info("  %s: %s SAE d_sae=%d, lr %.2e, ranks %s%s", m.name, m.cfg.architecture, m.cfg.resolved_d_sae,
+                 m.cfg.resolved_lr, list(m.ranks), f" (failed before: {m.failed})" if m.failed else "")
+    if latest is not None:
+        log.info("resumed from %s", latest)
+    log.info("run directory: %s (each SAE under saes/)", job.run_dir)
 
 
 def _log_final(step: int, final: dict, estimate: MemoryEstimate, export_dir: Path) -> None:
@@ -237,15 +463,6 @@ def prepare_run_dir(cfg: TrainConfig) -> tuple[str, str]:
     name, run_dir = check_run_dir(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     return name, str(run_dir.resolve())
-
-
-def build_sae(cfg: TrainConfig, device) -> SparseAutoencoder:
-    """The SAE a config describes (d_in already resolved from the source)."""
-    return SparseAutoencoder(
-        cfg.d_in, cfg.resolved_d_sae, cfg.architecture, cfg.k, l1_coefficient=cfg.l1_coefficient,
-        l0_coefficient=cfg.l0_coefficient, auxk_coefficient=cfg.auxk_coefficient,
-        auxk_k=cfg.resolved_auxk_k, jumprelu_init_threshold=cfg.jumprelu_init_threshold,
-        jumprelu_bandwidth=cfg.jumprelu_bandwidth, seed=cfg.seed, device=device)
 
 
 def device_label(ctx: D.DistContext) -> str:

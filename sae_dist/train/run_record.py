@@ -52,8 +52,9 @@ class RunRecord:
         if self.writer is not None:
             self.writer.log_event(step, kind, message, details)
 
-    def restart_event(self, step: int, plan: BatchPlan) -> None:
-        """Our launcher restarted the ranks without a device that failed: say so beside the curves."""
+    def restart_event(self, step: int, plan: BatchPlan, say: bool = True) -> None:
+        """Our launcher restarted the ranks without a device that failed: say so beside the curves
+        (and in the log, unless another SAE of the job `say`s it)."""
         note = os.environ.get(RESTART_NOTE_ENV)
         if not note:
             return
@@ -62,15 +63,17 @@ class RunRecord:
         message = (f"rank {', '.join(map(str, details.get('lost_ranks', [])))} lost "
                    f"({details.get('reason', 'failed')}); continued from step {step} on {plan.world_size} "
                    f"devices, global batch {plan.global_batch} in {plan.micro_steps} micro-batches")
-        log.warning("%s", message)
+        if say:
+            log.warning("%s", message)
         self.event(step, "degraded", message, details)
 
     def rebalanced(self, step: int, before: BatchPlan, after: BatchPlan, times: list[float],
-                   decision: BalanceDecision) -> None:
+                   decision: BalanceDecision, say: bool = True) -> None:
         """`times`: the window's median compute times per rank; `decision` holds the figures of
         the windows that passed the rule."""
         message = f"shares {list(before.shares)} -> {list(after.shares)}: {decision.describe()}"
-        log.info("rebalanced %s", message)
+        if say:
+            log.info("rebalanced %s", message)
         self.event(step, "rebalance", f"rebalanced {message}",
                    {"before": list(before.shares), "after": list(after.shares), "compute_time_s": times,
                     "imbalance": imbalance(times), "slow_rank": decision.slow_rank,
@@ -78,10 +81,11 @@ class RunRecord:
                     "evidence": [{"slow_low_s": lo, "fastest_high_s": hi, "ratio": r}
                                  for lo, hi, r in decision.evidence]})
 
-    def balance_limited(self, step: int, decision) -> None:
+    def balance_limited(self, step: int, decision, say: bool = True) -> None:
         message = (f"rank {decision.limited_rank} stays {decision.predicted_imbalance:.1f}x slower than the "
                    f"fastest even at its smallest share: rebalancing cannot even it out")
-        log.warning("%s", message)
+        if say:
+            log.warning("%s", message)
         self.event(step, "balance_limited", message,
                    {"rank": decision.limited_rank, "slowdown": decision.predicted_imbalance})
 

@@ -1,10 +1,11 @@
 """Where a run is, how it starts, and what its checkpoints hold.
 
-A fresh run initialises b_dec at the mean of its first batch; a resumed one reads its latest
-checkpoint once on rank 0 and broadcasts it: weights, optimizer, the data stream's position, the
-dead-latent counters, the CPU RNG and the shares of a step. `write_checkpoint` saves exactly what
-`start_or_resume` reads back, so a resumed run continues with the batches the uninterrupted run
-would have had.
+A fresh run takes its first shares (`first_stream`); a resumed one reads its latest checkpoint
+once on rank 0 and broadcasts it: every SAE's weights, optimizer and dead-latent counters, the
+data stream's position, the CPU RNG and the shares of a step. `write_checkpoint` saves exactly
+what `resume` reads back, so a resumed run continues with the batches the uninterrupted run would
+have had. A single run's checkpoint is one file; a sweep's SAEs each keep theirs in their own
+folder beside the run's (which then holds the stream and every SAE's counters).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from sae_dist import distributed as D
@@ -23,11 +25,20 @@ from sae_dist.config import TrainConfig
 from sae_dist.data.sources.base import ActivationSource
 from sae_dist.errors import UserError
 from sae_dist.train.balance import BalanceState, BatchPlan
-from sae_dist.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from sae_dist.train.run_record import RunRecord
+from sae_dist.train.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
 from sae_dist.train.shares import first_plan, resumed_plan
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Stream:
+    """How each step's global batch is shared among the ranks, and the rebalancer's memory: one
+    per job, whatever the number of SAEs (the same on every rank)."""
+
+    plan: BatchPlan
+    balance: BalanceState
+    why: str  # why the shares are what they are (a line for the log)
 
 
 @dataclass
@@ -72,38 +83,27 @@ def on_main(ctx: D.DistContext, fn, *args):
     return result[1]
 
 
-def start_or_resume(cfg: TrainConfig, ctx: D.DistContext, sae, opt, source: ActivationSource, run_dir: Path,
-                    record: RunRecord, device_ids: list[str],
-                    slowdown: float) -> tuple[TrainState, str, list[Tensor] | None]:
-    """(state, why the shares are what they are, the first step's batches on a fresh start)."""
-    zeros = torch.zeros(cfg.resolved_d_sae, dtype=torch.float64, device=ctx.device)
-    latest = latest_checkpoint(run_dir) if cfg.resume else None
-    if latest is not None:
-        state, why = _resume(cfg, ctx, sae, opt, source, latest, zeros, slowdown)
-        record.resumed_at(state.step, ctx.world_size, device_ids)
-        if ctx.is_main:
-            record.restart_event(state.step, state.plan)
-        return state, why, None
-    plan, why = first_plan(cfg, ctx, sae, slowdown)
-    state = TrainState(0, 0, zeros, zeros.clone(), plan, BalanceState.fresh(ctx.world_size))
-    state.refresh_dead(cfg.dead_after_samples)
-    # b_dec starts at the data mean (all-reduced), so the first latents explain variation,
-    # not the offset. The batch is then trained on like any other.
-    first_batches = source.next_batches(plan, ctx.rank, ctx.device)
-    with torch.no_grad():
-        local = torch.cat(first_batches)
-        total = D.all_reduce_sum(torch.cat([local.sum(0), local.new_tensor([len(local)])]))
-        sae.b_dec.copy_(total[:-1] / total[-1])
-    return state, why, first_batches
+def first_stream(cfg: TrainConfig, ctx: D.DistContext, probe: list, slowdown: float) -> Stream:
+    """The stream's first shares (equal, or by free memory or measured speed on `probe`, the SAEs
+    this rank trains on its share of the rows)."""
+    plan, why = first_plan(cfg, ctx, probe, slowdown)
+    return Stream(plan, BalanceState.fresh(ctx.world_size), why)
 
 
-def _resume(cfg, ctx, sae, opt, source: ActivationSource, latest: Path, zeros: Tensor,
-            slowdown: float) -> tuple[TrainState, str]:
+def resume(cfg: TrainConfig, ctx: D.DistContext, members: list, source: ActivationSource, latest: Path,
+           run_dir: Path, probe: list, slowdown: float) -> tuple[int, Stream]:
+    """Everything back as the checkpoint `latest` left it: every SAE's weights, optimizer and
+    counters, the stream's position, the CPU RNG and the shares; returns its step and the stream.
+    On another number of ranks the global batch is kept (sae_dist.train.shares.resumed_plan)."""
     weights, saved, meta = on_main(ctx, load_checkpoint, latest)  # read once, broadcast to every rank
+    step = int(saved["step"])
+    apart = [m for m in members if m.run_dir != run_dir]  # a sweep's SAEs: their weights in their own folders
+    missing = sorted({m.name for m in apart} - set(saved.get("saes", {})))
+    if missing:
+        raise UserError(f"--resume: the checkpoint {latest} has no SAE {', '.join(missing)}; resume with "
+                        f"the sweep it was written by")
     saved_world = int(meta.get("world_size") or 0)
-    sae.load_state_dict(weights)
-    opt.load_state_dict(saved["optimizer"])
-    plan, why = resumed_plan(cfg, ctx, saved.get("plan"), saved_world, sae, slowdown)
+    plan, why = resumed_plan(cfg, ctx, saved.get("plan"), saved_world, probe, slowdown)
     # The rebalancer goes on with its streaks, last move and moves so far; on new shares (other
     # ranks, other batch settings) its streaks start again.
     saved_balance = saved.get("balance") or {}
@@ -112,31 +112,73 @@ def _resume(cfg, ctx, sae, opt, source: ActivationSource, latest: Path, zeros: T
     # One stream shared by every rank (a step's samples never depend on the shares or the number
     # of ranks): one position, whoever wrote it.
     source.use_global_batch(plan.global_batch)
-    source.load_state_dict(saved["data"][0])
-    state = TrainState(int(saved["step"]), int(saved["samples_total"]), zeros.copy_(saved["since_fired"]),
-                       zeros.clone().copy_(saved["fire_total"]), plan, balance)
-    state.refresh_dead(cfg.dead_after_samples)
+    data = saved["data"]
+    source.load_state_dict(data[0] if isinstance(data, list) else data)
     torch.set_rng_state(saved["rng_cpu"])
+    for m in members:
+        counters = saved if m.run_dir == run_dir else saved["saes"][m.name]
+        m.failed = counters.get("failed")
+        m.state.step, m.state.samples_total = step, int(counters["samples_total"])
+        m.state.since_fired.copy_(counters["since_fired"])
+        m.state.fire_total.copy_(counters["fire_total"])
+        m.state.refresh_dead(m.cfg.dead_after_samples)
+        if m.here and m.live:
+            own = (weights, saved) if m.run_dir == run_dir else _sae_checkpoint(m, ctx, step)
+            m.sae.load_state_dict(own[0])
+            m.opt.load_state_dict(own[1]["optimizer"])
     if ctx.is_main:
-        log.info("resumed from %s at step %d%s", latest, state.step,
+        log.info("resumed from %s at step %d%s", latest, step,
                  f" ({saved_world} ranks then, {ctx.world_size} now: {why})" if saved_world != ctx.world_size else "")
-    return state, why
+    return step, Stream(plan, balance, why)
 
 
-def write_checkpoint(cfg: TrainConfig, ctx: D.DistContext, sae, opt, source: ActivationSource, state: TrainState,
-                     run_dir: Path) -> None:
-    """Every rank's data position gathered, rank 0 writes; the others wait at the barrier."""
+def _sae_checkpoint(m, ctx: D.DistContext, step: int):
+    """A sweep's SAE's checkpoint of `step`, read by its leader and sent to the rest of its group."""
+    box: list[Any] = [None]
+    if ctx.rank == m.leader:
+        path = checkpoint_dir(m.run_dir) / f"step_{step:08d}"
+        try:
+            weights, state, _ = load_checkpoint(path)
+            box = [("ok", (weights, state))]
+        except UserError as e:
+            box = [("error", f"{m.name}: {e}")]
+    if len(m.ranks) > 1:
+        dist.broadcast_object_list(box, src=m.leader, group=m.group)
+    if box[0][0] == "error":
+        raise UserError(box[0][1])
+    return box[0][1]
+
+
+def write_checkpoint(cfg: TrainConfig, ctx: D.DistContext, members: list, source: ActivationSource,
+                     stream: Stream, step: int, run_dir: Path) -> None:
+    """What `resume` reads back. A sweep's SAEs each in their own folder (written by the group's
+    first rank); then the run's checkpoint (rank 0): every rank's stream position, the CPU RNG,
+    the shares and the rebalancer, every SAE's counters, and the weights and optimizer of the SAE
+    whose folder is the run's (a single run: one file, as it always was)."""
     data_states = D.gather_objects(source.state_dict())
+    apart = [m for m in members if m.run_dir != run_dir]
+    for m in apart:
+        if m.live and ctx.rank == m.leader:
+            save_checkpoint(m.run_dir, step=step, weights=dict(m.sae.state_dict()),
+                            state={"optimizer": m.opt.state_dict(), "step": step},
+                            meta={"sweep_point": m.name, "config": m.cfg.to_dict()}, keep=cfg.keep_checkpoints)
+    if apart:
+        D.barrier()  # the run's checkpoint exists only once every SAE's of its step is written
     if ctx.is_main:
-        weights = {k: v for k, v in sae.state_dict().items()}
-        saved = {
-            "optimizer": opt.state_dict(), "step": state.step, "samples_total": state.samples_total,
-            "data": data_states, "since_fired": state.since_fired.cpu(), "fire_total": state.fire_total.cpu(),
-            "rng_cpu": torch.get_rng_state(), "plan": state.plan.to_dict(), "balance": state.balance.to_dict(),
-        }
+        saved: dict[str, Any] = {"step": step, "data": data_states, "rng_cpu": torch.get_rng_state(),
+                                 "plan": stream.plan.to_dict(), "balance": stream.balance.to_dict()}
+        weights: dict[str, Any] = {}
+        for m in members:
+            counters = {"samples_total": m.state.samples_total, "since_fired": m.state.since_fired.cpu(),
+                        "fire_total": m.state.fire_total.cpu(), "failed": m.failed}
+            if m.run_dir == run_dir:
+                weights = dict(m.sae.state_dict())
+                saved.update(counters, optimizer=m.opt.state_dict())
+            else:
+                saved.setdefault("saes", {})[m.name] = counters
         meta = {"world_size": ctx.world_size, "config": cfg.to_dict(),
-                "saved_at": datetime.now(timezone.utc).isoformat()}
-        path = save_checkpoint(run_dir, step=state.step, weights=weights, state=saved, meta=meta,
-                               keep=cfg.keep_checkpoints)
-        log.info("checkpoint: %s", path)
+                "saved_at": datetime.now(timezone.utc).isoformat(),
+                **({"sweep": [m.name for m in apart]} if apart else {})}
+        path = save_checkpoint(run_dir, step=step, weights=weights, state=saved, meta=meta, keep=cfg.keep_checkpoints)
+        log.info("checkpoint: %s%s", path, " (and each SAE's under saes/)" if apart else "")
     D.barrier()

@@ -48,28 +48,29 @@ def ddp_bucket_mb(sae: SparseAutoencoder, cfg: TrainConfig) -> float:
     return sae.W_dec.numel() * sae.W_dec.element_size() / 2**20  # a bucket closes when it reaches the cap
 
 
-def wrap_ddp(sae: SparseAutoencoder, ctx: DistContext, cfg: TrainConfig):
-    """The model the loop calls: the SAE itself on one rank, DDP around it on several."""
-    if ctx.world_size == 1:
+def wrap_ddp(sae: SparseAutoencoder, ctx: DistContext, cfg: TrainConfig, ranks: int | None = None, group=None):
+    """The model the loop calls: the SAE itself on one rank, DDP around it over `group` (default:
+    every rank) of `ranks` ranks."""
+    if (ranks or ctx.world_size) == 1:
         return sae
-    # The only buffer (BatchTopK's threshold) follows rank 0, DDP's default.
-    model = DDP(sae, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
+    # The only buffer (BatchTopK's threshold) follows the group's first rank, DDP's default.
+    model = DDP(sae, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None, process_group=group,
                 gradient_as_bucket_view=True, bucket_cap_mb=ddp_bucket_mb(sae, cfg))
     if cfg.ddp_compress != "none":
         model.register_comm_hook(
-            None, compress_hook(getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[cfg.ddp_compress])))
+            None, compress_hook(getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[cfg.ddp_compress]), group))
     return model
 
 
-def compress_hook(dtype: torch.dtype):
-    """A DDP comm hook that all-reduces each bucket in `dtype` (torch's own bf16 hook insists on
-    NCCL; gloo sums bf16 as well, so this one serves both backends)."""
+def compress_hook(dtype: torch.dtype, group=None):
+    """A DDP comm hook that all-reduces each bucket in `dtype` over `group` (torch's own bf16 hook
+    insists on NCCL; gloo sums bf16 as well, so this one serves both backends)."""
     import torch.distributed as dist
 
     def hook(_state, bucket):
         buffer = bucket.buffer()
-        compressed = buffer.to(dtype).div_(dist.get_world_size())
-        future = dist.all_reduce(compressed, async_op=True).get_future()
+        compressed = buffer.to(dtype).div_(dist.get_world_size(group))
+        future = dist.all_reduce(compressed, group=group, async_op=True).get_future()
 
         def decompress(fut):
             buffer.copy_(fut.value()[0])

@@ -14,7 +14,7 @@ memory: every rank holds the fill (about FILL_BATCHES global batches of rows) on
 stream's position is three integers, so a resumed run, on as many ranks or not, recomputes the
 fill it was in and goes on exactly.
 
-A sweep over the model's layers or sites (sae_dist/sweeps/train.py) hooks every (layer, site) it
+A sweep over the model's layers or sites (sae_dist/sweeps/setup.py) hooks every (layer, site) it
 needs in one forward pass (`sites`): its rows are [rows, n_sites, d_in], each token's sites
 together, so one shuffle orders every site alike and each SAE takes its site's slice (`site_of`).
 Its fill holds n_sites x as much memory. With one site (every run but such a sweep) rows stay
