@@ -22,13 +22,12 @@ from pathlib import Path
 from sae_dist.contract import (
     ARRAY_JOB_ID_ENV,
     ARRAY_TASK_ID_ENV,
-    DEVICES_ENV,
     JOB_ID_ENV,
     JOB_NAME_ENV,
     MASTER_PORT_ENV,
-    NUM_GPUS_ENV,
     THREADS_PER_RANK_ENV,
     VIRTUAL_DEVICES_ENV,
+    device_channels,
 )
 from sae_dist.contract.sweep_argv import stored_job_flags
 from sae_dist.db import get_engine
@@ -58,20 +57,18 @@ def job_environment(job, devices: list[str], base: dict[str, str],
                     "SLURM_ARRAY_JOB_ID": str(job.array_job_id), "SLURM_ARRAY_TASK_ID": str(job.array_task_id),
                     "SLURM_ARRAY_TASK_COUNT": str(count), "SLURM_ARRAY_TASK_MIN": str(lowest),
                     "SLURM_ARRAY_TASK_MAX": str(highest)})
-    virtual = all(d.startswith(VIRTUAL_PREFIX) for d in devices)
+    kind = _device_kind(devices)
+    # Real GPUs by UUID (indices shift when CUDA_VISIBLE_DEVICES is set); none for virtual ones.
+    env.update(device_channels(devices, kind)[0])
     env.update({
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-        # Real GPUs by UUID (indices shift when CUDA_VISIBLE_DEVICES is set); none for virtual ones.
-        "CUDA_VISIBLE_DEVICES": "" if virtual else ",".join(devices),
         JOB_ID_ENV: str(job.id),
         JOB_NAME_ENV: job.name,
-        NUM_GPUS_ENV: str(len(devices)),
-        DEVICES_ENV: ",".join(devices),
-        VIRTUAL_DEVICES_ENV: "1" if virtual and devices else "0",
+        VIRTUAL_DEVICES_ENV: "1" if kind == "cpu" and devices else "0",
     })
     if job.port:
         env[MASTER_PORT_ENV] = str(job.port)
-    if virtual and devices and THREADS_PER_RANK_ENV not in base:  # the operator's own setting wins
+    if kind == "cpu" and devices and THREADS_PER_RANK_ENV not in base:  # the operator's own setting wins
         env[THREADS_PER_RANK_ENV] = str(virtual_device_threads(usable_cores(), virtual_count()))
     env.update(json.loads(job.env_json or "{}"))
     return env
@@ -79,10 +76,15 @@ def job_environment(job, devices: list[str], base: dict[str, str],
 
 def job_argv(job, devices: list[str]) -> list[str]:
     if job.kind == "train":  # its config was validated at submit: the stored dict is trusted
-        kind = "cpu" if all(d.startswith(VIRTUAL_PREFIX) for d in devices) else "cuda"
+        devices_flag = device_channels(devices, _device_kind(devices))[1]
         return [sys.executable, "-m", "sae_dist", "train",
-                *stored_job_flags(json.loads(job.train_config_json), f"{kind}:{max(1, len(devices))}")]
+                *stored_job_flags(json.loads(job.train_config_json), devices_flag)]
     return json.loads(job.argv_json)
+
+
+def _device_kind(devices: list[str]) -> str:
+    """Virtual devices are CPU ranks; the others GPUs."""
+    return "cpu" if all(d.startswith(VIRTUAL_PREFIX) for d in devices) else "cuda"
 
 
 def output_paths(job) -> tuple[Path, Path]:

@@ -241,8 +241,11 @@ def test_survivors_see_only_their_devices(monkeypatch):
     monkeypatch.setenv("SAE_DIST_DEVICES", "GPU-a,GPU-b,GPU-c")
     ids, known = device_ids("cuda", 3)
     assert ids == ["GPU-a", "GPU-b", "GPU-c"] and known
-    assert survivors_env("cuda", ids, [1], known) == {
-        "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-c", "SAE_DIST_DEVICES": "GPU-a,GPU-c", "SAE_DIST_NUM_GPUS": "2"}
+    assert survivors_env("cuda", ids, [1], known) == ({
+        "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-c", "SAE_DIST_DEVICES": "GPU-a,GPU-c", "SAE_DIST_NUM_GPUS": "2"}, "cuda:2")
+    assert survivors_env("cpu", ["virtual-0", "virtual-1"], [0], True) == ({
+        "SAE_DIST_DEVICES": "virtual-1", "SAE_DIST_NUM_GPUS": "1"}, "cpu:1")
+    assert survivors_env("cpu", ["cpu:0", "cpu:1", "cpu:2"], [2], False) == ({}, "cpu:2")
     monkeypatch.delenv("SAE_DIST_DEVICES")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     assert device_ids("cuda", 2) == (["3", "5"], False)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sae_dist.errors import ConfigError, UserError
@@ -54,6 +54,16 @@ KILL_RANK_AT_ENV = "SAE_DIST_TEST_KILL_RANK_AT"
 # Test-only: "0.1" scales a benchmark's fixed waits (the quiet measured before each point, the
 # ceiling's processes' common start) by 0.1: the tests check what is recorded, not its quality.
 BENCH_WAIT_SCALE_ENV = "SAE_DIST_TEST_BENCH_WAIT_SCALE"
+
+
+def device_channels(devices: Sequence[str], kind: str) -> tuple[dict[str, str], str]:
+    """A job's devices (the scheduler's ids, in rank order) as every channel that carries them:
+    CUDA_VISIBLE_DEVICES (GPUs by uuid; none for CPU ranks), SAE_DIST_DEVICES and
+    SAE_DIST_NUM_GPUS, and the trainer's --devices value ("cuda:2"). The scheduler starting a job
+    and the launcher restarting one on fewer devices both derive them here, so they agree."""
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(devices) if kind == "cuda" else "",
+           DEVICES_ENV: ",".join(devices), NUM_GPUS_ENV: str(len(devices))}
+    return env, f"{kind}:{max(1, len(devices))}"
 
 
 def rank_values(name: str, raw: str, convert: Callable[[str], float], least: float, example: str) -> dict[int, Any]:

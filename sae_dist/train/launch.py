@@ -201,11 +201,12 @@ def _continue_without(cfg, kind, argv, run_dir, ids, known, lost, failures):
           file=sys.stderr, flush=True)
     if known and cfg.db:
         _record_faults(ids, lost, by_rank)
-    os.environ.update(survive.survivors_env(kind, ids, lost, known))
+    env, devices_flag = survive.survivors_env(kind, ids, lost, known)
+    os.environ.update(env)
     os.environ[RESTART_NOTE_ENV] = json.dumps({
         "lost_ranks": lost, "lost_devices": [ids[r] for r in lost], "reason": reason,
         "world_size_before": len(ids)})
-    argv = [*argv, "--devices", f"{kind}:{n}", *(["--resume"] if checkpoint else [])]
+    argv = [*argv, "--devices", devices_flag, *(["--resume"] if checkpoint else [])]
     return argv, n, survive.survivors(ids, lost)
 
 

@@ -18,6 +18,7 @@ database). See docs/architecture.md.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +73,7 @@ class TrainResult:
     run_id: int | None  # a single run's row (None for a sweep, whose SAEs each have one)
     export_dir: Path | None
     step: int
-    final: dict[str, Any] = field(default_factory=dict)
-    members: list[Member] = field(default_factory=list)
+    final: dict[str, Any] = field(default_factory=dict)  # no model here: it must not outlive the process group
 
 
 @dataclass
@@ -107,6 +107,9 @@ def train(cfg: TrainConfig, sweep: Sweep | None = None) -> TrainResult:
     ctx = D.init_distributed()
     with stop_on_signals():
         result = _train(cfg, sweep, ctx)
+    # The models go before the process group: DDP's reducer holds the group, and a gloo group torn
+    # down by a reducer after destroy_process_group can wait forever on its threads.
+    gc.collect()
     # Only a run that ended well tears the process group down: after an error a peer may be
     # gone already, and gloo's teardown then aborts the process (std::terminate).
     D.shutdown()
@@ -228,7 +231,7 @@ def _start(job: Job, slowdown: float) -> tuple[int, Stream, list[torch.Tensor] |
     job.members = _build_members(job)
     # The stream's shares: by --balance where they change a device's work, else equal.
     probe = [m.sae for m in job.members if m.here and len(m.ranks) > 1]
-    shares_cfg = cfg if job.balances or job.sweep is None else replace(cfg, balance="equal")
+    shares_cfg = cfg if job.balances or job.sweep is None else cfg._unchecked(balance="equal")  # valid as it is
     latest = latest_checkpoint(job.run_dir) if cfg.resume else None
     if latest is not None:
         step, stream = resume(shares_cfg, ctx, job.members, job.source, latest, job.run_dir, probe, slowdown)
@@ -390,7 +393,7 @@ def _finish(job: Job, stream: Stream, step: int, last_peak: int | None, estimate
     single = job.sweep is None
     return TrainResult(run_dir=job.run_dir, run_id=job.record.run_id if single else None,
                        export_dir=job.run_dir / "sae" if single and ctx.is_main else None, step=step,
-                       final=final if single else {}, members=job.members)
+                       final=final if single else {})
 
 
 def _sweep_end(members: list[Member]) -> tuple[str, str | None]:

@@ -15,7 +15,7 @@ import os
 import signal
 from dataclasses import dataclass
 
-from sae_dist.contract import DEVICES_ENV, NUM_GPUS_ENV
+from sae_dist.contract import DEVICES_ENV, NUM_GPUS_ENV, device_channels
 
 # A rank that hit a CUDA error (not out-of-memory) exits with this, so its launcher can tell a
 # device failure from a bug (sysexits' EX_IOERR).
@@ -93,13 +93,14 @@ def survivors(ids: list[str], lost: list[int]) -> list[str]:
     return [d for r, d in enumerate(ids) if r not in lost]
 
 
-def survivors_env(kind: str, ids: list[str], lost: list[int], known: bool) -> dict[str, str]:
-    """Environment of the restarted job: only the devices still healthy are visible to it."""
-    keep = survivors(ids, lost)
-    env = {}
-    if kind == "cuda":
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(keep)
-    if known:
-        env[DEVICES_ENV] = ",".join(keep)
-        env[NUM_GPUS_ENV] = str(len(keep))
-    return env
+def survivors_env(kind: str, ids: list[str], lost: list[int], known: bool) -> tuple[dict[str, str], str]:
+    """Environment and --devices value of the restarted job: only the devices still healthy are
+    visible to it (contract.device_channels: the channels the scheduler set, for fewer devices).
+    CPU ranks leave CUDA_VISIBLE_DEVICES as it was; ids that are plain positions (`known` False)
+    are not the scheduler's, so its variables are not written."""
+    env, devices_flag = device_channels(survivors(ids, lost), kind)
+    if kind != "cuda":
+        del env["CUDA_VISIBLE_DEVICES"]
+    if not known:
+        del env[DEVICES_ENV], env[NUM_GPUS_ENV]
+    return env, devices_flag
