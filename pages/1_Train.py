@@ -390,8 +390,10 @@ if sweep is not None:  # its SAEs and where they would train, before the submit
 spec = None
 train_dict = None if config is None else {**config.to_dict(), **({SWEEP_KEY: sweep_lists} if sweep else {})}
 if config is not None and not errors:
+    # The job and its run named alike, and uniquely (the default name holds this second).
+    run_name = config.name or default_run_name(config, len(sweep) if sweep else None)
     try:
-        spec = JobSpec(kind="train", train_config=train_dict, name=config.name or "train",
+        spec = JobSpec(kind="train", train_config={**train_dict, "name": run_name}, name=run_name,
                        gpu_ids=asked["gpu_ids"], gpus=asked["gpus"], priority=int(priority),
                        time_limit_s=time_limit_s, workdir=str(APP_ROOT))
     except UserError as error:
@@ -431,11 +433,6 @@ with st.container(horizontal=True, vertical_alignment="center"):
         st.caption(f"{f'{len(sweep)} SAEs, ' if sweep else ''}{config.steps:,} steps on {on}"
                    f"{'' if time_limit_s is None else ', time limit ' + fmt.fmt_duration(time_limit_s)}")
 if clicked and spec is not None:
-    if not config.name:  # name the job and its run alike, and uniquely
-        run_name = default_run_name(config, len(sweep) if sweep else None)
-        spec = JobSpec(kind="train", train_config={**train_dict, "name": run_name}, name=run_name,
-                       gpu_ids=spec.gpu_ids, gpus=spec.gpus, priority=spec.priority,
-                       time_limit_s=spec.time_limit_s, workdir=spec.workdir)
     try:
         job_id = submit_spec(engine, spec, devices)
     except UserError as error:

@@ -323,7 +323,7 @@ def cmd_submit(args) -> int:
     if args.train:
         from sae_dist.config import build_config, load_toml
         from sae_dist.contract.sweep import parse_sweep_flags
-        from sae_dist.contract.sweep_argv import checked_lists
+        from sae_dist.contract.sweep_argv import CheckedTrain, checked_lists
         from scheduler.array_submit import ARRAY_TABLE, array_from_overrides
 
         if argv:
@@ -335,12 +335,9 @@ def cmd_submit(args) -> int:
                 raise UserError("--train: 'array' must be [[array]] tables, one per task")
             array = array_from_overrides(overrides, array)
         table = values.pop(SWEEP_KEY, None)
-        # Built (validated) once here; JobSpec keeps it as it is. Its errors name the field alone.
-        train_config = build_config(values)
-        # A sweep: checked over the user's own settings (a key both set and swept is refused).
-        lists = checked_lists(values, table, parse_sweep_flags(args.sweep))
-        if lists is not None:
-            train_config = {**train_config.to_dict(), SWEEP_KEY: lists}
+        # Built (validated) once here, and its sweep's points once: JobSpec keeps them as they are.
+        # A sweep is checked over the user's own settings (a key both set and swept is refused).
+        train_config = CheckedTrain(build_config(values), checked_lists(values, table, parse_sweep_flags(args.sweep)))
     elif args.sweep:
         raise UserError("--sweep: goes with --train run.toml (a command job has no training settings)")
     elif not argv:

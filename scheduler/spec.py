@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sae_dist.contract import JOB_ID_ENV, RESERVED_JOB_ENV, TRAIN_FLAG, checked_train_config
-from sae_dist.contract.sweep_argv import SWEEP_KEY, check_stored, split_stored
+from sae_dist.contract.sweep_argv import SWEEP_KEY, CheckedTrain, check_stored, split_stored
 from sae_dist.errors import UserError
 
 if TYPE_CHECKING:
@@ -344,15 +344,19 @@ class JobSpec:
                 raise _err("--train", "a training job takes no command; its flags come from the config")
             from sae_dist.config import TrainConfig
 
-            if not isinstance(self.train_config, (dict, TrainConfig)):
+            if not isinstance(self.train_config, (dict, TrainConfig, CheckedTrain)):
                 raise _err("--train", "a training job needs a config (--train run.toml)")
-            # Validated here once; the supervisor and sbatch trust the stored dict. A sweep's lists
-            # ride in it under one key (sae_dist.contract.sweep_argv), checked against the base settings.
-            plain, lists = split_stored(self.train_config) if isinstance(self.train_config, dict) \
-                else (self.train_config, None)
-            self.train_config = checked_train_config(plain).to_dict()
-            if lists is not None:
-                self.train_config[SWEEP_KEY] = check_stored(self.train_config, lists)
+            # Validated here once (or by the submit that built it: CheckedTrain); the supervisor and
+            # sbatch trust the stored dict. A sweep's lists ride in it under one key
+            # (sae_dist.contract.sweep_argv), checked against the base settings.
+            if isinstance(self.train_config, CheckedTrain):
+                self.train_config = self.train_config.stored()
+            else:
+                plain, lists = split_stored(self.train_config) if isinstance(self.train_config, dict) \
+                    else (self.train_config, None)
+                self.train_config = checked_train_config(plain).to_dict()
+                if lists is not None:
+                    self.train_config[SWEEP_KEY] = check_stored(self.train_config, lists)
         if any("\0" in a for a in self.argv):
             raise _err(FLAGS["argv"], "an argument contains a NUL byte, which no program can receive")
 

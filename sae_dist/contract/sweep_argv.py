@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from sae_dist.errors import ConfigError, UserError
@@ -48,6 +49,21 @@ def swept_keys(lists: Mapping[str, Any] | None) -> list[str]:
     if POINTS in lists:
         return list(dict.fromkeys(k for point in lists[POINTS] for k in point))
     return list(lists)
+
+
+@dataclass(frozen=True)
+class CheckedTrain:
+    """A training config and its sweep as stored (checked_lists), both checked by the submit that
+    built them: a JobSpec stores them as they are, so each config is validated once a submit."""
+
+    config: Any  # a TrainConfig (not imported: this module stays torch- and config-free)
+    sweep: dict[str, list[Any]] | None = None
+
+    def stored(self) -> dict[str, Any]:
+        out = self.config.to_dict()
+        if self.sweep is not None:
+            out[SWEEP_KEY] = self.sweep
+        return out
 
 
 def checked_lists(base: Mapping[str, Any], table: Any = None,
