@@ -23,13 +23,12 @@ from sae_dist.config import (
     PRECISIONS,
     SOURCES,
     SYNTHETIC_D_IN,
-    build_config,
     config_fields,
 )
 from sae_dist.contract.sweep_argv import SWEEP_KEY
 from sae_dist.data.shard_format import read_layout  # the shards' headers, without torch
 from sae_dist.defaults import describe_resolved
-from sae_dist.errors import ConfigError, UserError
+from sae_dist.errors import UserError
 from sae_dist.paths import default_run_name, run_dir_for
 from scheduler import status
 from scheduler.recommend import recommend
@@ -114,19 +113,10 @@ def error_slot(field: str) -> None:
     slots[field] = st.empty()
 
 
-# ---- the SAE form (drawn below the devices, read first: the devices depend on it) ----
-st.subheader("Sparse autoencoder", anchor=False)
-general_error = st.empty()
-# Above the columns, at its full width: in a third of the page its last option read "jumpr…".
-architecture = st.segmented_control("Architecture", ARCHITECTURES, key="tr_architecture",
-                                    required=True, help=HELP["architecture"])
-error_slot("architecture")
-sweep_on = st.toggle("Sweep: many SAEs in one job", key="tr_sweep",
-                     help="List values in the fields below: every combination is one SAE, all trained in one "
-                          "job from one activation stream (at most 256)")
-sweep_box = st.container()
-if sweep_on:
-    with sweep_box.container(border=True):
+def draw_sweep_fields() -> tuple[dict[str, str], list[str], object]:
+    """The sweep's fields (comma-separated values): their texts, the swept architectures, and the
+    box its plan is drawn in."""
+    with st.container(border=True):
         st.caption("Comma-separated values, e.g. 16, 32, 64. A filled field is swept and replaces its "
                    "single value in the form; a blank one is not swept.")
         sweep_cols = st.columns(4)
@@ -144,34 +134,12 @@ if sweep_on:
                 error_slot(f"sweep_{key}")
         error_slot("sweep")
         sweep_preview = st.container()
-model_col, data_col, job_col = st.columns(3, gap="medium")
-with model_col:
-    st.markdown("**Model**")
-    width_by = st.segmented_control("Latent count", list(WIDTH_BY), key="tr_width_by", required=True,
-                                    format_func=WIDTH_BY.get, help="Give d_sae directly, or as d_in x a factor")
-    if width_by == "d_sae":
-        d_sae = st.number_input("d_sae (latents)", key="tr_d_sae", step=1024, help=HELP["d_sae"])
-        error_slot("d_sae")
-    else:
-        expansion = st.number_input("Expansion factor", key="tr_expansion", step=1,
-                                    help=HELP["expansion_factor"])
-        error_slot("expansion_factor")
-    if architecture in ("topk", "batchtopk"):
-        k = st.number_input("k (active latents)", key="tr_k", step=1, help=HELP["k"])
-        error_slot("k")
-    elif architecture == "standard":
-        l1 = st.number_input("L1 coefficient", key="tr_l1", step=0.01, format="%.4f",
-                             help=HELP["l1_coefficient"])
-        error_slot("l1_coefficient")
-    else:
-        l0 = st.number_input("L0 coefficient", key="tr_l0", step=0.005, format="%.4f",
-                             help=HELP["l0_coefficient"])
-        error_slot("l0_coefficient")
-    precision = st.segmented_control("Precision", PRECISIONS, key="tr_precision", required=True,
-                                     help=HELP["precision"])
-    error_slot("precision")
+    return sweep_texts, swept_archs, sweep_preview
 
-with data_col:
+
+def draw_data_fields() -> dict:
+    """The data and optimisation column: the source (the shards' d_in read from their headers),
+    batch, micro-batches, learning rate as typed, steps."""
     st.markdown("**Data and optimisation**")
     source = st.segmented_control("Source", PAGE_SOURCES, key="tr_source", required=True, help=HELP["source"])
     error_slot("source")
@@ -204,179 +172,200 @@ with data_col:
     error_slot("lr")
     steps = st.number_input("Steps", key="tr_steps", step=100, help=HELP["steps"])
     error_slot("steps")
+    return {"source": source, "d_in": d_in, "shards_path": shards_path, "batch_size": batch,
+            "grad_accum": grad_accum, "lr_text": lr_text, "steps": steps}
 
-with job_col:
-    st.markdown("**Job**")
-    name = st.text_input("Name", key="tr_name", placeholder="<architecture>-<d_sae>-<time>",
-                         help="The job's and the run's name; blank: one is made up at submit")
-    error_slot("name")
-    checkpoint_every = st.number_input("Checkpoint every (steps)", key="tr_checkpoint_every", step=100,
-                                       help=HELP["checkpoint_every"])
-    error_slot("checkpoint_every")
-    # Bounds: the browser refuses a number past them (a 20-digit one was silently stored as 0).
-    priority = st.number_input("Priority", key="tr_priority", step=1, min_value=-MAX_PRIORITY, max_value=MAX_PRIORITY,
-                               help="Higher starts first among pending jobs (SLURM's -nice)")
-    error_slot("priority")
-    time_text = st.text_input("Time limit", key="tr_time", placeholder="UNLIMITED",
-                              help="SLURM's --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM[:SS]; "
-                                   "blank or UNLIMITED for none. The job is stopped (TIMEOUT) after it.")
-    error_slot("time_limit")
-    balance = st.segmented_control("Share of each step", BALANCES, key="tr_balance", required=True,
-                                   help=HELP["balance"])
-    rebalance = st.toggle("Rebalance stragglers", key="tr_rebalance", help=HELP["rebalance"])
-    on_rank_loss = st.segmented_control("If a device fails", ON_RANK_LOSS, key="tr_on_rank_loss", required=True,
-                                        help=HELP["on_rank_loss"])
 
-# ---- validate: the trainer's own checks; each message goes under the field it names ----
-values = {"architecture": architecture, "source": source, "batch_size": batch, "grad_accum": grad_accum,
-          "steps": steps, "precision": precision, "checkpoint_every": checkpoint_every, "balance": balance,
-          "rebalance": rebalance, "on_rank_loss": on_rank_loss}
-if d_in is not None:
-    values["d_in"] = d_in
-if shards_path is not None:
-    values["shards_path"] = shards_path
-if width_by == "d_sae":
-    values["d_sae"] = d_sae
-else:
-    values["expansion_factor"] = expansion
-if architecture in ("topk", "batchtopk"):
-    values["k"] = k
-elif architecture == "standard":
-    values["l1_coefficient"] = l1
-else:
-    values["l0_coefficient"] = l0
-if lr_text.strip():
-    try:
-        values["lr"] = float(lr_text.strip())
-    except ValueError:
-        errors["lr"] = f"{lr_text.strip()!r} is not a number; write e.g. 2e-4, or leave it blank for the default"
-if name.strip():
-    values["name"] = name.strip()
+def draw_device_rows(table: list[dict], widths: list[float]) -> list[str]:
+    """One row a device, its box ticked where picked; returns the devices ticked."""
+    selected = []
+    for row in table:
+        cols = st.columns(widths, vertical_alignment="center")
+        ticked = cols[0].checkbox(f"GPU {row['index']}", key=device_key(row["uuid"]),
+                                  on_change=picked_by_hand, disabled=not row["selectable"],
+                                  help=row["why"] if not row["selectable"] else None)
+        if ticked and row["selectable"]:
+            selected.append(row["uuid"])
+        cols[1].markdown(row["name"] + (" :gray-badge[virtual]" if row["virtual"] else ""))
+        cols[2].markdown(row["memory_text"])
+        cols[3].markdown(row["utilization"])
+        # A failed device (a rank died on it) reads as such; the note says where and since when.
+        cols[4].badge("failed" if row["fault"] else row["state_label"], color=row["state_color"])
+        note = row["why"]
+        if row["low_memory"]:
+            note = f":orange-badge[low memory] {note.removeprefix('low memory: ')}"
+        elif not row["selectable"]:
+            note = f":gray[{note}]"
+        if row["recommended"]:
+            note = ":green-badge[recommended] " + note
+        cols[5].markdown(note or " ")
+    return selected
 
-sweep, sweep_lists = None, {}
-if sweep_on:  # the swept settings leave the base config: the sweep sets them
-    sweep, sweep_lists, sweep_errors = train_form.form_sweep(values, sweep_texts, swept_archs)
-    errors.update({"sweep" if k == "sweep" else f"sweep_{k}": m for k, m in sweep_errors.items()})
-    values = {k: v for k, v in values.items() if k not in sweep_lists}
-config = None
-try:
-    config = build_config(values)
-except ConfigError as error:
-    message = str(error)
-    errors.setdefault(error.field, message.removeprefix(f"{error.field}: "))
-time_limit_s = None
-if time_text.strip():
-    try:
-        time_limit_s = parse_time_limit(time_text)
-    except (UserError, OverflowError) as error:
-        errors["time_limit"] = str(error).removeprefix("--time: ")
-if config is not None and config.name and "name" not in errors:
-    taken = run_dir_taken(config)
-    if taken is not None:
-        errors["name"] = f"a run named {config.name!r} already exists ({taken}); choose another name"
 
-# ---- devices: what each is doing, which fit the estimate, which are recommended ----
-uuids = [r["uuid"] for r in rows]
-st.session_state["tr_uuids"] = uuids
-# How many to recommend: at first every idle GPU (people train on what is free), 2 virtual ones.
-st.session_state.setdefault("tr_n_gpus", train_form.devices_wanted(
-    sum(dev.why_not_selectable(r) is None for r in rows), all_virtual))
-wanted_error = train_form.wanted_error(st.session_state["tr_n_gpus"], len(rows))
-if wanted_error:
-    errors["n_gpus"] = f"GPUs wanted: {wanted_error}"
-wanted = min(max(1, int(st.session_state["tr_n_gpus"] or 1)), max(1, len(rows)))
+def draw_form() -> dict:
+    """The SAE form's widgets (drawn below the devices, read first: the devices depend on it): the
+    fields train_form.form_config reads, the sweep's texts (None: no sweep) and architectures, the
+    job's priority and time limit as typed, and where the sweep's plan goes."""
+    # Above the columns, at its full width: in a third of the page its last option read "jumpr…".
+    architecture = st.segmented_control("Architecture", ARCHITECTURES, key="tr_architecture",
+                                        required=True, help=HELP["architecture"])
+    error_slot("architecture")
+    sweep_on = st.toggle("Sweep: many SAEs in one job", key="tr_sweep",
+                         help="List values in the fields below: every combination is one SAE, all trained in one "
+                              "job from one activation stream (at most 256)")
+    sweep_texts, swept_archs, sweep_preview = draw_sweep_fields() if sweep_on else (None, [], None)
+    model_col, data_col, job_col = st.columns(3, gap="medium")
+    with model_col:
+        st.markdown("**Model**")
+        width_by = st.segmented_control("Latent count", list(WIDTH_BY), key="tr_width_by", required=True,
+                                        format_func=WIDTH_BY.get, help="Give d_sae directly, or as d_in x a factor")
+        if width_by == "d_sae":
+            d_sae = st.number_input("d_sae (latents)", key="tr_d_sae", step=1024, help=HELP["d_sae"])
+            error_slot("d_sae")
+        else:
+            expansion = st.number_input("Expansion factor", key="tr_expansion", step=1,
+                                        help=HELP["expansion_factor"])
+            error_slot("expansion_factor")
+        if architecture in ("topk", "batchtopk"):
+            k = st.number_input("k (active latents)", key="tr_k", step=1, help=HELP["k"])
+            error_slot("k")
+        elif architecture == "standard":
+            l1 = st.number_input("L1 coefficient", key="tr_l1", step=0.01, format="%.4f",
+                                 help=HELP["l1_coefficient"])
+            error_slot("l1_coefficient")
+        else:
+            l0 = st.number_input("L0 coefficient", key="tr_l0", step=0.005, format="%.4f",
+                                 help=HELP["l0_coefficient"])
+            error_slot("l0_coefficient")
+        precision = st.segmented_control("Precision", PRECISIONS, key="tr_precision", required=True,
+                                         help=HELP["precision"])
+        error_slot("precision")
 
-estimate = None
-if config is not None and config.d_in is not None:
-    from sae_dist.memory import estimate_for_config
+    with data_col:
+        data = draw_data_fields()
 
-    # Virtual devices are CPU ranks: their runtime is a CPU process's, not a CUDA context.
-    estimate = estimate_for_config(config, wanted, "cpu" if all_virtual else "cuda")
-need = estimate.total if estimate is not None else None
-fitting = [r for r in rows if dev.why_not_selectable(r) is None and dev.low_memory(r, need) is None]
-advice = recommend(devices, states, wanted, need)
-recommended = advice.chosen
-if advice.error and fitting:  # fewer fit than wanted: recommend those that do
-    recommended = recommend(devices, states, len(fitting), need).chosen
-if st.session_state["tr_auto"]:
-    for uuid in uuids:
-        st.session_state[device_key(uuid)] = uuid in recommended
-table = dev.selection_rows(rows, need, recommended)
-for row in table:
-    if not row["selectable"]:
-        st.session_state[device_key(row["uuid"])] = False  # a device taken meanwhile drops out
+    with job_col:
+        st.markdown("**Job**")
+        name = st.text_input("Name", key="tr_name", placeholder="<architecture>-<d_sae>-<time>",
+                             help="The job's and the run's name; blank: one is made up at submit")
+        error_slot("name")
+        checkpoint_every = st.number_input("Checkpoint every (steps)", key="tr_checkpoint_every", step=100,
+                                           help=HELP["checkpoint_every"])
+        error_slot("checkpoint_every")
+        # Bounds: the browser refuses a number past them (a 20-digit one was silently stored as 0).
+        priority = st.number_input("Priority", key="tr_priority", step=1, min_value=-MAX_PRIORITY,
+                                   max_value=MAX_PRIORITY,
+                                   help="Higher starts first among pending jobs (SLURM's -nice)")
+        error_slot("priority")
+        time_text = st.text_input("Time limit", key="tr_time", placeholder="UNLIMITED",
+                                  help="SLURM's --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM[:SS]; "
+                                       "blank or UNLIMITED for none. The job is stopped (TIMEOUT) after it.")
+        error_slot("time_limit")
+        balance = st.segmented_control("Share of each step", BALANCES, key="tr_balance", required=True,
+                                       help=HELP["balance"])
+        rebalance = st.toggle("Rebalance stragglers", key="tr_rebalance", help=HELP["rebalance"])
+        on_rank_loss = st.segmented_control("If a device fails", ON_RANK_LOSS, key="tr_on_rank_loss", required=True,
+                                            help=HELP["on_rank_loss"])
+    fields = {**data, "architecture": architecture, "precision": precision, "checkpoint_every": checkpoint_every,
+              "balance": balance, "rebalance": rebalance, "on_rank_loss": on_rank_loss,
+              "width_by": width_by, "name": name,
+              "d_sae": d_sae if width_by == "d_sae" else None,
+              "expansion_factor": expansion if width_by != "d_sae" else None,
+              "k": k if architecture in ("topk", "batchtopk") else None,
+              "l1_coefficient": l1 if architecture == "standard" else None,
+              "l0_coefficient": l0 if architecture not in ("topk", "batchtopk", "standard") else None}
+    return {"fields": fields, "sweep_texts": sweep_texts, "swept_architectures": swept_archs,
+            "preview": sweep_preview, "priority": priority, "time_text": time_text}
 
-with devices_box:
-    st.subheader("Devices", anchor=False)
-    with st.container(horizontal=True, vertical_alignment="bottom"):
-        # No min/max: the browser would only outline a 0 in red; the page says why instead.
-        st.number_input("GPUs wanted", key="tr_n_gpus", step=1, on_change=use_recommended, width=150,
-                        help="How many devices to recommend: idle ones with room for the estimate, "
-                             "most free memory first")
-        st.button("Use recommended", key="tr_use_recommended", icon=":material/auto_awesome:",
-                  on_click=use_recommended)
-        st.button("Refresh", key="tr_refresh", icon=":material/refresh:",
-                  help="Read the devices' state again")
-    error_slot("n_gpus")
-    if any(r["virtual"] for r in rows):
-        st.caption("Virtual devices: each is one CPU-backed training rank (no NVIDIA GPU in use here). "
-                   "The form starts with a small synthetic run that ends in about a minute on 2 of them.")
-    widths = [1.5, 2.2, 2.1, 1.3, 1.1, 2.7]  # "GPU 0" beside its help icon, "Utilisation" on one line at 1,280 px
-    with st.container(border=True, gap="xsmall"):
-        for col, title in zip(st.columns(widths), ("Device", "Name", "Memory", "Utilisation", "State",
-                                                  "Note")):
-            col.markdown(f"**{title}**")
-        selected = []
-        for row in table:
-            cols = st.columns(widths, vertical_alignment="center")
-            ticked = cols[0].checkbox(f"GPU {row['index']}", key=device_key(row["uuid"]),
-                                      on_change=picked_by_hand, disabled=not row["selectable"],
-                                      help=row["why"] if not row["selectable"] else None)
-            if ticked and row["selectable"]:
-                selected.append(row["uuid"])
-            cols[1].markdown(row["name"] + (" :gray-badge[virtual]" if row["virtual"] else ""))
-            cols[2].markdown(row["memory_text"])
-            cols[3].markdown(row["utilization"])
-            # A failed device (a rank died on it) reads as such; the note says where and since when.
-            cols[4].badge("failed" if row["fault"] else row["state_label"], color=row["state_color"])
-            note = row["why"]
-            if row["low_memory"]:
-                note = f":orange-badge[low memory] {note.removeprefix('low memory: ')}"
-            elif not row["selectable"]:
-                note = f":gray[{note}]"
-            if row["recommended"]:
-                note = ":green-badge[recommended] " + note
-            cols[5].markdown(note or " ")
-    asked = train_form.devices_asked(selected, wanted)
-    free = sum(r["selectable"] for r in table)
-    effective = asked["gpus"] * batch * grad_accum if isinstance(batch, int) and isinstance(grad_accum, int) else None
-    picked = f"{len(selected)} GPUs" if selected else f"none, any {asked['gpus']} GPU{'s' * (asked['gpus'] != 1)}"
-    st.markdown(f"**Selected: {picked} | Effective batch size: "
-                f"{effective if effective is not None else fmt.MISSING}**")
-    if estimate is not None:
-        st.caption(f"Estimated memory: {estimate.describe()}.")
-        st.caption("Optimisation: " + describe_resolved(config, config.resolved(asked["gpus"])) + ".")
-    else:
-        st.caption(f"Estimated memory per device: {fmt.MISSING} (fix the form first).")
-    if not free:
-        st.info(f"Submit queues the job for any {asked['gpus']} device{'s' if asked['gpus'] != 1 else ''}: it "
-                "waits in the queue (PENDING) and the scheduler starts it as soon as they are free. The State "
-                "column says what holds each one.", title="Every device is taken: the job will wait")
-    elif advice.error:
-        short = any(r["selectable"] and r["low_memory"] for r in table)
-        st.warning(f"{len(fitting)} of the {wanted} wanted are idle with room for the estimate; the "
-                   "table says why for the others."
-                   + (" A low-memory device can still be picked by hand if the estimate is too cautious."
-                      if short else ""),
-                   title=f"Fewer than {wanted} devices fit now")
 
-if sweep is not None:  # its SAEs and where they would train, before the submit
+def draw_devices(config, batch, grad_accum) -> tuple[list[dict], list[str], dict]:
+    """The devices: what each is doing, which fit the estimate, which are recommended (ticked
+    until the user picks); returns the table's rows, the devices ticked and what the job asks."""
+    uuids = [r["uuid"] for r in rows]
+    st.session_state["tr_uuids"] = uuids
+    # How many to recommend: at first every idle GPU (people train on what is free), 2 virtual ones.
+    st.session_state.setdefault("tr_n_gpus", train_form.devices_wanted(
+        sum(dev.why_not_selectable(r) is None for r in rows), all_virtual))
+    wanted_error = train_form.wanted_error(st.session_state["tr_n_gpus"], len(rows))
+    if wanted_error:
+        errors["n_gpus"] = f"GPUs wanted: {wanted_error}"
+    wanted = min(max(1, int(st.session_state["tr_n_gpus"] or 1)), max(1, len(rows)))
+
+    estimate = None
+    if config is not None and config.d_in is not None:
+        from sae_dist.memory import estimate_for_config
+
+        # Virtual devices are CPU ranks: their runtime is a CPU process's, not a CUDA context.
+        estimate = estimate_for_config(config, wanted, "cpu" if all_virtual else "cuda")
+    need = estimate.total if estimate is not None else None
+    fitting = [r for r in rows if dev.why_not_selectable(r) is None and dev.low_memory(r, need) is None]
+    advice = recommend(devices, states, wanted, need)
+    recommended = advice.chosen
+    if advice.error and fitting:  # fewer fit than wanted: recommend those that do
+        recommended = recommend(devices, states, len(fitting), need).chosen
+    if st.session_state["tr_auto"]:
+        for uuid in uuids:
+            st.session_state[device_key(uuid)] = uuid in recommended
+    table = dev.selection_rows(rows, need, recommended)
+    for row in table:
+        if not row["selectable"]:
+            st.session_state[device_key(row["uuid"])] = False  # a device taken meanwhile drops out
+
+    with devices_box:
+        st.subheader("Devices", anchor=False)
+        with st.container(horizontal=True, vertical_alignment="bottom"):
+            # No min/max: the browser would only outline a 0 in red; the page says why instead.
+            st.number_input("GPUs wanted", key="tr_n_gpus", step=1, on_change=use_recommended, width=150,
+                            help="How many devices to recommend: idle ones with room for the estimate, "
+                                 "most free memory first")
+            st.button("Use recommended", key="tr_use_recommended", icon=":material/auto_awesome:",
+                      on_click=use_recommended)
+            st.button("Refresh", key="tr_refresh", icon=":material/refresh:",
+                      help="Read the devices' state again")
+        error_slot("n_gpus")
+        if any(r["virtual"] for r in rows):
+            st.caption("Virtual devices: each is one CPU-backed training rank (no NVIDIA GPU in use here). "
+                       "The form starts with a small synthetic run that ends in about a minute on 2 of them.")
+        widths = [1.5, 2.2, 2.1, 1.3, 1.1, 2.7]  # "GPU 0" beside its help icon, "Utilisation" on one line at 1,280 px
+        with st.container(border=True, gap="xsmall"):
+            for col, title in zip(st.columns(widths), ("Device", "Name", "Memory", "Utilisation", "State",
+                                                      "Note")):
+                col.markdown(f"**{title}**")
+            selected = draw_device_rows(table, widths)
+        asked = train_form.devices_asked(selected, wanted)
+        free = sum(r["selectable"] for r in table)
+        effective = (asked["gpus"] * batch * grad_accum if isinstance(batch, int) and isinstance(grad_accum, int)
+                     else None)
+        picked = f"{len(selected)} GPUs" if selected else f"none, any {asked['gpus']} GPU{'s' * (asked['gpus'] != 1)}"
+        st.markdown(f"**Selected: {picked} | Effective batch size: "
+                    f"{effective if effective is not None else fmt.MISSING}**")
+        if estimate is not None:
+            st.caption(f"Estimated memory: {estimate.describe()}.")
+            st.caption("Optimisation: " + describe_resolved(config, config.resolved(asked["gpus"])) + ".")
+        else:
+            st.caption(f"Estimated memory per device: {fmt.MISSING} (fix the form first).")
+        if not free:
+            st.info(f"Submit queues the job for any {asked['gpus']} device{'s' if asked['gpus'] != 1 else ''}: it "
+                    "waits in the queue (PENDING) and the scheduler starts it as soon as they are free. The State "
+                    "column says what holds each one.", title="Every device is taken: the job will wait")
+        elif advice.error:
+            short = any(r["selectable"] and r["low_memory"] for r in table)
+            st.warning(f"{len(fitting)} of the {wanted} wanted are idle with room for the estimate; the "
+                       "table says why for the others."
+                       + (" A low-memory device can still be picked by hand if the estimate is too cautious."
+                          if short else ""),
+                       title=f"Fewer than {wanted} devices fit now")
+    return table, selected, asked
+
+
+def draw_sweep_plan(sweep, table: list[dict], selected: list[str], asked: dict, preview) -> None:
+    """A sweep's SAEs and where they would train, before the submit."""
     # The devices it would train on: those ticked, else the largest it may get.
     planned = ([r for r in table if r["uuid"] in selected] if selected else
                sorted(table, key=lambda r: -(r["memory_total"] or 0))[:asked["gpus"]])
     plan = train_form.sweep_plan(sweep, [(r["label"], None if r["virtual"] else r["memory_total"]) for r in planned],
                                  "cpu" if all_virtual else "cuda")
-    with sweep_preview:
+    with preview:
         st.markdown(f"**{plan['count']} SAEs in one job:** " + ", ".join(f"`{n}`" for n in plan["names"]))
         if plan["error"]:
             errors["sweep"] = plan["error"]
@@ -386,66 +375,73 @@ if sweep is not None:  # its SAEs and where they would train, before the submit
         else:
             st.caption(f"Estimated memory per device: {fmt.MISSING} (select devices first).")
 
-# ---- the job: checked as the scheduler will, then submitted ----
-spec = None
-train_dict = None if config is None else {**config.to_dict(), **({SWEEP_KEY: sweep_lists} if sweep else {})}
-if config is not None and not errors:
-    # The job and its run named alike, and uniquely (the default name holds this second).
-    run_name = config.name or default_run_name(config, len(sweep) if sweep else None)
-    try:
-        spec = JobSpec(kind="train", train_config={**train_dict, "name": run_name}, name=run_name,
-                       gpu_ids=asked["gpu_ids"], gpus=asked["gpus"], priority=int(priority),
-                       time_limit_s=time_limit_s, workdir=str(APP_ROOT))
-    except UserError as error:
-        flag, _, message = str(error).partition(": ")
-        errors[SPEC_FLAGS.get(flag, "general")] = message if flag in SPEC_FLAGS else str(error)
 
-for field, message in errors.items():
-    if field in slots:
-        slots[field].error(message, icon=":material/error:")
-    else:  # a field the form does not show (or a check spanning several): above the form
-        general_error.error(message if field == "general" else f"{field}: {message}",
-                            icon=":material/error:")
+def draw_submit(config, sweep, sweep_lists: dict, asked: dict, table: list[dict], priority,
+                time_limit_s: float | None) -> None:
+    """The job checked as the scheduler will (each error under its field), then one click queues it."""
+    spec = None
+    train_dict = None if config is None else {**config.to_dict(), **({SWEEP_KEY: sweep_lists} if sweep else {})}
+    if config is not None and not errors:
+        # The job and its run named alike, and uniquely (the default name holds this second).
+        run_name = config.name or default_run_name(config, len(sweep) if sweep else None)
+        try:
+            spec = JobSpec(kind="train", train_config={**train_dict, "name": run_name}, name=run_name,
+                           gpu_ids=asked["gpu_ids"], gpus=asked["gpus"], priority=int(priority),
+                           time_limit_s=time_limit_s, workdir=str(APP_ROOT))
+        except UserError as error:
+            flag, _, message = str(error).partition(": ")
+            errors[SPEC_FLAGS.get(flag, "general")] = message if flag in SPEC_FLAGS else str(error)
 
-# One click queues one job: the form just submitted cannot be queued again by another click (the
-# next free devices are ticked by then) until it changes, or the person asks for the same again.
-current = (train_form.fingerprint(train_dict, int(priority), time_limit_s, asked["gpus"])
-           if spec is not None else None)
-last = st.session_state.get("tr_last_submit")
-repeat = train_form.repeats_last(current, last, st.session_state.get("tr_again", False))
-if current != last:
-    st.session_state.pop("tr_again", None)  # a confirmation holds for the form it was given on
+    for field, message in errors.items():
+        if field in slots:
+            slots[field].error(message, icon=":material/error:")
+        else:  # a field the form does not show (or a check spanning several): above the form
+            general_error.error(message if field == "general" else f"{field}: {message}",
+                                icon=":material/error:")
 
-st.divider()
-with st.container(horizontal=True, vertical_alignment="center"):
-    clicked = st.button("Submit training job", key="tr_submit", type="primary", icon=":material/send:",
-                        disabled=spec is None or repeat)
-    if repeat:
-        job_id = st.session_state["tr_submitted"][0]
-        st.caption(f"Job {job_id} was just queued from this form: change a field to queue another,",
-                   width="content")
-        st.button("or queue the same again", key="tr_again_button", icon=":material/content_copy:",
-                  on_click=lambda: st.session_state.update(tr_again=True))
-    elif errors:
-        st.caption("Fix the fields marked in red to submit.")
-    else:
-        on = train_form.asked_in_words(asked, {r["uuid"]: r["label"] for r in table}, free)
-        st.caption(f"{f'{len(sweep)} SAEs, ' if sweep else ''}{config.steps:,} steps on {on}"
-                   f"{'' if time_limit_s is None else ', time limit ' + fmt.fmt_duration(time_limit_s)}")
-if clicked and spec is not None:
-    try:
-        job_id = submit_spec(engine, spec, devices)
-    except UserError as error:
-        st.error(str(error), title="The job was not queued")
-    else:
-        st.session_state["tr_submitted"] = (job_id, spec.name, spec.gpus)
-        st.session_state["tr_submitted_saes"] = len(sweep) if sweep else None
-        st.session_state["tr_last_submit"] = current
-        st.session_state.pop("tr_again", None)
-        st.session_state["tr_auto"] = True
-        st.session_state["tr_clear_name"] = True
-        st.rerun()
-if "tr_submitted" in st.session_state:
+    # One click queues one job: the form just submitted cannot be queued again by another click (the
+    # next free devices are ticked by then) until it changes, or the person asks for the same again.
+    current = (train_form.fingerprint(train_dict, int(priority), time_limit_s, asked["gpus"])
+               if spec is not None else None)
+    last = st.session_state.get("tr_last_submit")
+    repeat = train_form.repeats_last(current, last, st.session_state.get("tr_again", False))
+    if current != last:
+        st.session_state.pop("tr_again", None)  # a confirmation holds for the form it was given on
+
+    st.divider()
+    with st.container(horizontal=True, vertical_alignment="center"):
+        clicked = st.button("Submit training job", key="tr_submit", type="primary", icon=":material/send:",
+                            disabled=spec is None or repeat)
+        if repeat:
+            job_id = st.session_state["tr_submitted"][0]
+            st.caption(f"Job {job_id} was just queued from this form: change a field to queue another,",
+                       width="content")
+            st.button("or queue the same again", key="tr_again_button", icon=":material/content_copy:",
+                      on_click=lambda: st.session_state.update(tr_again=True))
+        elif errors:
+            st.caption("Fix the fields marked in red to submit.")
+        else:
+            free = sum(r["selectable"] for r in table)
+            on = train_form.asked_in_words(asked, {r["uuid"]: r["label"] for r in table}, free)
+            st.caption(f"{f'{len(sweep)} SAEs, ' if sweep else ''}{config.steps:,} steps on {on}"
+                       f"{'' if time_limit_s is None else ', time limit ' + fmt.fmt_duration(time_limit_s)}")
+    if clicked and spec is not None:
+        try:
+            job_id = submit_spec(engine, spec, devices)
+        except UserError as error:
+            st.error(str(error), title="The job was not queued")
+        else:
+            st.session_state["tr_submitted"] = (job_id, spec.name, spec.gpus)
+            st.session_state["tr_submitted_saes"] = len(sweep) if sweep else None
+            st.session_state["tr_last_submit"] = current
+            st.session_state.pop("tr_again", None)
+            st.session_state["tr_auto"] = True
+            st.session_state["tr_clear_name"] = True
+            st.rerun()
+
+
+def draw_submitted() -> None:
+    """Where the job just queued stands, with links to follow it."""
     job_id, job_name, n = st.session_state["tr_submitted"]
     saes = st.session_state.get("tr_submitted_saes")
     standing = train_form.job_status(jobs.get_job(engine, job_id), jobs.explain_reason)
@@ -459,3 +455,28 @@ if "tr_submitted" in st.session_state:
                      query_params={"job": str(job_id)})
         if saes:  # its SAEs' grid, once the job has started them
             st.page_link(SWEEPS_PAGE, label="Sweeps", icon=":material/grid_view:")
+
+st.subheader("Sparse autoencoder", anchor=False)
+general_error = st.empty()
+form = draw_form()
+# ---- validate: the trainer's own checks; each message goes under the field it names ----
+config, sweep, sweep_lists, form_errors = train_form.form_config(form["fields"], form["sweep_texts"],
+                                                                 form["swept_architectures"])
+for field, message in form_errors.items():
+    errors.setdefault(field, message)
+time_limit_s = None
+if form["time_text"].strip():
+    try:
+        time_limit_s = parse_time_limit(form["time_text"])
+    except (UserError, OverflowError) as error:
+        errors["time_limit"] = str(error).removeprefix("--time: ")
+if config is not None and config.name and "name" not in errors:
+    taken = run_dir_taken(config)
+    if taken is not None:
+        errors["name"] = f"a run named {config.name!r} already exists ({taken}); choose another name"
+table, selected, asked = draw_devices(config, form["fields"]["batch_size"], form["fields"]["grad_accum"])
+if sweep is not None:
+    draw_sweep_plan(sweep, table, selected, asked, form["preview"])
+draw_submit(config, sweep, sweep_lists, asked, table, form["priority"], time_limit_s)
+if "tr_submitted" in st.session_state:
+    draw_submitted()

@@ -40,3 +40,39 @@ def test_a_repeat_is_the_same_config_priority_limit_and_count_whatever_the_name_
     assert not train_form.repeats_last(a, a, confirmed=True)
     assert not train_form.repeats_last(a, None, confirmed=False)
     assert not train_form.repeats_last(None, None, confirmed=False)
+
+
+FIELDS = {"architecture": "topk", "source": "synthetic", "batch_size": 256, "grad_accum": 1, "steps": 100,
+          "precision": "auto", "checkpoint_every": 50, "balance": "equal", "rebalance": True,
+          "on_rank_loss": "continue", "d_in": 64, "shards_path": None, "width_by": "expansion",
+          "expansion_factor": 4, "d_sae": None, "k": 8, "l1_coefficient": None, "l0_coefficient": None,
+          "lr_text": "", "name": ""}
+
+
+def test_the_form_s_fields_make_the_trainer_s_config():
+    config, sweep, lists, errors = train_form.form_config(FIELDS, None, [])
+    assert errors == {} and sweep is None and lists == {}
+    assert (config.d_in, config.expansion_factor, config.k, config.steps, config.lr, config.name) == \
+        (64, 4, 8, 100, None, None)  # a blank learning rate and name: the defaults
+    config, *_ = train_form.form_config({**FIELDS, "width_by": "d_sae", "d_sae": 512, "architecture": "standard",
+                                         "l1_coefficient": 0.5, "lr_text": " 3e-4 ", "name": " run-a "}, None, [])
+    assert (config.d_sae, config.architecture, config.l1_coefficient, config.lr, config.name) == \
+        (512, "standard", 0.5, 3e-4, "run-a")
+
+
+def test_each_bad_field_has_its_message_under_it():
+    _, _, _, errors = train_form.form_config({**FIELDS, "lr_text": "fast"}, None, [])
+    assert errors == {"lr": "'fast' is not a number; write e.g. 2e-4, or leave it blank for the default"}
+    config, _, _, errors = train_form.form_config({**FIELDS, "k": 0}, None, [])
+    assert config is None and list(errors) == ["k"]
+
+
+def test_a_swept_setting_leaves_the_base_config_and_the_sweep_sets_it():
+    config, sweep, lists, errors = train_form.form_config(FIELDS, {"k": "4, 8", "lr": ""}, [])
+    assert errors == {} and lists == {"k": [4, 8]} and sweep.names == ["k4", "k8"]
+    from sae_dist.config import config_fields
+
+    # The form's k left the base config (the sweep sets it): the base holds the trainer's default.
+    assert config.k == next(f.default for f in config_fields() if f.name == "k") != FIELDS["k"]
+    _, sweep, _, errors = train_form.form_config(FIELDS, {"k": "4, x"}, [])
+    assert sweep is None and list(errors) == ["sweep_k"]

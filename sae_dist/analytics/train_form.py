@@ -196,3 +196,46 @@ def job_status(job: dict[str, Any] | None, explain) -> str:
     if state == "RUNNING":
         return f"RUNNING on {', '.join(job.get('devices') or []) or 'its devices'}"
     return state
+
+
+def form_config(fields: dict[str, Any], sweep_texts: dict[str, str] | None,
+                swept_architectures: list[str]) -> tuple[Any, Any, dict[str, list[Any]], dict[str, str]]:
+    """(the TrainConfig or None, the sweep or None, its lists, errors by form field) from the
+    form's fields as drawn: the fields its architecture and width choice show (`width_by`:
+    "d_sae" or "expansion"), the learning rate and name as typed (blank: the default), and with
+    `sweep_texts` (the sweep toggled on) the swept values, which leave the base config. The
+    trainer's own validation (build_config): each message names the field it goes under."""
+    from sae_dist.config import build_config
+    from sae_dist.errors import ConfigError
+
+    errors: dict[str, str] = {}
+    values = {key: fields[key] for key in ("architecture", "source", "batch_size", "grad_accum", "steps",
+                                           "precision", "checkpoint_every", "balance", "rebalance",
+                                           "on_rank_loss")}
+    for key in ("d_in", "shards_path"):
+        if fields.get(key) is not None:
+            values[key] = fields[key]
+    width = "d_sae" if fields["width_by"] == "d_sae" else "expansion_factor"
+    values[width] = fields[width]
+    sparsity = {"topk": "k", "batchtopk": "k", "standard": "l1_coefficient"}.get(fields["architecture"],
+                                                                                 "l0_coefficient")
+    values[sparsity] = fields[sparsity]
+    lr_text = fields.get("lr_text", "").strip()
+    if lr_text:
+        try:
+            values["lr"] = float(lr_text)
+        except ValueError:
+            errors["lr"] = f"{lr_text!r} is not a number; write e.g. 2e-4, or leave it blank for the default"
+    if fields.get("name", "").strip():
+        values["name"] = fields["name"].strip()
+    sweep, lists = None, {}
+    if sweep_texts is not None:  # the swept settings leave the base config: the sweep sets them
+        sweep, lists, sweep_errors = form_sweep(values, sweep_texts, swept_architectures)
+        errors.update({"sweep" if k == "sweep" else f"sweep_{k}": m for k, m in sweep_errors.items()})
+        values = {k: v for k, v in values.items() if k not in lists}
+    config = None
+    try:
+        config = build_config(values)
+    except ConfigError as error:
+        errors.setdefault(error.field, str(error).removeprefix(f"{error.field}: "))
+    return config, sweep, lists, errors
