@@ -174,7 +174,7 @@ def test_direct_benchmark_csv_report(direct_bench, tmp_path):
 
 
 @pytest.mark.slow
-def test_direct_benchmark_md_and_html_reports(in_bench_home, tmp_path):
+def test_direct_benchmark_md_and_html_reports(in_bench_home, tmp_path, monkeypatch, capsys):
     """md and html: the same figures, the model, the chart, and a warning when something is
     unreliable (`report` called in-process: the csv test runs it as a process)."""
     from sae_dist.cli import main
@@ -182,6 +182,7 @@ def test_direct_benchmark_md_and_html_reports(in_bench_home, tmp_path):
     rows, median = in_bench_home["rows"], in_bench_home["median"]
     assert main(["report", "1", "--format", "md", "-o", str(tmp_path / "r.md")]) == 0
     md = (tmp_path / "r.md").read_text()
+    (tmp_path / "empty").mkdir()
     assert f"| {median[(2, 'ddp', 'samples_per_s')]:,.0f} |" in md and "2(N-1)/N" in md and "```vega-lite" in md
     assert "virtual (CPU-backed)" in md and "## Other load, point by point" in md
     assert ("> **Warning:**" in md) == (not all(r["reliable"] for r in rows))
@@ -189,6 +190,11 @@ def test_direct_benchmark_md_and_html_reports(in_bench_home, tmp_path):
     assert main(["report", "1", "--format", "html", "-o", str(tmp_path / "r.html"), "--link", "25"]) == 0
     page = (tmp_path / "r.html").read_text()
     assert "vegaEmbed(\"#speedup\"" in page and "measured all-reduce bandwidth 25 GB/s" in page
+    # Without -o the report is the command's output, as a tool's is; no file is written.
+    monkeypatch.chdir(tmp_path / "empty")
+    capsys.readouterr()
+    assert main(["report", "1"]) == 0 and not any((tmp_path / "empty").iterdir())
+    assert capsys.readouterr().out == md
     assert main(["report", "1", "-o", str(tmp_path / "here.md"), "--link", "here"]) == 0
     gbps = median[(2, "ddp", "allreduce_bytes_per_s")] / 1e9
     assert f"all-reduce measured here on 2 devices ({gbps:.2f} GB/s)" in (tmp_path / "here.md").read_text()

@@ -143,10 +143,14 @@ def _html(run: dict, points: list[dict], rows: list[dict], projection: list[dict
 """
 
 
-def write_report(bench_id: int, fmt: str = "md", out: str | None = None, link: str = "pcie4") -> Path:
+def report_text(bench_id: int, fmt: str = "md", link: str = "pcie4") -> str:
     run, points = load_benchmark(get_engine(), bench_id)
-    text = render(run, points, fmt, link)
-    path = Path(out or f"bench-{bench_id}.{fmt}")
+    return render(run, points, fmt, link)
+
+
+def write_report(bench_id: int, fmt: str = "md", out: str = "", link: str = "pcie4") -> Path:
+    text = report_text(bench_id, fmt, link)
+    path = Path(out)
     try:
         path.write_text(text)
     except OSError as e:

@@ -75,7 +75,7 @@ def _add_bench_parsers(sub) -> None:
     report = sub.add_parser("report", help="write a benchmark's report (md, csv or html)")
     report.add_argument("bench_id", type=int, metavar="RUN_ID", help="the benchmark's id (bench prints it)")
     report.add_argument("--format", default="md", choices=("md", "csv", "html"))
-    report.add_argument("-o", "--out", help="the file to write (default: bench-RUN_ID.FORMAT here)")
+    report.add_argument("-o", "--out", help="the file to write (default, or -: standard output)")
     report.add_argument("--link", default="pcie4",
                         help="link for the projection: pcie4, pcie5, nvlink3, nvlink4, here (the "
                              "all-reduce bandwidth the benchmark measured), or GB/s (e.g. 18.5)")
@@ -193,10 +193,12 @@ def main(argv: list[str] | None = None) -> int:
 
             return point(ns.spec, ns.result)
         if ns.command == "report":
-            from sae_dist.analytics.bench_report import write_report
+            from sae_dist.analytics.bench_report import report_text, write_report
 
-            path = write_report(ns.bench_id, ns.format, ns.out, ns.link)
-            print(f"wrote {path}")
+            if not ns.out or ns.out == "-":  # as a command's output: to a pipe, a pager, or a file by >
+                sys.stdout.write(report_text(ns.bench_id, ns.format, ns.link))
+                return 0
+            print(f"wrote {write_report(ns.bench_id, ns.format, ns.out, ns.link)}")
             return 0
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
