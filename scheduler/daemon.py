@@ -296,6 +296,7 @@ class Daemon:
             code = 1
             try:
                 os.setsid()
+                _name_supervisor(job_id)
                 _close_lock_files()
                 fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
                 os.dup2(fd, 1)
@@ -409,6 +410,16 @@ def _drain(fd: int) -> None:
             pass
     except BlockingIOError:
         pass
+
+
+def _name_supervisor(job_id: int) -> None:
+    """A forked supervisor carries the daemon's command line, so stopping "the daemon" by name
+    (`pkill -f "scheduler daemon"`) would stop every running job: it takes a name of its own."""
+    try:
+        from setproctitle import setproctitle
+    except ImportError:  # an install without it (the GPU check's): the daemon's line stays
+        return
+    setproctitle(f"sae-dist supervisor of job {job_id}")
 
 
 def _close_lock_files() -> None:

@@ -234,6 +234,24 @@ def test_sigkilled_supervisor_is_node_fail_and_frees_devices(sched):
     assert not procs.is_alive(running.pid, running.proc_start_ticks)  # nothing holds the devices
 
 
+def test_stopping_the_daemon_by_name_spares_the_jobs(sched):
+    """`pkill -f "scheduler daemon"` reads /proc/PID/cmdline: a supervisor forked from the daemon
+    names itself, so only the daemon matches (every job's supervisor did, and 4 of 4 jobs ended
+    NODE_FAIL). Checked on the lines pkill reads, not with pkill: other tests' daemons run beside."""
+    job_id = submit(get_engine(), job("sleep", "300"))
+    daemon = sched.start_daemon()
+    running = started(job_id)
+
+    def cmdline(pid: int) -> str:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+    assert "scheduler daemon" in cmdline(daemon.pid)
+    supervisor = cmdline(running.supervisor_pid)
+    assert "scheduler daemon" not in supervisor and f"sae-dist supervisor of job {job_id}" in supervisor
+    stop_process(daemon)  # what pkill -f would have hit
+    assert state(job_id) == "RUNNING" and procs.is_alive(running.pid, running.proc_start_ticks)
+
+
 def test_why_a_job_ended_is_one_line_for_the_listings():
     """SLURM's Reason: a failure's last line of error output (it was only in the log), a cancel by
     the user, a stop nobody asked for through the scheduler, a time limit."""
