@@ -25,7 +25,7 @@ from sae_dist.config import (
     SYNTHETIC_D_IN,
     config_fields,
 )
-from sae_dist.contract.sweep_argv import SWEEP_KEY
+from sae_dist.contract.sweep_argv import SWEEP_KEY, CheckedTrain
 from sae_dist.data.shard_format import read_layout  # the shards' headers, without torch
 from sae_dist.defaults import describe_resolved
 from sae_dist.errors import UserError
@@ -385,7 +385,10 @@ def draw_submit(config, sweep, sweep_lists: dict, asked: dict, table: list[dict]
         # The job and its run named alike, and uniquely (the default name holds this second).
         run_name = config.name or default_run_name(config, len(sweep) if sweep else None)
         try:
-            spec = JobSpec(kind="train", train_config={**train_dict, "name": run_name}, name=run_name,
+            # Checked once, by form_config: the JobSpec stores it as it is (a made-up name is valid).
+            named = CheckedTrain(config if config.name else config._unchecked(name=run_name),
+                                 sweep_lists if sweep else None)
+            spec = JobSpec(kind="train", train_config=named, name=run_name,
                            gpu_ids=asked["gpu_ids"], gpus=asked["gpus"], priority=int(priority),
                            time_limit_s=time_limit_s, workdir=str(APP_ROOT))
         except UserError as error:

@@ -364,6 +364,10 @@ def training_header(job: dict, run: dict, recent: list, now: datetime) -> None:
             st.badge(run["status"], color=fmt.RUN_STATUS_COLORS.get(run["status"], "gray"))
         st.page_link("pages/4_Training_runs.py", label="Run details", icon=":material/monitoring:",
                      query_params={"run": str(run["id"])})
+        sweep_id = jobs.sweep_of(engine, job["id"])
+        if sweep_id is not None:  # this run is one SAE of the job's sweep: the others are there
+            st.page_link("pages/6_Sweeps.py", label=f"Sweep {sweep_id}: every SAE", icon=":material/grid_view:",
+                         query_params={"sweep": str(sweep_id)})
     live = run["status"] == "RUNNING" and job["state"] == "RUNNING"
     line = progress_line(run, recent, live)
     if recent and live:

@@ -262,6 +262,7 @@ def job_actions(job: dict) -> None:
     """The actions the job's state allows now, its Monitor and, once it has one, its run."""
     allowed = actions.available(job["state"], job["held"], job["cancel_requested"])
     run_id = jobs.training_run_of(engine, job["id"]) if job["kind"] == "train" else None
+    sweep_id = jobs.sweep_of(engine, job["id"]) if run_id is not None else None
     with st.container(horizontal=True, vertical_alignment="center"):
         for action, (label, icon) in ACTION_LABELS.items():
             why_not = allowed[action]
@@ -270,7 +271,10 @@ def job_actions(job: dict) -> None:
                       help=CONSEQUENCES[action] if why_not is None else f"Not now: {why_not}.")
         st.page_link("pages/2_Monitor.py", label="Monitor", icon=":material/speed:",
                      query_params={"job": str(job["id"])})
-        if run_id is not None:
+        if sweep_id is not None:  # one run per SAE: the sweep shows them all
+            st.page_link("pages/6_Sweeps.py", label=f"Sweep {sweep_id}", icon=":material/grid_view:",
+                         query_params={"sweep": str(sweep_id)})
+        elif run_id is not None:
             st.page_link("pages/4_Training_runs.py", label=f"Training run {run_id}",
                          icon=":material/monitoring:", query_params={"run": str(run_id)})
 

@@ -551,10 +551,16 @@ def array_letters_used(pattern: str | None) -> str | None:
     return None
 
 
+SHELL_CHARS = frozenset(" \t$`\"'\\;&|<>*?()[]{}!#~^")
+"""Characters a shell reads specially: a log file named with them could not be typed as it shows."""
+
+
 def safe_name_for_path(name: str) -> str:
-    """The job name as harmless file-name text: no '/', NUL or control characters, no leading
-    dots (so it can never be '.' or '..' or hide a file), never empty, at most 100 bytes."""
-    text = "".join("_" if c == "/" or ord(c) < 32 or ord(c) == 127 else c for c in name)
+    """The job name as harmless file-name text, as a run directory's name is: no '/', NUL,
+    control or shell characters (each one '_', so `tail logs/<name>-7.out` is typed as it reads),
+    no leading dots (so it can never be '.' or '..' or hide a file), never empty, at most 100
+    bytes. Letters of any script stay."""
+    text = "".join("_" if c == "/" or ord(c) < 32 or ord(c) == 127 or c in SHELL_CHARS else c for c in name)
     stripped = text.lstrip(".")
     text = "_" * (len(text) - len(stripped)) + stripped
     encoded = text.encode("utf-8", "surrogateescape")[:MAX_NAME_IN_PATH_BYTES]

@@ -303,6 +303,28 @@ def test_a_job_in_the_url_is_selected_on_both_pages(busy):
 
 
 @pytest.mark.slow  # 1 s or more (AppTest runs of the page)
+def test_a_sweep_s_job_links_to_its_sweep_not_to_one_of_its_runs(busy):
+    """A sweep's job has one run per SAE: the Queue links to the sweep, the Monitor beside the run
+    it shows. A plain training's job keeps its run's link."""
+    from sae_dist.db.runs import update_run
+    from sae_dist.db.sweeps import create_sweep
+
+    engine = busy["engine"]
+    with engine.begin() as conn:  # the fixture's job is a command: make it the training it recorded
+        conn.execute(update(Job.__table__).where(Job.__table__.c.id == busy["running"]).values(kind="train"))
+    at = open_page(QUEUE, job=str(busy["running"]))
+    assert f"Training run {busy['run']}" in [link.label for link in at.get("page_link")]
+    sweep_id = create_sweep(engine, name="sw", run_dir="/tmp/sw", job_id=busy["running"], keys_json='["k"]',
+                            config_json="{}", status="RUNNING", placement_json="{}", world_size=2)
+    update_run(engine, busy["run"], sweep_id=sweep_id, sweep_point="k8")
+    for page in (QUEUE, MONITOR):
+        at = open_page(page, job=str(busy["running"]))
+        labels = [link.label for link in at.get("page_link")]
+        assert any(label.startswith(f"Sweep {sweep_id}") for label in labels), (page, labels)
+        assert f"Training run {busy['run']}" not in labels, page
+
+
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
 def test_monitor_a_cancelled_training_says_its_run_stopped_with_the_job(busy):
     engine, running = busy["engine"], busy["running"]
     finish_job(engine, running, "CANCELLED", reason="Cancelled by user")  # the run still says RUNNING

@@ -333,7 +333,9 @@ def test_expand_output_substitutions(tmp_path):
 
 def test_safe_name():
     assert safe_name_for_path("job-1.v2") == "job-1.v2"
-    assert safe_name_for_path("$(rm -rf ~)") == "$(rm -rf ~)"  # harmless as a file name; never run
+    # Never run, but a log file named so could not be typed as it reads: shell characters go.
+    assert safe_name_for_path("$(rm -rf ~)") == "__rm_-rf___"
+    assert safe_name_for_path("sweep k=4; lr*2 'é'") == "sweep_k=4__lr_2__é_"
     assert safe_name_for_path("..") == "__"
 
 

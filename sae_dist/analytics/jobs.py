@@ -21,6 +21,7 @@ from sae_dist.db.schema import (
     REASON_DETAIL_WORDS,
     REASON_WORDS,
     Device,
+    Sweep,
     TrainingRun,
 )
 from sae_dist.job_listing import pending_task_groups, read_job, read_jobs
@@ -113,6 +114,14 @@ def training_run_of(engine: Engine, job_id: int) -> int | None:
     """The (newest) training run a job's trainer recorded, or None (a plain command, or a
     training that has not reached its first log yet)."""
     t = TrainingRun.__table__
+    with engine.connect() as conn:
+        return conn.execute(select(func.max(t.c.id)).where(t.c.job_id == job_id)).scalar()
+
+
+def sweep_of(engine: Engine, job_id: int) -> int | None:
+    """The (newest) sweep a job trained, or None: a sweep's job has one run per SAE, so it links
+    to the sweep (its grid and every SAE) rather than to one of its runs."""
+    t = Sweep.__table__
     with engine.connect() as conn:
         return conn.execute(select(func.max(t.c.id)).where(t.c.job_id == job_id)).scalar()
 
