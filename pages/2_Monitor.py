@@ -15,7 +15,19 @@ from datetime import datetime, timedelta, timezone
 import streamlit as st
 
 from sae_dist import format as fmt
-from sae_dist.analytics import cards, charts, jobs, monitor_views, progress, queries, samples, sparklines, tables, units
+from sae_dist.analytics import (
+    balance_view,
+    cards,
+    charts,
+    jobs,
+    monitor_views,
+    progress,
+    queries,
+    samples,
+    sparklines,
+    tables,
+    units,
+)
 from sae_dist.db import get_engine
 from webui.refresh import refresh_every, timed_redraw
 from webui.sidebar import page_frame
@@ -40,7 +52,7 @@ STALE_S = 15  # a live device without a reading for this long: the daemon is not
 LIVE_STATES = ("PENDING", "RUNNING")
 TRAIN_CURVES = ("loss", "fvu", "l0", "dead_fraction", "samples_per_s")
 RECOVERY_CURVES = ("recovery_frac", "recovery_mean_cos")
-LOG_LINES = 200  # the log tail's length
+LOG_LINES = 20  # the log tail's length: what the job is doing now (200 lines made the page 8,000 px tall)
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
@@ -188,6 +200,8 @@ def draw_monitor(job_id: int, view: str, window_s: int | None, known_state: str 
         training(job, now)
         st.subheader("Log", anchor=False)
         log_tail(job, LOG_LINES)
+        st.page_link("pages/3_Queue.py", label="More of the log (up to 1,000 lines) in the Queue",
+                     icon=":material/article:", query_params={"job": str(job["id"])})
 
 
 def job_header(job: dict, now: datetime) -> None:
@@ -402,8 +416,9 @@ def feature_recovery(run: dict, views: monitor_views.TrainingViews) -> None:
     if run["recovery_frac"] is None and not views.recovery_drawn:
         return
     st.subheader("Feature recovery", anchor=False)
+    ceiling = cards.recovery_ceiling(run.get("config") or {})
     st.caption("Synthetic data plants a known dictionary: how much of it the SAE has found "
-               "(measured at checkpoints).")
+               "(measured at checkpoints)." + (f" {ceiling}" if ceiling else ""))
     card_row(views.recovery_cards)
     view_columns(views.recovery)
 
@@ -415,13 +430,13 @@ def load_balance(run: dict, events: list[dict], window: list[dict]) -> None:
     if limited is not None:
         slowdown = fmt.balance_limited_slowdown(limited, events, window)
         st.warning(fmt.balance_limited_message(limited, slowdown), icon=":material/warning:")
-    if run["imbalance"] is None and not events:
+    card = balance_view.imbalance_card(queries.recent_imbalance(engine, run["id"]), window) \
+        if run["imbalance"] is not None else None
+    if card is None and not events:
         return
     with st.container(horizontal=True, vertical_alignment="top"):
-        if run["imbalance"] is not None:
-            st.metric("Imbalance", fmt.fmt_ratio(run["imbalance"]), border=True, width="content",
-                      help="The slowest rank's compute time over the fastest's in the latest "
-                           "report window; 1.00× is even.")
+        if card is not None:  # a figure only on the rebalancer's own evidence, else "even"
+            st.metric("Imbalance", card[0], border=True, width="content", help=card[1])
         if events:
             with st.container(key="run_events"):
                 st.markdown("**Run events**")

@@ -207,8 +207,9 @@ def feature_recovery(run: dict, frames: dict) -> None:
     if not any(panel.chart is not None for panel in recovery.values()):
         return
     st.subheader("Feature recovery", anchor=False)
+    ceiling = cards.recovery_ceiling(run.get("config") or {})
     st.caption("Synthetic data plants a known dictionary: how much of it the SAE has found "
-               "(measured at checkpoints).")
+               "(measured at checkpoints)." + (f" {ceiling}" if ceiling else ""))
     card_row(cards.training_cards(recovery, run["final"]))
     chart_columns([(panel.chart, f"{panel.unit.title} against training step", None)
                    for panel in recovery.values()])
@@ -255,19 +256,25 @@ def open_picked_run() -> None:
 
 def compare_controls() -> tuple[list[int], float, bool, str]:
     """The runs compared and how their curves are drawn: smoothing, log scale, x axis."""
+    # The runs compared are in the URL (?compare=3,5), by id: a comparison to bookmark or send.
+    linked = run_compare.runs_in_link(st.query_params.get("compare", ""), list(by_id))
     picked = st.multiselect(
-        "Runs to compare", list(by_id), default=run_compare.compare_default(runs, opened),
+        "Runs to compare", list(by_id), default=linked or run_compare.compare_default(runs, opened),
         key="compare_pick", persist_state="page", placeholder="Pick runs",
         format_func=lambda i: f"{run_compare.run_label(by_id[i])} · {by_id[i]['status']}")
     with st.container(horizontal=True, vertical_alignment="bottom"):
         weight = st.slider("Smoothing", 0.0, MAX_WEIGHT, 0.0, step=0.01, key="smoothing",
-                           persist_state="page", width=260,
+                           persist_state="page", width=260, bind="query-params",
                            help="An exponential moving average, debiased as TensorBoard does "
                                 "(0: none); the raw curve stays faint beneath.")
         x = st.segmented_control("X axis", list(run_compare.X_AXES), default="step", key="x_axis",
-                                 required=True, persist_state="page",
+                                 required=True, persist_state="page", bind="query-params",
                                  format_func=lambda k: run_compare.X_AXES[k].title)
-        log = st.toggle("Log scale (y)", key="log_y", persist_state="page")
+        log = st.toggle("Log scale (y)", key="log_y", persist_state="page", bind="query-params")
+    if picked:
+        st.query_params["compare"] = run_compare.link_value(picked)
+    else:
+        st.query_params.pop("compare", None)
     return picked, weight, log, x or "step"
 
 

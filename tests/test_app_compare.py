@@ -118,6 +118,25 @@ def test_comparing_two_runs_colours_each_alike_on_every_chart_and_diffs_configs(
     assert list(diff[domain[0]]) == ["4", "200"] and list(diff[domain[1]]) == ["8", "300"]
 
 
+def test_a_comparison_is_a_url_to_bookmark_or_send(runs):
+    """The runs compared (by id) and how they are drawn are in the URL: picking runs writes them
+    there, and a link naming them opens the same comparison."""
+    at = open_page(view=COMPARE)
+    at.multiselect(key="compare_pick").set_value([runs["live"], runs["done"]]).run()
+    assert at.query_params["compare"] == f"{runs['live']},{runs['done']}"
+    shared = open_page(view=COMPARE, compare=f"{runs['done']},{runs['live']},999", log_y="true")
+    assert shared.multiselect(key="compare_pick").value == [runs["done"], runs["live"]]  # 999: no such run
+    assert shared.toggle(key="log_y").value is True
+
+
+def test_the_runs_a_link_names():
+    from sae_dist.analytics.run_compare import link_value, runs_in_link
+
+    assert runs_in_link("3,5", [1, 3, 5]) == [3, 5] and runs_in_link(" 5 , 3,5", [3, 5]) == [5, 3]
+    assert runs_in_link("3,x,-1,٣,9", [3]) == [3] and runs_in_link("", [3]) == []
+    assert runs_in_link(link_value([5, 3]), [3, 5]) == [5, 3]
+
+
 @pytest.mark.slow  # 1 s or more (several AppTest runs of the page)
 def test_smoothing_log_scale_and_x_axis_change_every_curve(runs):
     at = open_page(view=COMPARE)

@@ -293,6 +293,21 @@ def test_queue_log_tail_shows_the_last_lines(busy, tmp_path):
     assert at.code[0].value.splitlines() == ["again 0", "again 1", "again 2"]
 
 
+def test_monitor_log_is_the_last_lines_and_links_to_more(busy, tmp_path):
+    """The Monitor shows what the job is doing now (its last 20 lines: 200 made the page 8,000 px
+    tall) and links to the Queue's log view, which shows up to 1,000."""
+    engine, running = busy["engine"], busy["running"]
+    log = tmp_path / "job.out"
+    log.write_text("".join(f"step {i}\n" for i in range(1000)))
+    with engine.begin() as conn:
+        conn.execute(update(Job.__table__).where(Job.__table__.c.id == running)
+                     .values(stdout_path=str(log), stderr_path=str(log)))
+    at = open_page(MONITOR, job=str(running))
+    logs = [c.value.splitlines() for c in at.code if c.value.startswith("step ")]
+    assert logs == [[f"step {i}" for i in range(980, 1000)]]
+    assert "More of the log (up to 1,000 lines) in the Queue" in [link.label for link in at.get("page_link")]
+
+
 @pytest.mark.slow  # 1 s or more (AppTest runs of the page)
 def test_a_job_in_the_url_is_selected_on_both_pages(busy):
     at = open_page(QUEUE, job=str(busy["running"]))

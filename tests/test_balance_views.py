@@ -351,3 +351,31 @@ def test_benchmarks_page_without_heterogeneous_runs(engine):
     at = open_page(BENCHMARKS)
     assert [i.proto.title for i in at.info] == ["No benchmark yet", "No heterogeneous run yet"]
     assert any("--balance speed" in m.value for m in at.markdown) and not at.code
+
+
+def test_the_imbalance_card_follows_the_rebalancer_s_rule_of_evidence():
+    """A figure only when the slowest rank stayed 1.2x the fastest for 3 windows running, 2 ms
+    apart; one noisy window of short compute times reads "even" (it read 2.40x on a balanced run
+    whose step times were 18.7 and 18.1 ms)."""
+    from sae_dist.analytics.balance_view import imbalance_card
+
+    short = [{"rank": 0, "compute_time_s": 0.0005}, {"rank": 1, "compute_time_s": 0.0012}]
+    value, help_text = imbalance_card([1.0, 1.1, 2.4], short)
+    assert value == "even" and "2.40×" in help_text and "not 1.2x for 3 windows running" in help_text
+    assert imbalance_card([1.5, 1.6, 2.4], short)[0] == "even"  # sustained, but 0.7 ms apart: jitter
+    slow = [{"rank": 0, "compute_time_s": 0.010}, {"rank": 1, "compute_time_s": 0.024}]
+    value, help_text = imbalance_card([1.5, 1.6, 2.4], slow)
+    assert value == "2.40×" and "the rebalancer's rule" in help_text and "14.0 ms apart" in help_text
+    assert imbalance_card([2.4, 2.4], slow)[0] == "even"  # two windows are not yet evidence
+    assert imbalance_card([], slow) is None and imbalance_card([1.3, None], slow) is None
+
+
+def test_feature_recovery_says_its_ceiling_when_latents_are_fewer_than_planted_features():
+    from sae_dist.analytics.cards import recovery_ceiling
+
+    few = {"source": "synthetic", "d_in": 64, "expansion_factor": 6, "d_sae": None, "synthetic_features": 4096}
+    assert recovery_ceiling(few) == ("384 latents for 4,096 planted features: at most 9.4% of them can be "
+                                     "recovered, whatever the training.")
+    assert recovery_ceiling({**few, "d_sae": 8192}) is None  # enough latents: no ceiling below 100%
+    assert recovery_ceiling({**few, "source": "shards"}) is None  # the count is the shards' own
+    assert recovery_ceiling({}) is None

@@ -336,3 +336,23 @@ def test_a_model_source_is_checked_before_any_rank_starts(minilm, tmp_path, cli)
     one_error(cli("train", "--source", "model", "--model-path", minilm, "--model-layer", "9", "--text-path", TEXT[0],
                   "--devices", "cpu:2", "--no-db", "--out-dir", str(tmp_path / "a")), "layer 9: the model has 6 layers")
     assert not (tmp_path / "a").exists()
+
+
+def test_a_resume_removes_what_a_killed_writer_left_half_written(tmp_path):
+    """A harvest SIGKILLed while writing a shard leaves `.shard_N.safetensors.tmp-PID`; the resume
+    removes it (its writer is dead), and leaves a live writer's alone."""
+    from sae_dist.data.harvest.run import _start_or_resume
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    out = tmp_path / "acts"
+    out.mkdir()
+    key = {"model": "m"}
+    _start_or_resume(out, key, 4)
+    (out / f".shard_00002.safetensors.tmp-{dead.pid}").write_bytes(b"half")
+    live = out / f".shard_00003.safetensors.tmp-{dead.pid + 10**7}x"  # not a pid: not ours to judge
+    live.write_bytes(b"?")
+    mine = out / f".harvest.json.tmp-{__import__('os').getpid()}"
+    mine.write_bytes(b"{}")
+    assert _start_or_resume(out, key, 4) == {}
+    assert sorted(p.name for p in out.iterdir()) == sorted(["harvest.json", live.name, mine.name])

@@ -24,6 +24,7 @@ import statistics
 from typing import Any
 
 from sae_dist.format import MISSING, fmt_ratio, fmt_seconds, fmt_share
+from sae_dist.train.balance import EVIDENCE_WINDOWS, MIN_GAP_S, REBALANCE_AT
 
 
 def rebalance_steps(events: list[dict]) -> list[int]:
@@ -146,3 +147,26 @@ def ratio_text(before: float | None, after: float | None) -> str:
 def _total(shares: list[int | None]) -> int | None:
     # The global batch only when every rank's share is known: a partial sum would mislead.
     return sum(shares) if shares and all(s is not None for s in shares) else None
+
+
+def imbalance_card(recent: list[float | None], window: list[dict]) -> tuple[str, str] | None:
+    """The Monitor's Imbalance card as (value, help), under the rebalancer's own rule of evidence
+    (sae_dist.train.balance), on what the run recorded (each window's medians; the rebalancer
+    itself reads quartiles): a figure only when the slowest rank's compute time stayed REBALANCE_AT
+    x the fastest's for EVIDENCE_WINDOWS report windows running (`recent`, oldest first) and sits
+    MIN_GAP_S above it in the latest `window` (its ranks' rows); else "even", with the latest
+    figure in the help, said to be within the noise. None before any window was measured."""
+    latest = recent[-1] if recent else None
+    if latest is None:
+        return None
+    times = [w["compute_time_s"] for w in window if w.get("compute_time_s") is not None]
+    gap = max(times) - min(times) if len(times) > 1 else None
+    last = recent[-EVIDENCE_WINDOWS:]
+    sustained = len(last) == EVIDENCE_WINDOWS and all(r is not None and r >= REBALANCE_AT for r in last)
+    apart = f", {fmt_seconds(gap)} apart" if gap is not None else ""
+    if sustained and gap is not None and gap >= MIN_GAP_S:
+        return fmt_ratio(latest), (f"The slowest rank's compute time over the fastest's: at least {REBALANCE_AT:.1f}x "
+                                   f"for {EVIDENCE_WINDOWS} report windows running (the rebalancer's rule){apart}.")
+    return "even", (f"The latest window measured {fmt_ratio(latest)}{apart}, but not {REBALANCE_AT:.1f}x for "
+                    f"{EVIDENCE_WINDOWS} windows running, {fmt_seconds(MIN_GAP_S)} apart (the rebalancer's rule): "
+                    "within the noise of short compute times, not a slow rank.")

@@ -106,3 +106,17 @@ def last_present(values: list[Any]) -> tuple[int, Any] | tuple[None, None]:
         if _present(values[i]):
             return i, values[i]
     return None, None
+
+
+def recovery_ceiling(config: dict) -> str | None:
+    """What feature recovery can reach at most, in words: a latent matches one planted feature,
+    so an SAE with fewer latents than the synthetic source's planted features recovers at most
+    d_sae / features of them (384 latents for 4,096: 9.4%). None when it has enough latents, or
+    the config does not say (another source, a run from before the config was stored)."""
+    features = config.get("synthetic_features") if config.get("source") == "synthetic" else None
+    d_in, factor = config.get("d_in"), config.get("expansion_factor")
+    d_sae = config.get("d_sae") or (d_in * factor if d_in and factor else None)
+    if not features or not d_sae or d_sae >= features:
+        return None
+    return (f"{d_sae:,} latents for {features:,} planted features: at most {d_sae / features:.1%} of them "
+            "can be recovered, whatever the training.")

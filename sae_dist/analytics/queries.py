@@ -63,6 +63,16 @@ def run_step_metrics(engine: Engine, run_id: int,
     return {name: [row[i] for row in rows] for i, name in enumerate(names)}
 
 
+def recent_imbalance(engine: Engine, run_id: int, windows: int = 3) -> list[float | None]:
+    """A run's last `windows` report windows' imbalance (slowest rank's compute time over the
+    fastest's), oldest first; None for a window that had none."""
+    query = (select(StepMetric.imbalance).where(StepMetric.run_id == run_id)
+             .order_by(StepMetric.step.desc()).limit(windows))
+    with engine.connect() as conn:
+        rows = conn.execute(query).all()
+    return [row[0] for row in reversed(rows)]
+
+
 def recent_steps(engine: Engine, run_id: int, limit: int = 200) -> list[tuple[int, Any]]:
     """A run's last `limit` logged steps as (step, time), oldest first (the (run_id, step)
     index reads them backwards): what the recent step rate is measured on."""

@@ -78,6 +78,22 @@ def compare_default(runs: Sequence[dict[str, Any]], opened: int | None) -> list[
     return [] if first is None else [first]
 
 
+def runs_in_link(text: str, known: Sequence[int]) -> list[int]:
+    """The runs a shared link names (`?compare=3,5`), in its order, those that exist only: a
+    comparison to bookmark or send. Anything else in it is ignored, as a stale link's gone runs."""
+    named = []
+    for part in text.split(","):
+        part = part.strip()
+        if part.isascii() and part.isdigit() and int(part) in known and int(part) not in named:
+            named.append(int(part))
+    return named
+
+
+def link_value(picked: Sequence[int]) -> str:
+    """The compared runs as the link says them (`runs_in_link` reads it back)."""
+    return ",".join(str(i) for i in picked)
+
+
 def run_label(run: dict[str, Any]) -> str:
     """A run in legends and tables: "12 · name" (the id keeps runs of one name apart)."""
     return f"{run['id']} · {run['name']}"

@@ -347,6 +347,7 @@ def _start_or_resume(out: Path, key: dict, n_shards: int) -> dict[int, dict]:
         raise UserError(f"--out {out} holds shards that are not from a harvest; choose another directory")
     else:
         _write_json(path, {"key": key})
+    _remove_dead_writers_files(out)
     done = _finished_shards(out, n_shards)
     for entry in done.values():
         file = out / entry["file"]
@@ -354,6 +355,25 @@ def _start_or_resume(out: Path, key: dict, n_shards: int) -> dict[int, dict]:
             raise UserError(f"--out {out}: finished shard {entry['file']} is missing or changed; "
                             f"delete the directory to start again")
     return done
+
+
+def _remove_dead_writers_files(out: Path) -> None:
+    """A harvest killed while writing a shard leaves its temporary file (`.NAME.tmp-PID`, never
+    a finished shard): the resume removes those of writers no longer alive."""
+    for leftover in out.glob(".*.tmp-*"):
+        pid = leftover.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            leftover.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def _finished_shards(out: Path, n_shards: int) -> dict[int, dict]:
