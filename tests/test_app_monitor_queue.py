@@ -273,13 +273,18 @@ def test_queue_action_refused_meanwhile_shows_an_error(busy):
     assert "cannot hold" in at.error[0].value
 
 
+def log_of_1000_lines(busy, path):
+    """The running job's log (stdout and stderr in one file): "step 0" ... "step 999"."""
+    path.write_text("".join(f"step {i}\n" for i in range(1000)))
+    with busy["engine"].begin() as conn:
+        conn.execute(update(Job.__table__).where(Job.__table__.c.id == busy["running"])
+                     .values(stdout_path=str(path), stderr_path=str(path)))
+    return path
+
+
 def test_queue_log_tail_shows_the_last_lines(busy, tmp_path):
-    engine, running = busy["engine"], busy["running"]
-    log = tmp_path / "job.out"
-    log.write_text("".join(f"step {i}\n" for i in range(1000)))
-    with engine.begin() as conn:
-        conn.execute(update(Job.__table__).where(Job.__table__.c.id == running)
-                     .values(stdout_path=str(log), stderr_path=str(log)))
+    running = busy["running"]
+    log = log_of_1000_lines(busy, tmp_path / "job.out")
     at = open_page(QUEUE, job=str(running))
     shown = at.code[0].value.splitlines()
     assert shown == [f"step {i}" for i in range(950, 1000)]  # the last 50 by default
@@ -296,13 +301,8 @@ def test_queue_log_tail_shows_the_last_lines(busy, tmp_path):
 def test_monitor_log_is_the_last_lines_and_links_to_more(busy, tmp_path):
     """The Monitor shows what the job is doing now (its last 20 lines: 200 made the page 8,000 px
     tall) and links to the Queue's log view, which shows up to 1,000."""
-    engine, running = busy["engine"], busy["running"]
-    log = tmp_path / "job.out"
-    log.write_text("".join(f"step {i}\n" for i in range(1000)))
-    with engine.begin() as conn:
-        conn.execute(update(Job.__table__).where(Job.__table__.c.id == running)
-                     .values(stdout_path=str(log), stderr_path=str(log)))
-    at = open_page(MONITOR, job=str(running))
+    log_of_1000_lines(busy, tmp_path / "job.out")
+    at = open_page(MONITOR, job=str(busy["running"]))
     logs = [c.value.splitlines() for c in at.code if c.value.startswith("step ")]
     assert logs == [[f"step {i}" for i in range(980, 1000)]]
     assert "More of the log (up to 1,000 lines) in the Queue" in [link.label for link in at.get("page_link")]
