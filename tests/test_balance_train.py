@@ -206,6 +206,20 @@ def test_a_sweep_rebalances_its_stream_like_a_single_run(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+def test_a_sweep_of_saes_apart_keeps_equal_shares_and_blames_no_balance(tmp_path):
+    """Each SAE on a device of its own trains on the whole global batch: rank 1 slowed 6x is not
+    a share problem, so the shares stay equal, the log says why, and nothing is rebalanced (the
+    rebalancer's own rule would have moved them after 3 windows)."""
+    args = ["--d-in", "128", "--d-sae", "1024", "--steps", "30", "--log-every", "5", "--checkpoint-every", "0",
+            "--seed", "1", "--eval-rows", "0", "--no-db"]
+    out = ok(run_cli("train", *args, "--devices", "cpu:2", "--batch-size", "512", "--sweep", "k=8,16",
+                     "--out-dir", str(tmp_path / "sweep"), env={SLOW_RANKS_ENV: "1:6"}))
+    assert "the shares change no device's work, so they stay equal" in out.stdout
+    assert "rebalanced shares" not in out.stdout and "cannot even it out" not in out.stdout + out.stderr
+    assert shares_in(out.stdout) == [([512, 512], 1)]
+
+
+@pytest.mark.slow
 def test_a_sweep_that_loses_a_rank_finishes_on_the_others(tmp_path, three_ranks_straight):
     """A sweep of two SAEs on 3 ranks (k4 on a DDP group of 2, k8 alone on rank 2); rank 2 SIGKILLs
     itself after step 6. The sweep goes on from step 4 on the other two devices, with the global

@@ -210,12 +210,15 @@ def _run(job: Job) -> TrainResult:
             lead = closed[0][1]
             decision = rebalance(stream.plan.shares, lead.times, stream.balance, allowed=cfg.rebalance and job.balances)
             stream.balance = decision.state
+            # Where shares change no device's work (each SAE on a device of its own), a slow rank is
+            # no balance limit: the shares were never the way to even it out.
+            limited = decision.limited_rank if job.balances else None
             _record_reports(job, step, stream.plan, closed, D.all_reduce_sum(grad_norms.to(ctx.device)).tolist(),
-                            decision.limited_rank, at_checkpoint)
+                            limited, at_checkpoint)
             if ctx.is_main:
                 _log_progress(job, step, lead, (step - first_step) / max(time.perf_counter() - started, 1e-9))
-            _apply_balance(job, stream, step, decision, lead, limited_reported)
-            limited_reported = decision.limited_rank
+            _apply_balance(job, stream, step, decision, lead, limited, limited_reported)
+            limited_reported = limited
         if at_checkpoint:
             write_checkpoint(cfg, ctx, job.members, job.source, stream, step, job.run_dir)
         for m in job.members:
@@ -342,7 +345,7 @@ def _log_progress(job: Job, step: int, lead: WindowReport, steps_per_s: float) -
 
 
 def _apply_balance(job: Job, stream: Stream, step: int, decision: BalanceDecision, w: WindowReport,
-                   limited_reported: int | None) -> None:
+                   limited: int | None, limited_reported: int | None) -> None:
     """The rebalancer's decision takes effect from the next step for every SAE; rank 0 records a
     move, and a rank that stays slow even at its smallest share (once, until that changes)."""
     if decision.changed(stream.plan.shares):
@@ -351,7 +354,7 @@ def _apply_balance(job: Job, stream: Stream, step: int, decision: BalanceDecisio
         follow_stream(job.members, stream.plan)
         for i, r in enumerate(job.records):
             r.rebalanced(step, before, stream.plan, w.compute_times, decision, say=i == 0)
-    if decision.limited_rank is not None and decision.limited_rank != limited_reported:
+    if limited is not None and limited != limited_reported:
         for i, r in enumerate(job.records):
             r.balance_limited(step, decision, say=i == 0)
 
