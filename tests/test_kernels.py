@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -52,7 +53,7 @@ def test_kernel_selects_what_torch_topk_selects(rows, n, k, with_aux):
 def test_without_a_compiler_training_uses_torch_topk(tmp_path):
     """No compiler: one warning, and the stock path trains (a missing kernel costs speed only)."""
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "CXX": "/bin/false"}
-    code = ("import logging; logging.basicConfig();"
+    code = ("import logging; logging.basicConfig(level=logging.INFO);"
             "import torch; from sae_dist.models.kernels import cpu_topk; assert cpu_topk() is None;"
             "from sae_dist.models.sae import SparseAutoencoder;"
             "sae = SparseAutoencoder(16, 64, 'topk', 4, seed=0); out = sae(torch.randn(8, 16)); out.loss.backward();"
@@ -90,7 +91,7 @@ def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next(tmp_path):
     shutil.copytree(built, copy, ignore=shutil.ignore_patterns("lock"))
     (copy / "lock").touch()
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
-    code = ("import logging; logging.basicConfig();"
+    code = ("import logging; logging.basicConfig(level=logging.INFO);"
             "from sae_dist.models.kernels import cpu_topk; print('kernel', cpu_topk() is not None)")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=600)
@@ -98,3 +99,6 @@ def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next(tmp_path):
     assert "kernel True" in result.stdout, result.stderr
     assert "left by a build that was killed" in result.stderr
     assert not (copy / "lock").exists()
+    # What a job waits for at its start is in its log (the Monitor shows the last line): the build.
+    assert "loading the topk_cpu kernel (built once per source and torch version" in result.stderr
+    assert re.search(r"the topk_cpu kernel was ready after \d+ s", result.stderr), result.stderr[-2000:]

@@ -16,12 +16,14 @@ import hashlib
 import logging
 import os
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 DISABLE_ENV = "SAE_DIST_NO_KERNELS"
+BUILD_NOTE_S = 2.0  # a load this long was a build: the log says how long the job waited for it
 _HERE = Path(__file__).resolve().parent
 _loaded: dict[str, object] = {}
 
@@ -112,10 +114,19 @@ def _build(name: str):
 
         module = module_name(name)
         build_dir = _build_directory(module)
+        # Said before the wait, so that a job's log (and the Monitor, which shows its last line)
+        # says what a job at its start waits for when the kernel is built.
+        log.info("loading the %s kernel (built once per source and torch version: a first build takes "
+                 "about a minute on 2 cores)", name)
+        started = time.monotonic()
         with _only_builder(build_dir):
             # -O3 and OpenMP's simd pragma, no -march=native: the cache may be shared by unlike nodes.
-            return load(name=module, sources=[str(_shared_source(name, build_dir))],
-                        extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+            kernel = load(name=module, sources=[str(_shared_source(name, build_dir))],
+                          extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+        waited = time.monotonic() - started
+        if waited > BUILD_NOTE_S:  # a build (ours or another process's, waited for): not a load
+            log.info("the %s kernel was ready after %.0f s (built, or waited for another build)", name, waited)
+        return kernel
     except Exception as e:  # no compiler, no ninja, no headers: the stock path serves
         log.warning("could not build the %s kernel (%s); using stock PyTorch (slower)", name,
                     str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__)
