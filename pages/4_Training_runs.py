@@ -6,6 +6,7 @@ opens the comparison. A RUNNING run refreshes live.
 """
 
 from datetime import datetime, timezone
+from pathlib import Path
 
 import streamlit as st
 
@@ -20,6 +21,7 @@ from sae_dist.analytics import (
     pareto,
     queries,
     run_compare,
+    run_export,
     samples,
     tables,
 )
@@ -162,6 +164,21 @@ def run_view(run_id: int, live: bool) -> None:
                     f"{fmt.fmt_time(run['finished_at'])} · scheduler job "
                     f"{run['job_id'] if run['job_id'] is not None else fmt.MISSING}")
         st.json(run["config"], expanded=True)
+        download_buttons(run)
+
+
+def download_buttons(run: dict) -> None:
+    """The run as one JSON file (config, metrics, events, evaluation) and its SAE as a zip, each
+    made when its button is clicked (an SAE can be large)."""
+    safe = run_export.file_stem(run["name"], run["id"])
+    with st.container(horizontal=True):
+        st.download_button("Run as JSON", lambda: run_export.record_json(run_export.run_record(engine, run["id"])),
+                           file_name=f"{safe}.json", mime="application/json", icon=":material/download:",
+                           key="download_run", help="Config, every logged step's metrics, events and evaluation")
+        if run["export_dir"] and Path(run["export_dir"]).is_dir():
+            st.download_button("SAE as zip", lambda: run_export.sae_archive(run["export_dir"]),
+                               file_name=f"{safe}-sae.zip", mime="application/zip", icon=":material/folder_zip:",
+                               key="download_sae", help=f"The SAELens export folder {run['export_dir']}")
 
 
 def run_header(run: dict) -> None:
