@@ -143,7 +143,7 @@ def sweep_plan(sweep: Any, devices: list[tuple[str, int | None]], device_type: s
     device with its estimated memory; or the placement's error (which SAE lacks how much)."""
     from sae_dist.errors import UserError
     from sae_dist.format import fmt_bytes
-    from sae_dist.sweeps.placement import Device, needs_for, place
+    from sae_dist.sweeps.placement import Device, place_sweep
 
     shown: dict[str, Any] = {"count": len(sweep), "names": sweep.names, "reason": None, "rows": [], "error": None}
     if not devices:
@@ -152,9 +152,7 @@ def sweep_plan(sweep: Any, devices: list[tuple[str, int | None]], device_type: s
         shown["error"] = "the memory per device needs d_in (the shards' width)"
         return shown
     try:
-        plan = place(needs_for([(p.name, p.config) for p in sweep.points], device_type),
-                     [Device(label, capacity) for label, capacity in devices],
-                     everywhere=sweep.points[0].config.balance != "equal")  # the job's setting, on every point
+        plan = place_sweep(sweep, device_type, [Device(label, capacity) for label, capacity in devices])
     except UserError as e:
         shown["error"] = str(e)
         return shown

@@ -330,7 +330,7 @@ def _placement(sweep, cfg: TrainConfig, model_config=None):
     """The sweep on the job's devices (sae_dist/sweeps/placement.py), each GPU's memory as its capacity;
     from the model source (`model_config`: its config), the model's memory on every device too."""
     from sae_dist.data.harvest.sites import model_sites
-    from sae_dist.sweeps.placement import needs_for, place
+    from sae_dist.sweeps.placement import place_sweep
     from sae_dist.sweeps.setup import job_devices
     from sae_dist.train.launch import resolve_devices
 
@@ -340,5 +340,4 @@ def _placement(sweep, cfg: TrainConfig, model_config=None):
         from sae_dist.data.sources.model import launcher_memory
 
         source = launcher_memory(cfg, model_config, len(model_sites(sweep)), cfg.batch_size * ranks * cfg.grad_accum)
-    return place(needs_for([(p.name, p.config) for p in sweep.points], kind), job_devices(kind, ranks), source,
-                 everywhere=cfg.balance != "equal")
+    return place_sweep(sweep, kind, job_devices(kind, ranks), source)

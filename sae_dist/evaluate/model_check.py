@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sae_dist.data.harvest.contexts import framing_from_examples, join_documents, make_contexts
+from sae_dist.data.harvest.contexts import batch_inputs, framing_from_examples, join_documents, make_contexts
 from sae_dist.data.harvest.sites import site_module_path
 from sae_dist.errors import UserError
 
@@ -131,10 +131,7 @@ def _runs(model, contexts, splice: _Splice, device, forward, mode: str | None) -
     out = []
     for start in range(0, len(contexts), BATCH):
         batch = contexts[start:start + BATCH]
-        ids = torch.tensor([c.ids for c in batch], device=device)
-        lengths = torch.tensor([c.length for c in batch], device=device)
-        attention = (torch.arange(ids.shape[1], device=device)[None] < lengths[:, None]).long()
-        splice.keep = torch.tensor([c.harvest for c in batch], device=device)
+        ids, attention, splice.keep = batch_inputs(batch, device)
         splice.mode = mode
         with torch.inference_mode():
             out.append(forward(model(input_ids=ids, attention_mask=attention), ids, attention))

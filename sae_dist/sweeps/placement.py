@@ -132,6 +132,16 @@ def place(needs: Sequence[SaeNeed], devices: Sequence[Device], source: SourceMem
     return dataclasses.replace(plan, reason=f"{plan.reason}; {source.describe()}")
 
 
+def place_sweep(sweep: Any, device_type: str, devices: Sequence[Device],
+                source: SourceMemory | None = None) -> Placement:
+    """A sweep (sae_dist.contract.sweep.Sweep) on a job's devices: its points' memory needs on
+    `device_type`, every SAE on every device when the job balances its shares (`--balance speed`
+    or `memory`: the job's setting, the same on every point, never swept). The one way the
+    launcher, the ranks and the Train page place a sweep."""
+    needs = needs_for([(p.name, p.config) for p in sweep.points], device_type)
+    return place(needs, devices, source, everywhere=sweep.points[0].config.balance != "equal")
+
+
 def _heaviest_first(needs: Sequence[SaeNeed]) -> list[SaeNeed]:
     return sorted(needs, key=lambda n: -n.alone.total)  # sorted() is stable: ties keep the sweep's order
 

@@ -43,7 +43,7 @@ from sae_dist.evaluate.end_of_run import end_of_run_evaluations, summary_lines
 from sae_dist.evaluate.metrics import dictionary_recovery
 from sae_dist.memory import MemoryEstimate, PeakMemory, estimate_for_config
 from sae_dist.models.export import export_saelens
-from sae_dist.sweeps.placement import Placement, PlacementError, needs_for, place
+from sae_dist.sweeps.placement import Placement, PlacementError, place_sweep
 from sae_dist.sweeps.record import SweepRecord
 from sae_dist.sweeps.setup import rank_devices, resolved, sweep_source
 from sae_dist.train.balance import BalanceDecision, BatchPlan, rebalance
@@ -97,6 +97,11 @@ class Job:
         return [m.record for m in self.members if m.record is not None and m.live]
 
     @property
+    def n_sites(self) -> int:
+        """Sites the source's rows hold: above 1, rows [rows, n_sites, d_in], each SAE its slice."""
+        return len(getattr(self.source, "sites", ()))
+
+    @property
     def balances(self) -> bool:
         """Whether the stream's shares change any device's work: only for an SAE on several ranks
         (an SAE on one device trains on the whole global batch, whoever read it)."""
@@ -128,7 +133,7 @@ def _train(cfg: TrainConfig, sweep: Sweep | None, ctx: D.DistContext) -> TrainRe
         # A torchrun started by hand skips the launcher's checks; the model source's config is read already.
         check_trainable(sweep, getattr(getattr(source, "reader", None), "config", None))
         memory = getattr(source, "memory", None)  # the model source's own, on every device
-        placement = _placement(sweep, cfg, ctx, memory() if memory is not None else None)
+        placement = _placement(sweep, ctx, memory() if memory is not None else None)
     name, run_dir = on_main(ctx, prepare_run_dir, cfg)
     device_ids = D.gather_objects(device_label(ctx))
     record = (RunRecord(cfg, ctx, name, run_dir, device_ids) if sweep is None
@@ -137,20 +142,19 @@ def _train(cfg: TrainConfig, sweep: Sweep | None, ctx: D.DistContext) -> TrainRe
     try:
         return _run(job)
     except BaseException as e:
-        stopped = isinstance(e, TrainingStopped) or bool(received_stop)
-        signame = (e if isinstance(e, TrainingStopped) else TrainingStopped(received_stop[0])).signame \
-            if stopped else ""
-        why = (f"stopped by {signame} (a cancel, a time limit or Ctrl-C)" if stopped
+        # A peer's error caused by its own stop is a stop too.
+        stop = e if isinstance(e, TrainingStopped) else TrainingStopped(received_stop[0]) if received_stop else None
+        why = (f"stopped by {stop.signame} (a cancel, a time limit or Ctrl-C)" if stop
                else f"{type(e).__name__}: {e}"[:2000])
-        status = "STOPPED" if stopped else "FAILED"
+        status = "STOPPED" if stop else "FAILED"
         for r in job.records:
             r.finish(status=status, error=why)
         if isinstance(record, SweepRecord):
             record.finish(status, why)
         elif record not in job.records:  # it failed before its SAE was built
             record.finish(status=status, error=why)
-        if stopped and not isinstance(e, TrainingStopped):
-            raise TrainingStopped(received_stop[0]) from None
+        if stop is not None and stop is not e:
+            raise stop from None
         raise
 
 
@@ -160,9 +164,8 @@ def _run(job: Job) -> TrainResult:
     peak.reset()
     slowdown = slowdown_for_tests(ctx.rank)
     kill_at = kill_step_for_tests(ctx.rank)
-    step, stream, first = _start(job, slowdown)
     estimate = estimate_for_config(cfg, ctx.world_size, ctx.device.type)
-    n_sites = len(getattr(job.source, "sites", ()))  # > 1: rows [rows, n_sites, d_in], each SAE its slice
+    step, stream, first = _start(job, slowdown, estimate)
     for m in job.members:
         m.window.started = time.perf_counter()  # the start's reading and probing are not the first window's
     gather = any(len(m.ranks) < ctx.world_size for m in job.members)
@@ -178,8 +181,8 @@ def _run(job: Job) -> TrainResult:
         local = first or job.source.next_batches(stream.plan, ctx.rank, ctx.device)
         first = None
         compute = time.perf_counter() - t0  # a rank's compute: its reading and its forwards, no collective
-        gathered = split_sites(all_gathered(local, stream.plan), n_sites) if gather else None
-        local = split_sites(local, n_sites)
+        gathered = split_sites(all_gathered(local, stream.plan), job.n_sites) if gather else None
+        local = split_sites(local, job.n_sites)
         grad_norms = torch.zeros(len(job.members), dtype=torch.float64)
         for i, m in enumerate(job.members):
             if not (m.here and m.live):
@@ -227,39 +230,38 @@ def _run(job: Job) -> TrainResult:
     return _finish(job, stream, step, lead.peak_bytes if lead else None, estimate)
 
 
-def _start(job: Job, slowdown: float) -> tuple[int, Stream, list[torch.Tensor] | None]:
+def _start(job: Job, slowdown: float, estimate: MemoryEstimate) -> tuple[int, Stream, list[torch.Tensor] | None]:
     """The job's SAEs built, started fresh or resumed, wrapped for DDP and recorded: (the step,
     the stream's shares, the first step's rows on a fresh start, b_dec set from them)."""
     cfg, ctx = job.cfg, job.ctx
     job.members = _build_members(job)
-    # The stream's shares: by --balance where they change a device's work, else equal.
+    # The stream's first shares, by --balance: a sweep's SAEs are apart (shares change no device's
+    # work) only with --balance equal, or on one device, where shares are equal anyway.
     probe = [m.sae for m in job.members if m.here and len(m.ranks) > 1]
-    shares_cfg = cfg if job.balances or job.sweep is None else cfg._unchecked(balance="equal")  # valid as it is
     latest = latest_checkpoint(job.run_dir) if cfg.resume else None
     if latest is not None:
-        step, stream = resume(shares_cfg, ctx, job.members, job.source, latest, job.run_dir, probe, slowdown)
+        step, stream = resume(cfg, ctx, job.members, job.source, latest, job.run_dir, probe, slowdown)
     else:
-        step, stream = 0, first_stream(shares_cfg, ctx, probe, slowdown)
+        step, stream = 0, first_stream(cfg, ctx, probe, slowdown)
     follow_stream(job.members, stream.plan)
     for m in job.members:
         if m.here:
             m.model = wrap_ddp(m.sae, ctx, m.cfg, ranks=len(m.ranks), group=m.group)
     _open_records(job, step, stream.plan, resumed=latest is not None)
     if ctx.is_main:
-        _log_start(job, stream, estimate_for_config(cfg, ctx.world_size, ctx.device.type), latest)
+        _log_start(job, stream, estimate, latest)
     if step > 0:
         return step, stream, None
     first = job.source.next_batches(stream.plan, ctx.rank, ctx.device)
-    init_b_dec(job.members, split_sites(first, len(getattr(job.source, "sites", ()))))
+    init_b_dec(job.members, split_sites(first, job.n_sites))
     return step, stream, first
 
 
-def _placement(sweep: Sweep, cfg: TrainConfig, ctx: D.DistContext, source_memory) -> Placement:
+def _placement(sweep: Sweep, ctx: D.DistContext, source_memory) -> Placement:
     """The sweep on this job's ranks. After a lost device the launcher restarts the job on the
     others: a sweep that no longer fits them ends here, with its checkpoints, for --resume."""
     try:
-        return place(needs_for([(p.name, p.config) for p in sweep.points], ctx.device.type), rank_devices(ctx),
-                     source_memory, everywhere=cfg.balance != "equal")
+        return place_sweep(sweep, ctx.device.type, rank_devices(ctx), source_memory)
     except PlacementError as e:
         if not os.environ.get(RESTART_NOTE_ENV):
             raise

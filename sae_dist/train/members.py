@@ -26,7 +26,7 @@ import torch.distributed as dist
 from sae_dist import distributed as D
 from sae_dist.config import TrainConfig
 from sae_dist.models.sae import SparseAutoencoder
-from sae_dist.train.balance import BalanceState, BatchPlan, bounded_split
+from sae_dist.train.balance import BatchPlan, bounded_split
 from sae_dist.train.run_record import RunRecord
 from sae_dist.train.state import TrainState
 from sae_dist.train.step import make_optimizer, wrap_ddp
@@ -87,7 +87,7 @@ def build_member(name: str, cfg: TrainConfig, ranks: tuple[int, ...], run_dir: P
     rank calls this for every SAE in the same order (new_group requires it)."""
     group = dist.new_group(list(ranks)) if 1 < len(ranks) < ctx.world_size else None
     zeros = torch.zeros(cfg.resolved_d_sae, dtype=torch.float64, device=ctx.device)
-    state = TrainState(0, 0, zeros, zeros.clone(), group_plan(stream, ranks), BalanceState.fresh(len(ranks)))
+    state = TrainState(0, 0, zeros, zeros.clone(), group_plan(stream, ranks))
     state.refresh_dead(cfg.dead_after_samples)
     m = Member(name, cfg, ranks, state, MetricsWindow(cfg.d_in, cfg.resolved_d_sae, ctx.device), run_dir,
                group=group, site=site)

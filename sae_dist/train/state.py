@@ -43,15 +43,15 @@ class Stream:
 
 @dataclass
 class TrainState:
-    """The run's position besides the weights and the optimizer; the same on every rank (the
-    counters are updated from all-reduced sums)."""
+    """An SAE's position besides its weights and optimizer; the same on every rank (the counters
+    are updated from all-reduced sums). The stream's shares and the rebalancer's memory are the
+    job's (Stream)."""
 
     step: int
     samples_total: int
     since_fired: Tensor  # samples since each latent last fired
     fire_total: Tensor  # times each latent fired: the export's feature density
-    plan: BatchPlan  # how a step's samples are shared among the ranks
-    balance: BalanceState  # the rebalancer's streaks and moves so far
+    plan: BatchPlan  # how the SAE's group shares each global micro-batch
     dead: Tensor | None = None  # latents dead long enough for AuxK; None when none are
 
     def refresh_dead(self, dead_after_samples: int) -> Tensor:

@@ -74,6 +74,18 @@ class Context:
     length: int  # tokens before the padding (the attention mask's ones)
 
 
+def batch_inputs(batch: list[Context], device) -> tuple:
+    """A batch of contexts as the model reads them, on `device`: (token ids, the attention mask:
+    ones before each context's padding, where text tokens sit: the rows a harvest keeps). Torch is
+    imported here only: this module stays torch-free."""
+    import torch
+
+    ids = torch.tensor([c.ids for c in batch], device=device)
+    lengths = torch.tensor([c.length for c in batch], device=device)
+    attention = (torch.arange(ids.shape[1], device=device)[None] < lengths[:, None]).long()
+    return ids, attention, torch.tensor([c.harvest for c in batch], device=device)
+
+
 def make_contexts(tokens: list[int], framing: Framing, context_length: int,
                   max_tokens: int | None = None) -> list[Context]:
     """The contexts of a token stream; max_tokens bounds the text tokens harvested (the last

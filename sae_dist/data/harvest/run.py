@@ -23,7 +23,14 @@ from pathlib import Path
 
 import torch
 
-from sae_dist.data.harvest.contexts import Context, framing_from_examples, join_documents, make_contexts, text_files
+from sae_dist.data.harvest.contexts import (
+    Context,
+    batch_inputs,
+    framing_from_examples,
+    join_documents,
+    make_contexts,
+    text_files,
+)
 from sae_dist.data.harvest.sites import site_module_path
 from sae_dist.data.shard_format import MANIFEST, SUFFIX, write_manifest, write_shard_file
 from sae_dist.errors import UserError
@@ -301,10 +308,7 @@ def _activations(model, contexts: list[Context], batch_size: int, device, captur
     pieces = []
     for start in range(0, len(contexts), batch_size):
         batch = contexts[start:start + batch_size]
-        ids = torch.tensor([c.ids for c in batch], device=device)
-        lengths = torch.tensor([c.length for c in batch], device=device)
-        attention = (torch.arange(ids.shape[1], device=device)[None] < lengths[:, None]).long()
-        keep = torch.tensor([c.harvest for c in batch], device=device)
+        ids, attention, keep = batch_inputs(batch, device)
         captured.clear()
         with torch.inference_mode():
             try:
