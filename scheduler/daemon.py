@@ -51,6 +51,8 @@ RETENTION_DAYS = float(os.environ.get("SAE_DIST_SAMPLE_RETENTION_DAYS", "7"))
 FULL_PASS_S = 10.0
 RELOAD_S = 300.0  # the queue is read whole this often anyway (a change row is cheap insurance, not proof)
 FORGET_EVERY = 1000  # delete the change rows read, in batches
+KILL_GRACE_S = 5.0  # SIGTERM to SIGKILL for the processes of a job whose supervisor vanished
+MAX_LAUNCH_FAILURES = 3  # supervisors of one job that died before registering, in a row, before it fails
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,8 @@ class Daemon:
         self.forgotten = 0  # job changes up to this one are deleted
         self.spawned: dict[int, int] = {}  # job id -> the supervisor we forked, until it runs
         self.exited: set[int] = set()  # those of them we have collected
+        self.launch_failures: dict[int, int] = {}  # job id -> its forks that died before registering, in a row
+        self.kill_at: dict[int, float] = {}  # job id -> when its processes get SIGKILL (its supervisor vanished)
         self.inventory: list[dict] | None = None  # the device rows last written
 
     # ---- the loop ----
@@ -251,27 +255,26 @@ class Daemon:
             self.forgotten = seq
 
     def _reap(self, running: list, now: float) -> list:
-        """Jobs whose supervisor is gone: stop what is left of them, free their devices. A job
+        """Jobs whose supervisor is gone: end what is left of them, free their devices. A job
         no supervisor registered for never ran: back to the queue, unless our own fork of its
-        supervisor is still on its way (or died trying: that one failed)."""
+        supervisor is still on its way."""
         alive = []
         for job in running:
             if procs.is_alive(job.supervisor_pid, job.supervisor_start_ticks):
                 alive.append(job)
+                self.launch_failures.pop(job.id, None)
                 continue
             child = self.spawned.get(job.id)
             if job.supervisor_pid is None and child is not None and child not in self.exited:
                 alive.append(job)  # forked by us a moment ago, registering itself now
                 continue
-            if job.supervisor_pid is None and child is None:
-                state = store.unstart_job(self.engine, job.id)
-                if state is not None:
-                    log.warning("job %d: its daemon died before its supervisor started; %s", job.id, state)
-                    continue
-                alive.append(job)  # its supervisor registered in the meantime
+            if job.supervisor_pid is None:
+                if not self._unstart(job.id, child is not None):
+                    alive.append(job)  # its supervisor registered in the meantime
                 continue
-            if job.pid and procs.is_alive(job.pid, job.proc_start_ticks):
-                procs.terminate_tree(job.pid, job.pgid, grace_s=5.0)
+            if not self._job_processes_ended(job, now):
+                alive.append(job)  # its devices stay held until its last process is gone
+                continue
             # The end its supervisor kept on disk (it saw the job end while the database refused
             # writes) is the truth; NODE_FAIL only when it kept none.
             state = replay_final_state(self.engine, job.id) or store.finish_job(
@@ -279,7 +282,47 @@ class Daemon:
             log.warning("job %d: supervisor gone, %s", job.id, state)
         running_ids = {j.id for j in alive}
         self.spawned = {j: p for j, p in self.spawned.items() if j in running_ids}
+        self.kill_at = {j: t for j, t in self.kill_at.items() if j in running_ids}
         return alive
+
+    def _unstart(self, job_id: int, forked_here: bool) -> bool:
+        """A RUNNING job whose supervisor never registered never ran: back to PENDING, its devices
+        freed, whether its daemon died before the fork or our fork died before registering (the
+        database refused its write, say). After MAX_LAUNCH_FAILURES forks died in a row it is
+        NODE_FAIL with the reason, rather than a loop of launches. False when a supervisor
+        registered meanwhile."""
+        if forked_here:
+            failures = self.launch_failures[job_id] = self.launch_failures.get(job_id, 0) + 1
+            if failures >= MAX_LAUNCH_FAILURES:
+                state = store.finish_job(
+                    self.engine, job_id, "NODE_FAIL", reason=f"its supervisor died before starting it, {failures} "
+                    f"times in a row (see {state_home() / 'logs' / 'supervisors.log'})")
+                self.launch_failures.pop(job_id, None)
+                log.warning("job %d: %s after %d launches that failed", job_id, state, failures)
+                return True
+        state = store.unstart_job(self.engine, job_id)
+        if state is None:
+            return False
+        why = ("its supervisor died before registering" if forked_here
+               else "its daemon died before its supervisor started")
+        log.warning("job %d: %s; %s", job_id, why, state)
+        return True
+
+    def _job_processes_ended(self, job, now: float) -> bool:
+        """End the processes of a job whose supervisor vanished, a step a pass: SIGTERM first,
+        SIGKILL once KILL_GRACE_S has passed, True when none is left. Never waits here: a job
+        that ignores SIGTERM held every other job's scheduling for the whole grace."""
+        tree = [job.pid, *procs.descendants(job.pid)] if procs.is_alive(job.pid, job.proc_start_ticks) else []
+        if not tree and not procs.group_alive(job.pgid):
+            return True
+        first = job.id not in self.kill_at
+        if first:
+            self.kill_at[job.id] = now + KILL_GRACE_S
+        sig = signal.SIGTERM if first else signal.SIGKILL if now >= self.kill_at[job.id] else None
+        if sig is not None:
+            procs.signal_group(job.pgid, sig)
+            procs.signal_pids(tree, sig)
+        return False
 
     def _spawn_supervisor(self, job_id: int) -> None:
         """Fork the job's supervisor: it inherits our imports, so a job starts in milliseconds

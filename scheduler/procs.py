@@ -16,7 +16,7 @@ from pathlib import Path
 from sae_dist.contract import RANK_PROCESS_NAME
 
 # Indices into `stat_fields` (field N of /proc/PID/stat is index N - 3).
-_STATE, _PPID, _UTIME, _STIME, _START = 0, 1, 11, 12, 19
+_STATE, _PPID, _PGRP, _UTIME, _STIME, _START = 0, 1, 2, 11, 12, 19
 
 
 def stat_fields(pid: int | str) -> list[str] | None:
@@ -132,13 +132,20 @@ def signal_pids(pids: list[int], sig: int) -> None:
 
 
 def group_alive(pgid: int | None) -> bool:
+    """Whether a process of the group runs. A zombie does not: killpg(pgid, 0) counts it, and
+    where pid 1 reaps nothing (a container's shell) the zombie of a job whose supervisor died
+    stays forever, and held its devices with it."""
     if not pgid:
         return False
     try:
         os.killpg(pgid, 0)
-        return True
     except (ProcessLookupError, PermissionError):
         return False
+    for entry in os.listdir("/proc"):
+        fields = stat_fields(entry) if entry.isdigit() else None
+        if fields and int(fields[_PGRP]) == pgid and fields[_STATE] != "Z":
+            return True
+    return False
 
 
 def wait_gone(pids: list[int], timeout: float) -> bool:

@@ -138,6 +138,15 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
             proc.wait()
 
 
+def hold_write_lock(db: Path) -> subprocess.Popen:
+    """Another process holding the database's write lock (BEGIN IMMEDIATE) until its stdin closes;
+    it prints "held" once it has it."""
+    return subprocess.Popen([sys.executable, "-c", "import sqlite3, sys\n"
+                             f"c = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+                             "c.execute('BEGIN IMMEDIATE'); print('held', flush=True); sys.stdin.read()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
 def kill_running_jobs() -> None:
     """SIGKILL the supervisor and job processes of every RUNNING job: no job outlives its test."""
     from sae_dist.db import get_engine

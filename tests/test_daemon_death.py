@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import REPO, kill_running_jobs, wait_for
+from conftest import REPO, hold_write_lock, kill_running_jobs, wait_for
 from sae_dist.db import get_engine
 from scheduler.store import NewJob, active_allocations, cancel, get_job, list_jobs, start_jobs, submit
 
@@ -177,3 +177,93 @@ def test_a_storm_of_wake_ups_never_hangs_the_daemon(home):
         os.kill(daemon, signal.SIGKILL)
         os.waitpid(daemon, 0)
         raise
+
+
+def test_a_supervisor_that_dies_before_registering_puts_its_job_back(home, monkeypatch):
+    """The database refuses the supervisor's first write (here another process holds its lock;
+    a read-only database does the same): the job never ran, so it goes back to PENDING with its
+    devices freed, not NODE_FAIL. The third such death in a row fails it, saying why."""
+    from scheduler.daemon import MAX_LAUNCH_FAILURES, Daemon
+
+    monkeypatch.setenv("SAE_DIST_DB_BUSY_TIMEOUT_S", "0.2")
+    engine = get_engine()
+    job_id = submit(engine, counting_job(home))
+    daemon = Daemon(engine)
+    for attempt in range(1, MAX_LAUNCH_FAILURES + 1):
+        start_jobs(engine, [(job_id, ("virtual-0",))], {})
+        holder = hold_write_lock(home / "state.db")
+        try:
+            assert holder.stdout.readline() == "held\n"
+            daemon._spawn_supervisor(job_id)
+
+            def collected() -> bool:
+                daemon._reap_children()
+                return daemon.spawned[job_id] in daemon.exited
+            wait_for(collected, 30, "the supervisor to die on the refused write")
+        finally:
+            holder.communicate("", timeout=30)
+        assert daemon._reap(_running(engine), time.time()) == []
+        assert _allocations(engine) == {}
+        job = get_job(engine, job_id)
+        if attempt < MAX_LAUNCH_FAILURES:
+            assert (job.state, job.reason, job.devices_json) == ("PENDING", None, None), attempt
+    assert job.state == "NODE_FAIL"
+    assert job.reason.startswith(f"its supervisor died before starting it, {MAX_LAUNCH_FAILURES} times in a row")
+    assert not (home / "runs.txt").exists()  # it never ran
+
+
+def test_a_job_that_ignores_sigterm_after_its_supervisor_died_stalls_nothing(home, tmp_path):
+    """Its supervisor SIGKILLed, the job ignores SIGTERM: each pass signals and moves on (the
+    daemon waited out the 5 s grace inside a pass, holding every other job), the job's device
+    stays held while its process lives, SIGKILL comes after the grace, then NODE_FAIL."""
+    from scheduler import procs
+    from scheduler.daemon import KILL_GRACE_S, Daemon
+
+    engine = get_engine()
+    termed = tmp_path / "got-sigterm"
+    stubborn = NewJob(name="stubborn", kind="command", gpus=1, workdir=str(home), argv=[
+        sys.executable, "-c", "import signal, time\n"
+        f"signal.signal(signal.SIGTERM, lambda *_: open({str(termed)!r}, 'w').close())\n"
+        "print('up', flush=True)\nwhile True: time.sleep(0.05)"])
+    job_id = submit(engine, stubborn)
+    daemon = Daemon(engine)
+    assert daemon.scheduling_pass() == [job_id]
+    job = wait_for(lambda: (j := get_job(engine, job_id)).pid and j, 30, "the job's process to be recorded")
+    wait_for(lambda: "up" in _job_out(job), 30, f"the job to set its handler ({get_job(engine, job_id)})")
+    os.kill(job.supervisor_pid, signal.SIGKILL)
+    wait_for(lambda: not procs.is_alive(job.supervisor_pid, job.supervisor_start_ticks) or daemon._reap_children(),
+             30, "the supervisor to die")
+    try:
+        now = time.time()
+        assert [j.id for j in daemon._reap(_running(engine), now)] == [job_id]  # SIGTERM, no wait
+        wait_for(termed.exists, 30, "the SIGTERM to arrive")
+        assert [j.id for j in daemon._reap(_running(engine), now + 1)] == [job_id]  # in its grace
+        assert _allocations(engine) == {"virtual-0": job_id}
+        assert procs.is_alive(job.pid, job.proc_start_ticks)
+        daemon._reap(_running(engine), now + KILL_GRACE_S)  # SIGKILL
+        wait_for(lambda: not procs.is_alive(job.pid, job.proc_start_ticks), 30, "SIGKILL to end it")
+        assert daemon._reap(_running(engine), now + KILL_GRACE_S + 1) == []
+        assert _allocations(engine) == {}
+        assert get_job(engine, job_id).state == "NODE_FAIL"
+    finally:
+        if procs.is_alive(job.pid, job.proc_start_ticks):
+            os.kill(job.pid, signal.SIGKILL)
+
+
+def _running(engine) -> list:
+    from scheduler.store import running_jobs
+
+    with engine.connect() as conn:
+        return running_jobs(conn)
+
+
+def _allocations(engine) -> dict:
+    with engine.connect() as conn:
+        return active_allocations(conn)
+
+
+def _job_out(job) -> str:
+    try:
+        return open(job.stdout_path).read() if job.stdout_path else ""
+    except FileNotFoundError:
+        return ""

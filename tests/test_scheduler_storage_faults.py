@@ -11,11 +11,10 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, hold_write_lock
 from sae_dist.db import get_engine
 from sae_dist.errors import UserError
 from scheduler.newjob import new_job
@@ -97,15 +96,6 @@ def test_a_file_size_limit(jobs):
         _assert_one_line(result, jobs, "a write failed: this process may write files of at most 1024 bytes")
     assert _rows(jobs) == before
     assert _run_all([WRITERS[0]])[0].returncode == 0  # and it recovers once the limit is gone
-
-
-def hold_write_lock(db: Path) -> subprocess.Popen:
-    """Another process holding the database's write lock (BEGIN IMMEDIATE) until its stdin closes;
-    it prints "held" once it has it."""
-    return subprocess.Popen([sys.executable, "-c", "import sqlite3, sys\n"
-                             f"c = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
-                             "c.execute('BEGIN IMMEDIATE'); print('held', flush=True); sys.stdin.read()"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
 def test_a_lock_held_past_the_busy_timeout(jobs):
