@@ -37,7 +37,8 @@ CONSEQUENCES = {
     "requeue": "It goes back to the queue and runs again when devices are free; a running job "
                "is stopped first.",
 }
-TIME_COLUMN = {"format": "YYYY-MM-DD HH:mm:ss", "timezone": "UTC", "width": 150}
+# Month and day: the job's panel below says the year. Narrow, so that the tables fit a 1,400 px window.
+TIME_COLUMN = {"format": "MM-DD HH:mm:ss", "timezone": "UTC", "width": 115}
 
 
 def job_option(job_id: int) -> str:
@@ -140,7 +141,7 @@ def running_table(running: list[dict], now: datetime) -> None:
         return
     runs = jobs.runs_by_job(engine, [j["id"] for j in running])
     st.dataframe(
-        tables.running_rows(running, runs, now), hide_index=True, key="running_table",
+        tables.drop_quiet_columns(tables.running_rows(running, runs, now)), hide_index=True, key="running_table",
         alt="Running jobs with their devices, progress and elapsed time",
         column_config={
             "Job": st.column_config.NumberColumn(format="%d", width=50),
@@ -155,11 +156,10 @@ def pending_table(pending: list[dict], now: datetime) -> None:
         st.caption("Nothing is waiting.")
         return
     st.dataframe(
-        tables.pending_rows(pending, now), hide_index=True, key="pending_table",
+        tables.drop_quiet_columns(tables.pending_rows(pending, now)), hide_index=True, key="pending_table",
         alt="Pending jobs in the order they would start, with why each waits",
         column_config={
             "Job": st.column_config.NumberColumn(format="%d", width=50),
-            "Reason": st.column_config.TextColumn(width="large"),
             "Submitted": st.column_config.DatetimeColumn("Submitted (UTC)", **TIME_COLUMN)})
     st.caption("In the order they would start: highest priority first, then oldest.")
 
@@ -170,11 +170,12 @@ def finished_table(finished: list[dict], now: datetime) -> None:
         st.caption("No job has finished yet.")
         return
     st.dataframe(
-        tables.finished_rows(finished, now), hide_index=True, key="finished_table",
+        tables.drop_quiet_columns(tables.finished_rows(finished, now)), hide_index=True, key="finished_table",
         alt="Finished jobs, newest first, with their final state and exit code",
         column_config={
             "Job": st.column_config.NumberColumn(format="%d", width=50),
-            "Ended": st.column_config.DatetimeColumn("Ended (UTC)", **TIME_COLUMN)})
+            "Ended": st.column_config.DatetimeColumn("Ended (UTC)", **TIME_COLUMN),
+            "Reason": st.column_config.TextColumn(help="Why it ended so; the whole of it under the job below")})
     if len(finished) == FINISHED_SHOWN:
         st.caption(f"The last {FINISHED_SHOWN}; `python -m scheduler acct` lists them all.")
 
@@ -247,6 +248,8 @@ def job_panel(job_id: int) -> None:
     else:
         ended = (f" · exit {fmt.fmt_exit(job['exit_code'], job['signal'])}"
                  if job["state"] not in ("PENDING", "RUNNING") else "")
+        if job["state"] != "RUNNING" and job["reason"]:
+            ended += f" · {fmt.plain_markdown(job['reason'])}"
         st.caption(f"Started {fmt.fmt_time(job['started_at'])} · ended "
                    f"{fmt.fmt_time(job['ended_at'])}{ended} · devices "
                    f"{fmt.short_devices(job['devices'])} · working directory `{job['workdir']}`")

@@ -13,10 +13,11 @@ from sae_dist import format as fmt
 from sae_dist.analytics import balance_view as balance
 from sae_dist.analytics import bench_charts, queries
 from sae_dist.analytics import bench_tables as T
+from sae_dist.analytics.tables import drop_quiet_columns
 from sae_dist.bench import reliability, scaling
 from sae_dist.bench import summary as S
 from webui.sidebar import page_frame
-from webui.widgets import command_hint
+from webui.widgets import command_hint, text_widths
 
 engine = page_frame("Benchmarks", ":material/bar_chart:")
 LINK_CHOICES = ["here", *scaling.LINKS, "measured"]
@@ -110,12 +111,15 @@ def show(bench_id: int, compact: bool, link: str) -> None:
     st.markdown("**Measured**")
     st.caption(T.headline_text(rows) + ". Samples/s: median over repeats ± spread (half the range "
                "over the median).")
-    st.dataframe(T.measured_table(rows), hide_index=True)
+    for part, table in T.measured_parts(T.measured_table(rows)):
+        st.caption(part)
+        st.dataframe(table, hide_index=True, column_config=text_widths(T.TEXT_WIDTHS))
     with st.expander("Other load, point by point (in the order measured)", expanded=bool(warning) and not compact):
         st.caption("CPU of other processes in percent of one core (100% = one core kept busy): the "
                    "machine's busy time minus the point's own processes, just before it and while it ran. "
                    + reliability.RULES_TEXT)
-        st.dataframe(T.other_load_table(points), hide_index=True)
+        st.dataframe(drop_quiet_columns(T.other_load_table(points), T.OTHER_LOAD_QUIET), hide_index=True,
+                     column_config=text_widths(T.TEXT_WIDTHS))
     comm = [r for r in rows if r["comm_share"] is not None]
     if comm:
         st.caption("Communication: the share of a DDP step spent in the gradient all-reduce, from the "

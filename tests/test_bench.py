@@ -70,6 +70,21 @@ def test_the_measured_table_gives_the_spread_of_repeats():
     assert single[0]["Samples/s"] == "1,000"  # one repeat: no spread to give
 
 
+def test_the_measured_table_in_parts_keeps_every_column_once():
+    """The app shows the table in parts that fit its width: each led by the device count, every
+    other column in exactly one part, "Why unreliable" only where a point has a reason."""
+    from sae_dist.analytics.bench_tables import measured_parts, measured_table
+
+    table = measured_table(S.summarize([point(1, "ddp", 1000.0, 1.0), point(2, "ddp", 1900.0, 1.05, batch=512)]))
+    parts = measured_parts(table)
+    assert all("Devices" in list(rows[0])[:2] for _, rows in parts)
+    shown = [c for _, rows in parts for c in rows[0] if c != "Devices"]
+    assert sorted(shown) == sorted(c for c in table[0] if c not in ("Devices", "Why unreliable"))
+    assert [len(rows) for _, rows in parts] == [2, 2, 2]
+    flagged = [dict(table[0], **{"Why unreliable": "superlinear"}), table[1]]
+    assert "Why unreliable" in measured_parts(flagged)[-1][1][0]
+
+
 @pytest.mark.parametrize("raw", ["fast", "0", "-1", "inf", "nan"])
 def test_a_bad_wait_scale_knob_is_one_error_before_any_point(raw, tmp_path):
     result = main_here("bench", "--devices", "1", "--no-queue", *SMALL,

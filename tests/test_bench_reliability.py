@@ -142,27 +142,58 @@ def test_projection_and_headline_use_reliable_points_only():
     assert bench_tables.headline_text(busy) == "Best speedup: none — no multi-device point is reliable"
 
 
+def _layer_rows(spec: dict) -> list[tuple[dict, list[dict]]]:
+    """Each layer of a chart's spec with the rows it draws."""
+    return [(layer, spec["datasets"][layer["data"]["name"]]) for layer in spec["layer"] if "data" in layer]
+
+
 def test_chart_data_marks_unreliable_points():
     rows = S.summarize([point(1, "ddp", 1000.0, cpu=0.0), point(2, "ddp", 7210.0, batch=512, cpu=0.0),
                         point(2, "ceiling", 2000.0, batch=512, cpu=0.0)])
     spec = bench_charts.speedup_chart(rows, []).to_dict()
-    values = [v for data in spec["datasets"].values() for v in data]
-    measured = {(v["devices"], v["series"]): v for v in values if v["series"] in bench_charts.MEASURED}
+    layers = _layer_rows(spec)
+    measured = {(v["devices"], v["series"]): v for _, data in layers for v in data
+                if v["series"] in bench_charts.MEASURED}
     assert measured[(1, "measured (DDP)")]["reliable"] is True
     bad = measured[(2, "measured (DDP)")]
     assert bad["reliable"] is False and "superlinear" in bad["reason"]
-    # the measured line only through reliable points; unreliable ones hollow and grey
-    layers = {json.dumps(layer.get("transform")): layer for layer in spec["layer"]}
-    solid = next(layer for layer in layers.values() if {"filter": "datum.reliable"} in (layer.get("transform") or []))
-    hollow = next(layer for layer in layers.values()
-                  if {"filter": "(!datum.reliable)"} in (layer.get("transform") or []))
-    assert solid["mark"]["type"] == "line"
-    assert hollow["mark"]["filled"] is False and hollow["encoding"]["color"] == {"value": bench_charts.UNRELIABLE_COLOR}
+    # the measured line only through reliable points; unreliable ones hollow and grey, in a layer of their own
+    solid = next(data for layer, data in layers if layer["mark"]["type"] == "line"
+                 and any(v["series"] in bench_charts.MEASURED for v in data))
+    assert {(v["devices"], v["reliable"]) for v in solid} == {(1, True)}
+    hollow, hollow_rows = next((layer, data) for layer, data in layers if layer["mark"].get("filled") is False
+                               and layer["mark"]["type"] == "point")
+    assert hollow["encoding"]["color"] == {"value": bench_charts.UNRELIABLE_COLOR}
+    assert {(v["devices"], v["series"]) for v in hollow_rows} == {(2, "measured (DDP)"),
+                                                                  (2, "ceiling (no communication)")}
     eff = bench_charts.efficiency_chart(rows).to_dict()
-    bars = [v for data in eff["datasets"].values() for v in data if "against" in v]
-    assert {(v["devices"], v["reliable"]) for v in bars} == {("1", True), ("2", False)}
-    hollow_bars = eff["layer"][0]["layer"][1]
-    assert hollow_bars["transform"] == [{"filter": "(!datum.reliable)"}] and hollow_bars["mark"]["filled"] is False
+    bars = [(layer, data) for layer, data in _layer_rows(eff) if layer["mark"]["type"] == "bar"]
+    assert [{(v["devices"], v["reliable"]) for v in data} for _, data in bars] == [{("1", True)}, {("2", False)}]
+    assert bars[1][0]["mark"]["filled"] is False
+
+
+def test_scaling_charts_draw_no_empty_layer_and_key_every_series_they_colour():
+    """No layer without rows (Vega warned "Infinite extent" for each), the colour key holds the
+    series drawn in colour and only those (all measured points unreliable: no measured colour),
+    and every key sits below the plot with its labels whole."""
+    clean = S.summarize([point(1, "ddp", 1000.0, cpu=0.0), point(2, "ddp", 1800.0, batch=512, cpu=0.0),
+                         point(2, "ceiling", 1900.0, batch=512, cpu=0.0)])
+    busy = S.summarize([point(1, "ddp", 1000.0, cpu=95.0), point(2, "ddp", 1800.0, batch=512, cpu=95.0)])
+    projection = S.projection_rows(clean, "strong", S.link_bandwidth("pcie4")[1])
+    for rows, proj in ((clean, projection), (clean, []), (busy, [])):
+        for chart in (bench_charts.speedup_chart(rows, proj), bench_charts.efficiency_chart(rows)):
+            spec = chart.to_dict()
+            assert all(data for _, data in _layer_rows(spec)), spec["layer"]
+            for layer in spec["layer"]:
+                for channel in layer.get("encoding", {}).values():
+                    key = channel.get("legend") if isinstance(channel, dict) else None
+                    if key:
+                        assert key["orient"] == "bottom" and key["labelLimit"] == 0
+    domain = lambda spec: next(layer["encoding"]["color"]["scale"]["domain"] for layer in spec["layer"]  # noqa: E731
+                               if "scale" in layer["encoding"].get("color", {}))
+    assert domain(bench_charts.speedup_chart(clean, projection).to_dict()) == bench_charts.SERIES_ORDER
+    assert domain(bench_charts.speedup_chart(busy, []).to_dict()) == ["ideal (N x)", bench_charts.TARGET]
+    assert "(1.8x on 2, 3.2x on 4)" in bench_charts.TARGET
 
 
 def run_row(**extra):

@@ -4,7 +4,7 @@ installs the `chromium` package; never `playwright install`).
 
 A person's path through the app: the Overview, a training job submitted from the Train page,
 its Monitor charts growing on their own (the fragment refreshes without a page load), the job
-cancelled from the Queue page, the run and the (empty) benchmarks pages, a sweep on the
+cancelled from the Queue page, the run's page, a small benchmark on the Benchmarks page, a sweep on the
 Sweeps page, two runs compared (a click on the L0-FVU chart opens one), and a job queued from the
 Train page while every device is busy, PENDING until they free, then RUNNING. A screenshot of each
 page is kept under test-artifacts/e2e/ (or $SAE_DIST_E2E_ARTIFACTS) to be looked at.
@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from conftest import REPO, stop_process
+from conftest import REPO, run_cli, stop_process
 from sae_dist.analytics.queries import list_runs
 from sae_dist.db import get_engine
 from scheduler import procs
@@ -134,8 +134,11 @@ def browser_page():
         context = browser.new_context(viewport={"width": 1400, "height": 2000}, timezone_id="America/New_York")
         context.set_default_timeout(UI_TIMEOUT_MS)
         page = context.new_page()
-        seen = {"errors": [], "requests": [], "responses": []}
+        seen = {"errors": [], "requests": [], "responses": [], "vega": []}
         page.on("pageerror", lambda e: seen["errors"].append(str(e)))
+        # Vega's own warnings ("WARN Infinite extent ..."): a chart drawn from a layer with no rows,
+        # a setting it dropped; each is a chart that does not draw what its builder meant.
+        page.on("console", lambda m: m.text.startswith(("WARN ", "ERROR ")) and seen["vega"].append(m.text))
         # On the context: requests of workers and other frames count too.
         context.on("request", lambda r: seen["requests"].append((page.url, r.url)))
         context.on("response", lambda r: seen["responses"].append((page.url, r.url, r.status)))
@@ -153,6 +156,7 @@ def page(served, browser_page):
         found.clear()
     yield page
     assert not seen["errors"], f"JavaScript errors in the page: {seen['errors']}"
+    assert not seen["vega"], f"Vega warned while drawing a chart: {seen['vega']}"
     elsewhere = foreign_requests(seen["requests"], served[0])
     assert not elsewhere, "requests to another host than the app's:\n" + "\n".join(elsewhere)
     failed = failed_requests(seen["responses"])
@@ -169,6 +173,19 @@ def drawn_text(page, charts, wanted: tuple[str, ...], timeout_s: float = 30) -> 
         if all(w in text for w in wanted) or time.monotonic() > deadline:
             return text
         page.wait_for_timeout(250)
+
+
+# Each table's grid: its scrolled width against its box's (a wider grid cuts columns off).
+GRID_WIDTHS = """() => [...document.querySelectorAll('[data-testid="stDataFrame"] .dvn-scroller')]
+    .map(grid => [grid.scrollWidth, grid.clientWidth])"""
+
+
+def tables_fit(page) -> None:
+    """Every table on the page shows all its columns at the browser's width (1,400 px): the
+    Queue's and the Benchmarks' tables were cut off there."""
+    page.wait_for_function(ALL_DRAWN)
+    widths = page.evaluate(GRID_WIDTHS)
+    assert widths and all(scroll <= box + 1 for scroll, box in widths), f"(scrolled, shown) px: {widths}"
 
 
 def shoot(page, name: str) -> None:
@@ -295,23 +312,40 @@ def test_4_queue_cancels_the_running_job(served, page):
     expect(page.get_by_text("CANCELLED", exact=True).filter(visible=True).first).to_be_visible(timeout=60_000)
     cancelled = get_job(engine, 1)
     assert cancelled.state == "CANCELLED", cancelled.state
+    expect(page.get_by_text("Cancelled by user").filter(visible=True).first).to_be_visible()  # the job's reason
+    tables_fit(page)
     no_exception(page)
     shoot(page, "5-queue-cancelled")
 
 
 def test_5_runs_and_benchmarks_pages_load_nothing_from_elsewhere(served, page):
-    """The Training runs page (the cancelled job's run) and the Benchmarks page (none yet):
-    shown, with no request to another host (checked by the `page` fixture)."""
+    """The Training runs page (the cancelled job's run), then a small benchmark measured for real
+    on the Benchmarks page: its charts' keys name every series drawn, its tables show every
+    column at 1,400 px, and no request goes to another host (checked by the `page` fixture)."""
     from playwright.sync_api import expect
 
-    url, _ = served
+    from sae_dist.analytics.bench_charts import TARGET
+    from test_bench import QUICK_WAITS, SMALL
+
+    url, engine = served
     page.goto(f"{url}/Training_runs?run=1")
     expect(page.get_by_role("heading", name="Training runs")).to_be_visible()
     expect(page.get_by_text("e2e-topk").first).to_be_visible()
     no_exception(page)
     shoot(page, "6-training-run")
+    home = Path(engine.url.database).parent
+    bench = run_cli("bench", "--devices", "1,2", "--no-queue", "--repeats", "1", *SMALL, timeout=400,
+                    env={"SAE_DIST_HOME": str(home), "SAE_DIST_DB_URL": "", "SAE_DIST_VIRTUAL_GPUS": "2",
+                         **QUICK_WAITS})
+    assert bench.returncode == 0, bench.stderr
     page.goto(f"{url}/Benchmarks")
     expect(page.get_by_role("heading", name="Benchmarks")).to_be_visible()
+    charts = page.locator('[data-testid="stVegaLiteChart"]')
+    expect(charts.first).to_be_visible()
+    keys = ("measured (DDP)", "ideal (N x)", TARGET)  # whether measured is keyed by colour or as unreliable
+    text = drawn_text(page, charts, keys)
+    assert all(k in text for k in keys), text
+    tables_fit(page)
     no_exception(page)
     shoot(page, "7-benchmarks")
 
@@ -360,6 +394,9 @@ def test_7_two_runs_compared_and_a_pareto_click_opens_one(served, page):
     expect(charts).to_have_count(3)  # two stacked columns of overlays, the L0-FVU chart
     titles = ("Loss", "FVU", "L0", "Dead latents", "Throughput")
     assert all(title in drawn_text(page, charts, titles) for title in titles), drawn_text(page, charts, titles)
+    # Its plot is 320 px tall, with its title, axis and key around it (Streamlit's default fit
+    # took the key and title out of those 320 px: the plot drew about 100 px tall).
+    assert charts.nth(2).bounding_box()["height"] > 400, charts.nth(2).bounding_box()
     no_exception(page)
     shoot(page, "9-compare-runs")
     # The L0-FVU chart's points are its last layer's symbols; the evaluated SAE's point is

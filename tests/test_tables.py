@@ -63,3 +63,18 @@ def test_ranks_table_and_shares_table():
     assert shares[1]["Compute time"] == "1.50 s"
     unknown = tables.shares_table([dict(window[0], batch_size=None), window[1]])
     assert [r["Share"] for r in unknown] == ["—", "128"]  # no partial total: no percentages
+
+
+def test_columns_that_say_nothing_are_left_out():
+    """No array task, no folded pending tasks, no note: those columns go, the others stay in
+    their order; one row that speaks keeps its column."""
+    plain = tables.pending_rows([job(state="PENDING"), job(id=8, state="PENDING")], NOW)
+    assert list(plain[0])[-1] == "Reason"  # the one column of any length, last as in squeue
+    assert list(tables.drop_quiet_columns(plain)[0]) == [
+        "Job", "Name", "User", "GPUs", "Priority", "Waiting", "Submitted", "Reason"]
+    folded = plain + [{**plain[0], "Task": "9_[0-3]", "Tasks": 4}]
+    assert "Task" in tables.drop_quiet_columns(folded)[2] and "Tasks" in tables.drop_quiet_columns(folded)[0]
+    running = tables.running_rows([job(), job(id=8, cancel_requested=True)], {}, NOW)
+    assert "Note" in tables.drop_quiet_columns(running)[0]
+    assert "Note" not in tables.drop_quiet_columns(running[:1])[0]
+    assert tables.drop_quiet_columns([]) == []

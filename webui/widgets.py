@@ -47,6 +47,12 @@ def draw_view(view: View) -> None:
         st.caption(missing)
 
 
+def text_widths(widths: dict[str, int]) -> dict:
+    """A dataframe's column_config giving these text columns a fixed width in px (a column the
+    table lacks is ignored): free text otherwise widens its column past the page."""
+    return {name: st.column_config.TextColumn(width=px) for name, px in widths.items()}
+
+
 def command_hint(command: str) -> None:
     """A terminal command an empty state suggests, as inline code. Not `st.code`: its syntax
     highlighter is a script of its own that every page load showing one fetches and runs (0.1 to

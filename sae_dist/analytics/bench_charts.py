@@ -18,6 +18,7 @@ import altair as alt
 import pandas as pd
 
 from sae_dist.analytics import units
+from sae_dist.analytics.chart_stack import fit_width
 from sae_dist.analytics.charts import CHART_HEIGHT, event_marks, events_subtitle, step_x, value_y
 from sae_dist.analytics.downsample import MAX_ROWS_PER_CHART, downsample_indices, points_per_series
 from sae_dist.bench import scaling
@@ -25,12 +26,20 @@ from sae_dist.format import MISSING
 
 MARKED_EVENTS = ("rebalance", "degraded")  # the events that change who computes what
 
-SERIES_ORDER = ["measured (DDP)", "ceiling (no communication)", "ideal (N x)", "target",
+TARGET = f"target ({', '.join(f'{v}x on {n}' for n, v in scaling.TARGET_SPEEDUP.items())})"
+SERIES_ORDER = ["measured (DDP)", "ceiling (no communication)", "ideal (N x)", TARGET,
                 "projected, no overlap", "projected, full overlap"]
 SERIES_COLORS = ["#1f6feb", "#8250df", "#8c959f", "#cf222e", "#bf8700", "#1a7f37"]
 UNRELIABLE_COLOR = "#8c959f"
 MEASURED = ["measured (DDP)", "ceiling (no communication)"]
+PROJECTED = ["projected, no overlap", "projected, full overlap"]
 COLUMNS = ["devices", "speedup", "series", "reliable", "reason"]
+
+
+def legend(title: str | None = None) -> alt.Legend:
+    """Below the plot, every label whole: on the right, a lone chart's legend was cut off by the
+    page's width (the plot takes it all), and Vega's default cuts labels at 160 px."""
+    return alt.Legend(title=title, orient="bottom", direction="horizontal", labelLimit=0, columns=3)
 
 
 def speedup_frame(rows: list[dict], projection: list[dict] | None = None) -> pd.DataFrame:
@@ -52,7 +61,7 @@ def speedup_frame(rows: list[dict], projection: list[dict] | None = None) -> pd.
     for n in counts:
         add(n, float(n), "ideal (N x)")
         if n in scaling.TARGET_SPEEDUP:
-            add(n, scaling.TARGET_SPEEDUP[n], "target")
+            add(n, scaling.TARGET_SPEEDUP[n], TARGET)
     for p in projection or []:
         add(p["devices"], p["speedup_no_overlap"], "projected, no overlap")
         add(p["devices"], p["speedup_overlap"], "projected, full overlap")
@@ -60,30 +69,40 @@ def speedup_frame(rows: list[dict], projection: list[dict] | None = None) -> pd.
 
 
 def speedup_chart(rows: list[dict], projection: list[dict] | None = None, title: str = "Speedup") -> alt.Chart:
+    """One layer per kind of mark that has rows (an empty layer made Vega warn of an infinite
+    extent), and a colour key of the series drawn in colour: a measured series whose points
+    are all unreliable is drawn hollow and grey, and keyed by shape under "Unreliable"."""
     data = speedup_frame(rows, projection)
-    color = alt.Color("series:N", scale=alt.Scale(domain=SERIES_ORDER, range=SERIES_COLORS),
-                      legend=alt.Legend(title=None, orient="right"))
-    base = alt.Chart(data).encode(
-        x=alt.X("devices:Q", title="Devices", scale=alt.Scale(nice=False), axis=alt.Axis(tickMinStep=1)),
-        y=alt.Y("speedup:Q", title="Speedup over 1 device"), color=color,
-        tooltip=["series:N", "devices:Q", alt.Tooltip("speedup:Q", format=".2f"), "reason:N"])
-    measured_only = base.transform_filter(alt.FieldOneOfPredicate(field="series", oneOf=MEASURED))
-    measured = measured_only.transform_filter(alt.datum.reliable).mark_line(point=alt.OverlayMarkDef(filled=True))
-    unreliable = measured_only.transform_filter(~alt.datum.reliable).mark_point(
-        filled=False, size=90, strokeWidth=2).encode(
-        color=alt.value(UNRELIABLE_COLOR),  # a channel value: the series colour would win over the mark's
-        shape=alt.Shape("series:N", legend=alt.Legend(title="Unreliable (hollow, grey)", orient="right")))
-    ideal = base.transform_filter(alt.datum.series == "ideal (N x)").mark_line(strokeDash=[4, 4])
-    target = base.transform_filter(alt.datum.series == "target").mark_point(shape="diamond", size=90, filled=True)
-    projected = base.transform_filter(alt.FieldOneOfPredicate(
-        field="series", oneOf=["projected, no overlap", "projected, full overlap"])).mark_line(
-        strokeDash=[2, 3], point=alt.OverlayMarkDef(filled=False))
-    return alt.layer(ideal, target, projected, measured, unreliable).properties(title=title, height=300)
+    unreliable_rows = data[data.series.isin(MEASURED) & ~data.reliable]
+    coloured = data[~data.index.isin(unreliable_rows.index)]
+    drawn = [s for s in SERIES_ORDER if s in set(coloured.series)]
+    color = alt.Color("series:N", legend=legend(), scale=alt.Scale(
+        domain=drawn, range=[SERIES_COLORS[SERIES_ORDER.index(s)] for s in drawn]))
+    x = alt.X("devices:Q", title="Devices", scale=alt.Scale(nice=False), axis=alt.Axis(tickMinStep=1))
+    y = alt.Y("speedup:Q", title="Speedup over 1 device")
+    tooltip = ["series:N", "devices:Q", alt.Tooltip("speedup:Q", format=".2f"), "reason:N"]
+
+    def layer(part: pd.DataFrame) -> alt.Chart:
+        return alt.Chart(part).encode(x=x, y=y, color=color, tooltip=tooltip)
+
+    parts = [
+        (coloured[coloured.series == "ideal (N x)"], lambda c: c.mark_line(strokeDash=[4, 4])),
+        (coloured[coloured.series == TARGET], lambda c: c.mark_point(shape="diamond", size=90, filled=True)),
+        (coloured[coloured.series.isin(PROJECTED)],
+         lambda c: c.mark_line(strokeDash=[2, 3], point=alt.OverlayMarkDef(filled=False))),
+        (coloured[coloured.series.isin(MEASURED)], lambda c: c.mark_line(point=alt.OverlayMarkDef(filled=True))),
+    ]
+    layers = [mark(layer(part)) for part, mark in parts if len(part)]
+    if len(unreliable_rows):
+        layers.append(alt.Chart(unreliable_rows).mark_point(filled=False, size=90, strokeWidth=2).encode(
+            x=x, y=y, tooltip=tooltip, color=alt.value(UNRELIABLE_COLOR),
+            shape=alt.Shape("series:N", legend=legend("Unreliable (hollow, grey)"))))
+    return fit_width(alt.layer(*layers).resolve_scale(shape="independent").properties(title=title, height=300))
 
 
 def efficiency_chart(rows: list[dict]) -> alt.Chart:
     """Bars: efficiency against ideal and against the ceiling, with the 80% floor; an unreliable
-    device count's bars are hollow and grey."""
+    device count's bars are hollow and grey, keyed by their dash. Only the layers with bars."""
     records = []
     for r in rows:
         ok = bool(r.get("reliable", True))
@@ -94,28 +113,25 @@ def efficiency_chart(rows: list[dict]) -> alt.Chart:
         if r.get("efficiency_vs_ceiling") is not None and r["devices"] > 1:
             records.append({"devices": str(r["devices"]), "efficiency": r["efficiency_vs_ceiling"],
                             "against": "ceiling (same processes, no communication)", **mark})
-    for rec in records:  # a field of its own, so its legend is not merged with the colours'
-        rec["unreliable"] = None if rec["reliable"] else rec["against"]
-    data = pd.DataFrame.from_records(records, columns=["devices", "efficiency", "against", "reliable", "reason",
-                                                      "unreliable"])
-    base = alt.Chart(data).encode(
-        x=alt.X("devices:N", title="Devices", axis=alt.Axis(labelAngle=0)), xOffset="against:N",
-        y=alt.Y("efficiency:Q", title="Efficiency", axis=alt.Axis(format="%")),
-        tooltip=["devices:N", "against:N", alt.Tooltip("efficiency:Q", format=".1%"), "reason:N"])
-    solid = base.transform_filter(alt.datum.reliable).mark_bar().encode(
-        color=alt.Color("against:N", legend=alt.Legend(title="Against", orient="bottom")
-                        if any(rec["reliable"] for rec in records) else None))
-    # Grey outlines; their dash tells ideal from ceiling, with a legend of their own (the solid
-    # bars' colour legend is empty when no count is reliable).
-    hollow = base.transform_filter(~alt.datum.reliable).mark_bar(
-        filled=False, color=UNRELIABLE_COLOR, strokeWidth=2).encode(
-        strokeDash=alt.StrokeDash("unreliable:N",
-                                  legend=alt.Legend(title="Unreliable (hollow, grey)", orient="bottom")))
-    bars = alt.layer(solid, hollow)
+    data = pd.DataFrame.from_records(records, columns=["devices", "efficiency", "against", "reliable", "reason"])
+    x = alt.X("devices:N", title="Devices", axis=alt.Axis(labelAngle=0))
+    y = alt.Y("efficiency:Q", title="Efficiency", axis=alt.Axis(format="%"))
+    tooltip = ["devices:N", "against:N", alt.Tooltip("efficiency:Q", format=".1%"), "reason:N"]
+    solid, hollow = data[data.reliable], data[~data.reliable]
+    layers = []
+    if len(solid):
+        layers.append(alt.Chart(solid).mark_bar().encode(
+            x=x, xOffset="against:N", y=y, tooltip=tooltip, color=alt.Color("against:N", legend=legend("Against"))))
+    if len(hollow):  # grey outlines; their dash tells ideal from ceiling
+        # A field of its own for the dash, so that its key is not merged with the colours'.
+        layers.append(alt.Chart(hollow.assign(unreliable=hollow.against)).mark_bar(
+            filled=False, color=UNRELIABLE_COLOR, strokeWidth=2).encode(
+            x=x, xOffset="against:N", y=y, tooltip=tooltip,
+            strokeDash=alt.StrokeDash("unreliable:N", legend=legend("Unreliable (hollow, grey)"))))
     floor = alt.Chart(pd.DataFrame({"y": [scaling.TARGET_EFFICIENCY]})).mark_rule(
         color="#cf222e", strokeDash=[4, 4]).encode(y="y:Q")
-    return alt.layer(bars, floor).properties(title=f"Efficiency (target over {scaling.TARGET_EFFICIENCY:.0%})",
-                                             height=300)
+    return fit_width(alt.layer(*layers, floor).properties(
+        title=f"Efficiency (target over {scaling.TARGET_EFFICIENCY:.0%})", height=300))
 
 
 # ---- heterogeneous runs ----------------------------------------------------------------------
@@ -140,8 +156,8 @@ def rank_time_chart(windows: list[dict], events: list[dict], field: str = "compu
     marked = [e for e in events if e["kind"] in MARKED_EVENTS]
     title = "Compute time per rank" if field == "compute_time_s" else "Step time per rank"
     subtitle = events_subtitle(marked) or "no rebalance"
-    return alt.layer(line, *event_marks(marked)).properties(
-        title=alt.TitleParams(title, subtitle=subtitle), height=CHART_HEIGHT)
+    return fit_width(alt.layer(line, *event_marks(marked)).properties(
+        title=alt.TitleParams(title, subtitle=subtitle), height=CHART_HEIGHT))
 
 
 def _chart_rows(windows: list[dict], field: str) -> list[dict[str, Any]]:

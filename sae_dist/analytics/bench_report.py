@@ -84,7 +84,8 @@ def _speedup_chart(run: dict, rows: list[dict], projection: list[dict], link_lab
     # Altair is imported here, not at the top: the csv format and the CLI's other commands need none.
     from sae_dist.analytics.bench_charts import speedup_chart
 
-    return speedup_chart(rows, projection, title=f"Speedup ({run['mode']} scaling; projection: {link_label})")
+    return speedup_chart(rows, projection, title=f"Speedup ({run['mode']} scaling; projection: {link_label})"
+                         ).properties(width=REPORT_CHART_WIDTH)
 
 
 def _markdown(run: dict, points: list[dict], rows: list[dict], projection: list[dict], link_label: str) -> str:
@@ -108,6 +109,8 @@ def _markdown(run: dict, points: list[dict], rows: list[dict], projection: list[
     return "\n".join(parts)
 
 
+REPORT_CHART_WIDTH = 900  # px: a report has no container to fit (the app's charts take its width)
+
 # Readable at 1,280 px: the text keeps a line length one can read, a table or a chart wider
 # than the page scrolls sideways in its own box (the page itself never does).
 STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
@@ -123,7 +126,7 @@ def _html(run: dict, points: list[dict], rows: list[dict], projection: list[dict
     warning = R.warning_text(rows)
     no_projection = T.projection_note(rows)
     speed = _speedup_chart(run, rows, projection, link_label)
-    eff = efficiency_chart(rows)
+    eff = efficiency_chart(rows).properties(width=REPORT_CHART_WIDTH)
     title = _title(run)
     env = "".join(f"<li>{html.escape(line)}</li>" for line in T.environment_lines(run))
     warn_html = (f'<p class="warning" style="background:#fff8c5;border:1px solid #d4a72c;padding:6px 10px">'

@@ -53,6 +53,35 @@ def measured_table(rows: list[dict]) -> list[dict[str, str]]:
     } for r in rows]
 
 
+# The measured table in parts that each fit a laptop's window (17 columns did not: every column
+# from the peak memory on was cut off at 1,400 px), each part led by its device count.
+MEASURED_PARTS = {
+    "Scaling": ("Reliable", "Devices", "Batch/device", "Samples/s", "Step", "Speedup", "Efficiency"),
+    "Against the ceiling and the link": ("Devices", "Ceiling samples/s", "Efficiency vs ceiling", "Communication",
+                                         "Gradient all-reduced/step", "All-reduce bandwidth"),
+    "Resources and load": ("Devices", "Peak memory/device", "Mean utilisation", "Other load (most, while running)",
+                           "Why unreliable"),
+}
+
+
+def measured_parts(table: list[dict[str, str]]) -> list[tuple[str, list[dict[str, str]]]]:
+    """`measured_table`'s rows cut into `MEASURED_PARTS`: (title, rows) each. The last part loses
+    "Why unreliable" when no row has a reason."""
+    parts = []
+    for title, columns in MEASURED_PARTS.items():
+        kept = [c for c in columns if c != "Why unreliable" or any(r[c] for r in table)]
+        parts.append((title, [{c: r[c] for c in kept} for r in table]))
+    return parts
+
+
+# The app leaves out what no point saw (`tables.drop_quiet_columns`): no other job, no GPU.
+OTHER_LOAD_QUIET = {"Jobs running": MISSING, "GPU processes": MISSING}
+# Free text cut to a width, so that each table fits a 1,400 px window; the warning above the
+# tables says each unreliable point's reason whole.
+TEXT_WIDTHS = {"Other load (most, while running)": 200, "Why unreliable": 360, "Busiest processes": 220,
+               "Jobs running": 150, "GPU processes": 130}
+
+
 def other_load_table(points: list[dict]) -> list[dict[str, str]]:
     """Each point in the order it ran (repeats interleave across device counts): the other
     processes' CPU (percent of one core) just before it and while it ran, the busiest of them,
@@ -67,11 +96,11 @@ def other_load_table(points: list[dict]) -> list[dict[str, str]]:
         out.append({
             "Devices": str(p["devices"]), "Kind": p["kind"], "Repeat": str(p["repeat"] + 1),
             "Samples/s": _num(p["samples_per_s"]),
-            "Other CPU before": fmt_util(load["before_cpu_pct"]),
-            "Other CPU while running": fmt_util(load["cpu_pct"]),
-            "Busiest other processes": load["top"] or MISSING,
-            "Other jobs running": ", ".join(f"{j['id']} {j['name']} ({j['user']})" for j in load["jobs"]) or MISSING,
-            "Other GPU processes": gpu,
+            "CPU before": fmt_util(load["before_cpu_pct"]),
+            "CPU while running": fmt_util(load["cpu_pct"]),
+            "Busiest processes": load["top"] or MISSING,
+            "Jobs running": ", ".join(f"{j['id']} {j['name']} ({j['user']})" for j in load["jobs"]) or MISSING,
+            "GPU processes": gpu,
         })
     return out
 

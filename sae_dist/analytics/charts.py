@@ -324,17 +324,17 @@ def binned_rank_time_chart(times: dict[str, list], field: str = "step_time_s",
     line = alt.Chart(data).mark_line().encode(
         x=x, y=value_y(unit, "ms"),
         color=alt.Color("rank:N", title="Rank"), tooltip=tooltip)
-    flagged = data[data["stragglers"] > 0]
-    marks = alt.Chart(flagged).mark_point(
+    flagged = data[data["stragglers"] > 0]  # a layer only when some are: an empty one makes Vega warn
+    marks = [] if flagged.empty else [alt.Chart(flagged).mark_point(
         shape="triangle-up", filled=True, size=70, color=STRAGGLER_COLOR, opacity=0.9,
     ).encode(x=x, y=value_y(unit, "max_ms"),
              tooltip=[*tooltip[:2], alt.Tooltip("max_ms:Q", title="Slowest (ms)", format=unit.value),
-                      alt.Tooltip("stragglers:Q", title="Straggler steps")])
+                      alt.Tooltip("stragglers:Q", title="Straggler steps")])]
     count = int(data["stragglers"].sum())
     subtitle = (f"{count:,} straggler steps (red)" if count else "no straggler flagged")
     if times.get("width", 1) > 1:
         subtitle += f" · mean of every {times['width']:,} steps"
-    return _with_events([line, marks], events, title, subtitle)
+    return _with_events([line, *marks], events, title, subtitle)
 
 
 # ---- run events, grouped -------------------------------------------------------------------

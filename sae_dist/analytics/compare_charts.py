@@ -16,6 +16,7 @@ import altair as alt
 import pandas as pd
 
 from sae_dist.analytics import units
+from sae_dist.analytics.chart_stack import fit_width
 from sae_dist.analytics.pareto import SELECTION
 from sae_dist.analytics.run_compare import X_AXES, Overlay
 from sae_dist.format import MISSING
@@ -124,4 +125,4 @@ def pareto_chart(points: Sequence[dict[str, Any]], frontier: Sequence[dict[str, 
     title = alt.TitleParams("L0 against FVU, every run",
                             subtitle="lower left is better · dashed: the Pareto frontier · "
                                      "click a point to open its run")
-    return alt.layer(line, dots).properties(title=title, height=320)
+    return fit_width(alt.layer(line, dots).properties(title=title, height=320))

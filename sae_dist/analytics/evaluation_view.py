@@ -15,12 +15,13 @@ import pandas as pd
 from sqlalchemy.engine import Engine
 
 from sae_dist.analytics.cards import Card
+from sae_dist.analytics.chart_stack import fit_width
 from sae_dist.format import MISSING, fmt_number, fmt_percent, fmt_time
 
 NEVER_LABEL = "never fired"
 NEVER_COLOR = "#d62728"  # dead latents stand out from the live ones (Streamlit's blue)
 FIRED_COLOR = "#1f77b4"
-CHART_HEIGHT = 300
+CHART_HEIGHT = 220  # the plot alone (fit_width): as tall as the training curves
 # Where the rows came from, by the evaluation's origin: the trainer evaluates rows it never
 # trained on (a shard source's held-out tail, other sources the rows after its last); the
 # evaluate command reads the last rows of the shards it is given.
@@ -157,8 +158,7 @@ def density_chart(density: dict[str, Any] | None, rows: int | None = None) -> al
     never = int(frame.loc[frame["kind"] == NEVER_LABEL, "latents"].sum())
     total = int(frame["latents"].sum())
     # No legend: the never-firing bar is named on the axis, and its colour only sets it apart.
-    # Streamlit fits title, axis and plot into the height: hence more than the curves' height.
-    return alt.Chart(frame).mark_bar().encode(
+    return fit_width(alt.Chart(frame).mark_bar().encode(
         x=alt.X("bin:N", sort=list(frame["bin"]), title="log10 firing frequency (bin's lower edge)",
                 axis=alt.Axis(labelAngle=0)),
         y=alt.Y("latents:Q", title="Latents"),
@@ -167,4 +167,4 @@ def density_chart(density: dict[str, Any] | None, rows: int | None = None) -> al
         tooltip=[alt.Tooltip("range:N", title="Firing frequency"),
                  alt.Tooltip("latents:Q", title="Latents", format=",")],
     ).properties(title=alt.TitleParams("Feature density", subtitle=f"{never:,} of {total:,} latents never fired"),
-                 height=CHART_HEIGHT)
+                 height=CHART_HEIGHT))

@@ -105,13 +105,13 @@ def running_rows(running: list[Row], runs: dict[int, Row], now: datetime) -> lis
 
 
 def pending_rows(pending: list[Row], now: datetime) -> list[Row]:
-    """The pending jobs in the order they would start, with why each waits, in words."""
+    """The pending jobs in the order they would start, with why each waits, in words (last, as
+    squeue's NODELIST(REASON): the one column of any length)."""
     return [{
         "Job": j["id"], "Task": _task(j), "Name": j["name"], "User": j["user"], "GPUs": j["gpus"],
-        "Tasks": j.get("task_count", 1),
-        "Priority": j["priority"], "Reason": jobs.explain_reason(j["reason"]),
+        "Tasks": j.get("task_count", 1), "Priority": j["priority"],
         "Waiting": fmt_duration((now - j["submitted_at"]).total_seconds()),
-        "Submitted": j["submitted_at"],
+        "Submitted": j["submitted_at"], "Reason": jobs.explain_reason(j["reason"]),
     } for j in pending]
 
 
@@ -123,6 +123,17 @@ def finished_rows(finished: list[Row], now: datetime) -> list[Row]:
         "GPUs": j["gpus"], "Elapsed": fmt_duration(jobs.elapsed_s(j, now)),
         "Ended": j["ended_at"], "Reason": j["reason"] or "",
     } for j in finished]
+
+
+# A column whose every cell reads this says nothing: no array task, no pending task folded in, no
+# note. `drop_quiet_columns` leaves it out, so that the columns that speak fit a laptop's window.
+QUIET_CELLS = {"Task": "", "Tasks": 1, "Note": ""}
+
+
+def drop_quiet_columns(rows: list[Row], quiet: dict[str, Any] = QUIET_CELLS) -> list[Row]:
+    """`rows` without the columns in which every row holds its quiet value (`QUIET_CELLS`)."""
+    drop = {c for c, value in quiet.items() if rows and all(c in r and r[c] == value for r in rows)}
+    return [{c: v for c, v in r.items() if c not in drop} for r in rows] if drop else rows
 
 
 def _task(job: Row) -> str:
