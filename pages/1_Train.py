@@ -105,11 +105,13 @@ st.title("Train", anchor=False)
 st.caption("Configure a sparse autoencoder, pick its devices and queue it: the scheduler starts it "
            "as soon as they are free.")
 devices_box = st.container()
-errors: dict[str, str] = {}  # form field -> message shown under it
+errors: dict[str, str] = {}  # form field -> message shown above it
 slots = {}
 
 
 def error_slot(field: str) -> None:
+    """Where the field's error goes: above the field, as GOV.UK's forms put it. Below it, the
+    next field's help, opening upwards when Tab gave its "?" the focus, covered the message."""
     slots[field] = st.empty()
 
 
@@ -121,17 +123,17 @@ def draw_sweep_fields() -> tuple[dict[str, str], list[str], object]:
                    "single value in the form; a blank one is not swept.")
         sweep_cols = st.columns(4)
         with sweep_cols[0]:
+            error_slot("sweep_architecture")
             swept_archs = st.multiselect("Architectures", ARCHITECTURES, key="tr_sw_architecture",
                                          help=HELP["architecture"])
-            error_slot("sweep_architecture")
         sweep_texts = {}
         for col, (key, label) in zip(sweep_cols[1:], (("k", "k values"), ("expansion_factor", "Expansion factors"),
                                                       ("lr", "Learning rates"))):
             with col:
+                error_slot(f"sweep_{key}")
                 sweep_texts[key] = st.text_input(label, key=f"tr_sw_{key}", placeholder="16, 32, 64" if key == "k"
                                                  else "8, 16" if key == "expansion_factor" else "1e-4, 3e-4",
                                                  help=HELP[key])
-                error_slot(f"sweep_{key}")
         error_slot("sweep")
         sweep_preview = st.container()
     return sweep_texts, swept_archs, sweep_preview
@@ -141,14 +143,14 @@ def draw_data_fields() -> dict:
     """The data and optimisation column: the source (the shards' d_in read from their headers),
     batch, micro-batches, learning rate as typed, steps."""
     st.markdown("**Data and optimisation**")
-    source = st.segmented_control("Source", PAGE_SOURCES, key="tr_source", required=True, help=HELP["source"])
     error_slot("source")
+    source = st.segmented_control("Source", PAGE_SOURCES, key="tr_source", required=True, help=HELP["source"])
     d_in = None
     shards_path = None
     if source == "shards":
+        error_slot("shards_path")
         typed = st.text_input("Shards directory", key="tr_shards_path", help=HELP["shards_path"],
                               placeholder="/data/activations/gpt2-layer6")
-        error_slot("shards_path")
         if typed.strip():
             path = Path(typed.strip()).expanduser()
             shards_path = str(path if path.is_absolute() else (APP_ROOT / path).resolve())
@@ -161,17 +163,17 @@ def draw_data_fields() -> dict:
         st.number_input("d_in (from the shards)", value=d_in, disabled=True,
                         help="The width of the shards' activations, read from their headers")
     else:
+        error_slot("d_in")
         d_in = st.number_input("d_in", key="tr_d_in", step=64,
                                help=f"Width of the synthetic activations (default {SYNTHETIC_D_IN})")
-        error_slot("d_in")
-    batch = st.number_input("Batch size per device", key="tr_batch", step=256, help=HELP["batch_size"])
     error_slot("batch_size")
-    grad_accum = st.number_input("Micro-batches per step", key="tr_grad_accum", step=1, help=HELP["grad_accum"])
+    batch = st.number_input("Batch size per device", key="tr_batch", step=256, help=HELP["batch_size"])
     error_slot("grad_accum")
-    lr_text = st.text_input("Learning rate", key="tr_lr", help=HELP["lr"], placeholder="default")
+    grad_accum = st.number_input("Micro-batches per step", key="tr_grad_accum", step=1, help=HELP["grad_accum"])
     error_slot("lr")
-    steps = st.number_input("Steps", key="tr_steps", step=100, help=HELP["steps"])
+    lr_text = st.text_input("Learning rate", key="tr_lr", help=HELP["lr"], placeholder="default")
     error_slot("steps")
+    steps = st.number_input("Steps", key="tr_steps", step=100, help=HELP["steps"])
     return {"source": source, "d_in": d_in, "shards_path": shards_path, "batch_size": batch,
             "grad_accum": grad_accum, "lr_text": lr_text, "steps": steps}
 
@@ -207,9 +209,9 @@ def draw_form() -> dict:
     fields train_form.form_config reads, the sweep's texts (None: no sweep) and architectures, the
     job's priority and time limit as typed, and where the sweep's plan goes."""
     # Above the columns, at its full width: in a third of the page its last option read "jumpr…".
+    error_slot("architecture")
     architecture = st.segmented_control("Architecture", ARCHITECTURES, key="tr_architecture",
                                         required=True, help=HELP["architecture"])
-    error_slot("architecture")
     sweep_on = st.toggle("Sweep: many SAEs in one job", key="tr_sweep",
                          help="List values in the fields below: every combination is one SAE, all trained in one "
                               "job from one activation stream (at most 256)")
@@ -220,47 +222,47 @@ def draw_form() -> dict:
         width_by = st.segmented_control("Latent count", list(WIDTH_BY), key="tr_width_by", required=True,
                                         format_func=WIDTH_BY.get, help="Give d_sae directly, or as d_in x a factor")
         if width_by == "d_sae":
-            d_sae = st.number_input("d_sae (latents)", key="tr_d_sae", step=1024, help=HELP["d_sae"])
             error_slot("d_sae")
+            d_sae = st.number_input("d_sae (latents)", key="tr_d_sae", step=1024, help=HELP["d_sae"])
         else:
+            error_slot("expansion_factor")
             expansion = st.number_input("Expansion factor", key="tr_expansion", step=1,
                                         help=HELP["expansion_factor"])
-            error_slot("expansion_factor")
         if architecture in ("topk", "batchtopk"):
-            k = st.number_input("k (active latents)", key="tr_k", step=1, help=HELP["k"])
             error_slot("k")
+            k = st.number_input("k (active latents)", key="tr_k", step=1, help=HELP["k"])
         elif architecture == "standard":
+            error_slot("l1_coefficient")
             l1 = st.number_input("L1 coefficient", key="tr_l1", step=0.01, format="%.4f",
                                  help=HELP["l1_coefficient"])
-            error_slot("l1_coefficient")
         else:
+            error_slot("l0_coefficient")
             l0 = st.number_input("L0 coefficient", key="tr_l0", step=0.005, format="%.4f",
                                  help=HELP["l0_coefficient"])
-            error_slot("l0_coefficient")
+        error_slot("precision")
         precision = st.segmented_control("Precision", PRECISIONS, key="tr_precision", required=True,
                                          help=HELP["precision"])
-        error_slot("precision")
 
     with data_col:
         data = draw_data_fields()
 
     with job_col:
         st.markdown("**Job**")
+        error_slot("name")
         name = st.text_input("Name", key="tr_name", placeholder="<architecture>-<d_sae>-<time>",
                              help="The job's and the run's name; blank: one is made up at submit")
-        error_slot("name")
+        error_slot("checkpoint_every")
         checkpoint_every = st.number_input("Checkpoint every (steps)", key="tr_checkpoint_every", step=100,
                                            help=HELP["checkpoint_every"])
-        error_slot("checkpoint_every")
+        error_slot("priority")
         # Bounds: the browser refuses a number past them (a 20-digit one was silently stored as 0).
         priority = st.number_input("Priority", key="tr_priority", step=1, min_value=-MAX_PRIORITY,
                                    max_value=MAX_PRIORITY,
                                    help="Higher starts first among pending jobs (SLURM's -nice)")
-        error_slot("priority")
+        error_slot("time_limit")
         time_text = st.text_input("Time limit", key="tr_time", placeholder="UNLIMITED",
                                   help="SLURM's --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM[:SS]; "
                                        "blank or UNLIMITED for none. The job is stopped (TIMEOUT) after it.")
-        error_slot("time_limit")
         balance = st.segmented_control("Share of each step", BALANCES, key="tr_balance", required=True,
                                        help=HELP["balance"])
         rebalance = st.toggle("Rebalance stragglers", key="tr_rebalance", help=HELP["rebalance"])
@@ -313,6 +315,7 @@ def draw_devices(config, batch, grad_accum) -> tuple[list[dict], list[str], dict
 
     with devices_box:
         st.subheader("Devices", anchor=False)
+        error_slot("n_gpus")
         with st.container(horizontal=True, vertical_alignment="bottom"):
             # No min/max: the browser would only outline a 0 in red; the page says why instead.
             st.number_input("GPUs wanted", key="tr_n_gpus", step=1, on_change=use_recommended, width=150,
@@ -322,7 +325,6 @@ def draw_devices(config, batch, grad_accum) -> tuple[list[dict], list[str], dict
                       on_click=use_recommended)
             st.button("Refresh", key="tr_refresh", icon=":material/refresh:",
                       help="Read the devices' state again")
-        error_slot("n_gpus")
         if any(r["virtual"] for r in rows):
             st.caption("Virtual devices: each is one CPU-backed training rank (no NVIDIA GPU in use here). "
                        "The form starts with a small synthetic run that ends in about a minute on 2 of them.")
@@ -378,7 +380,7 @@ def draw_sweep_plan(sweep, table: list[dict], selected: list[str], asked: dict, 
 
 def draw_submit(config, sweep, sweep_lists: dict, asked: dict, table: list[dict], priority,
                 time_limit_s: float | None) -> None:
-    """The job checked as the scheduler will (each error under its field), then one click queues it."""
+    """The job checked as the scheduler will (each error above its field), then one click queues it."""
     spec = None
     train_dict = None if config is None else {**config.to_dict(), **({SWEEP_KEY: sweep_lists} if sweep else {})}
     if config is not None and not errors:
@@ -462,7 +464,7 @@ def draw_submitted() -> None:
 st.subheader("Sparse autoencoder", anchor=False)
 general_error = st.empty()
 form = draw_form()
-# ---- validate: the trainer's own checks; each message goes under the field it names ----
+# ---- validate: the trainer's own checks; each message goes above the field it names ----
 config, sweep, sweep_lists, form_errors = train_form.form_config(form["fields"], form["sweep_texts"],
                                                                  form["swept_architectures"])
 for field, message in form_errors.items():

@@ -462,6 +462,29 @@ def test_8_with_every_device_busy_the_train_page_queues_a_job_that_starts_when_t
     scheduler("cancel", str(queued.id))
 
 
+def test_9_a_fields_error_stays_in_view_as_tab_moves_on(served, page):
+    """A bad learning rate, then Tab: the focus lands on the next field's help, whose tooltip
+    opens upwards. It covered the error drawn under the field; the error sits above it now."""
+    from playwright.sync_api import expect
+
+    url, _ = served
+    page.goto(f"{url}/Train")
+    field = page.get_by_label("Learning rate", exact=True)
+    field.fill("abc")
+    field.press("Tab")
+    error = page.locator('[data-testid="stAlert"]', has_text="'abc' is not a number")
+    tooltip = page.locator('[data-testid="stTooltipContent"]')
+    expect(error).to_be_visible()
+    expect(tooltip).to_be_visible()
+    assert page.evaluate("() => document.activeElement.getAttribute('aria-label')") == "Help for Steps"
+    a, b = error.bounding_box(), tooltip.bounding_box()
+    apart = (a["x"] + a["width"] <= b["x"] or b["x"] + b["width"] <= a["x"]
+             or a["y"] + a["height"] <= b["y"] or b["y"] + b["height"] <= a["y"])
+    assert apart, f"the tooltip {b} covers the error {a}"
+    no_exception(page)
+    shoot(page, "11-train-error-in-view")
+
+
 def test_request_checks_on_plain_data():
     """The two checks the steps make, on hand-made requests."""
     origin = "http://127.0.0.1:8501"

@@ -133,7 +133,7 @@ def _without(values: dict[str, Any], keys) -> dict[str, Any]:
 
 
 def _sweep_message(error: Exception, key: str) -> str:
-    """A sweep error as shown under its field: without the "sweep: --sweep k:" the CLI needs."""
+    """A sweep error as shown above its field: without the "sweep: --sweep k:" the CLI needs."""
     return str(error).removeprefix("sweep: ").removeprefix(f"--sweep {key}: ")
 
 
