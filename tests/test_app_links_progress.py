@@ -87,7 +87,7 @@ def test_monitor_start_up_with_a_run_but_no_step(busy):
                started_at=start, created_at=start)
     at = open_page(MONITOR, job=str(job_id))
     titles = [i.proto.title for i in at.info]
-    assert "Loading the data source / first steps" in titles
+    assert "Building the SAEs / first steps" in titles
     assert "Its log is empty so far." in texts(at)  # this job has no log file recorded
     assert "ETA unknown: no step rate yet" in at.get("progress")[-1].proto.text
     assert not at.get("vega_lite_chart") or True  # the device charts may draw; the curves do not

@@ -57,7 +57,7 @@ def test_startup_without_a_run_is_starting_its_ranks():
 def test_startup_with_a_run_but_no_step_is_loading_and_first_steps():
     run = {"id": 7, "started_at": T0 + timedelta(seconds=20), "created_at": T0, "config": {"log_every": 10}}
     status = progress.startup_status(job(), run, has_steps=False, now=T0 + timedelta(seconds=35))
-    assert status.title == "Loading the data source / first steps"
+    assert status.title == "Building the SAEs / first steps"
     assert "Run 7 was recorded 15 s ago" in status.detail and "the first 10 steps" in status.detail
 
 

@@ -311,3 +311,17 @@ def test_a_train_validates_its_config_once_per_source_of_values(tmp_path, monkey
     # The flags, then the source's d_in (synthetic's default width); resolving the defaults, the
     # rank's copy and every step's lr reuse the validated config (8 validations for 2 steps before).
     assert validated == [None, 512]
+
+
+def test_each_wait_before_the_first_step_is_logged_as_it_begins(tmp_path):
+    """A starting job's last log line is what the Monitor shows: the log names the data source
+    as it opens, the SAEs as they are built, the first batch, in that order, before any step."""
+    ran = main_here("train", "--devices", "cpu:1", "--d-in", "32", "--expansion-factor", "4", "--k", "4",
+                    "--batch-size", "64", "--steps", "10", "--no-db", "--eval-rows", "0",
+                    "--out-dir", str(tmp_path / "run"))
+    assert ran.returncode == 0, ran.stderr
+    log = ran.stdout + ran.stderr
+    waits = ["1 rank joined; opening the data source: synthetic activations (d_in 32)", "building the SAE",
+             "reading the first batch, then the first 10 steps before the first metrics", "step     10/10"]
+    at = [log.find(w) for w in waits]
+    assert -1 not in at and at == sorted(at), log

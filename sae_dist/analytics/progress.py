@@ -60,9 +60,10 @@ def eta_s(last_step: int, total_steps: int | None, rate: Rate | None) -> float |
 
 def startup_status(job: dict, run: dict | None, has_steps: bool, now: datetime) -> Startup | None:
     """What a running training job is doing before its first logged step, said from what exists:
-    no run row yet (its ranks are starting: the trainer records the run once they have joined),
-    or a run but no step (the data source loads and the first steps run). None once a step is
-    logged, or for a job that is not a running training."""
+    no run row yet (its ranks start, join and open the data source: a model loads then), or a
+    run but no step (the SAEs are built, the first batch read, the first steps run). The job's
+    log says each of these as it begins; the Monitor shows its last line beside this. None once
+    a step is logged, or for a job that is not a running training."""
     if job["kind"] != "train" or job["state"] != "RUNNING" or has_steps:
         return None
     ranks = job["gpus"] or 1
@@ -70,9 +71,9 @@ def startup_status(job: dict, run: dict | None, has_steps: bool, now: datetime) 
         since = _seconds(job["started_at"], now)
         return Startup(f"Starting {ranks} rank{'s' if ranks != 1 else ''}",
                        f"The job started {since} ago; the trainer records its run once its ranks "
-                       "have started and joined.")
+                       "have joined and opened the data source.")
     since = _seconds(run["started_at"] or run["created_at"] or job["started_at"], now)
-    return Startup("Loading the data source / first steps",
+    return Startup("Building the SAEs / first steps",
                    f"Run {run['id']} was recorded {since} ago; its first metrics are logged after "
                    f"{_every(run)} steps.")
 

@@ -37,7 +37,7 @@ from sae_dist.config import TrainConfig
 from sae_dist.contract import KILL_RANK_AT_ENV, RESTART_NOTE_ENV, THREADS_PER_RANK_ENV, rank_values
 from sae_dist.contract.sweep import Sweep
 from sae_dist.data.harvest.sites import check_trainable
-from sae_dist.data.sources.make import make_source
+from sae_dist.data.sources.make import make_source, source_in_words
 from sae_dist.errors import TrainingStopped
 from sae_dist.evaluate.end_of_run import end_of_run_evaluations, summary_lines
 from sae_dist.evaluate.metrics import dictionary_recovery
@@ -124,6 +124,11 @@ def train(cfg: TrainConfig, sweep: Sweep | None = None) -> TrainResult:
 def _train(cfg: TrainConfig, sweep: Sweep | None, ctx: D.DistContext) -> TrainResult:
     set_threads(ctx)
     torch.manual_seed(cfg.seed)
+    # Each wait before the first step is said as it begins: the Monitor shows a starting job's
+    # last log line, and loading a model can take minutes.
+    if ctx.is_main:
+        log.info("%d rank%s joined; opening the data source: %s", ctx.world_size, "s" * (ctx.world_size > 1),
+                 source_in_words(cfg))
     source = make_source(cfg, ctx) if sweep is None else sweep_source(cfg, sweep, ctx)
     # Rule-based defaults become numbers here, so the run's stored config says what it ran with.
     cfg = cfg.with_d_in(source.d_in).resolved(ctx.world_size)
@@ -234,6 +239,8 @@ def _start(job: Job, slowdown: float, estimate: MemoryEstimate) -> tuple[int, St
     """The job's SAEs built, started fresh or resumed, wrapped for DDP and recorded: (the step,
     the stream's shares, the first step's rows on a fresh start, b_dec set from them)."""
     cfg, ctx = job.cfg, job.ctx
+    if ctx.is_main:
+        log.info("building %s", "the SAE" if job.sweep is None else f"{len(job.sweep)} SAEs")
     job.members = _build_members(job)
     # The stream's first shares, by --balance: a sweep's SAEs are apart (shares change no device's
     # work) only with --balance equal, or on one device, where shares are equal anyway.
@@ -252,6 +259,8 @@ def _start(job: Job, slowdown: float, estimate: MemoryEstimate) -> tuple[int, St
         _log_start(job, stream, estimate, latest)
     if step > 0:
         return step, stream, None
+    if ctx.is_main:
+        log.info("reading the first batch, then the first %d steps before the first metrics", cfg.log_every)
     first = job.source.next_batches(stream.plan, ctx.rank, ctx.device)
     init_b_dec(job.members, split_sites(first, job.n_sites))
     return step, stream, first

@@ -9,6 +9,16 @@ from sae_dist.data.sources.base import ActivationSource
 from sae_dist.defaults import heldout_rows_of
 
 
+def source_in_words(cfg: TrainConfig) -> str:
+    """What `make_source` is about to open, as a starting job's log says it."""
+    if cfg.source == "model":
+        return (f"the model {cfg.model_path}, layer {cfg.model_layer} ({cfg.model_site}), loaded on every "
+                f"device, over the text {cfg.text_path}")
+    if cfg.source == "shards":
+        return f"the activation shards in {cfg.shards_path}"
+    return f"synthetic activations (d_in {cfg.d_in or SYNTHETIC_D_IN})"
+
+
 def make_source(cfg: TrainConfig, ctx: D.DistContext) -> ActivationSource:
     if cfg.source == "synthetic":
         from sae_dist.data.sources.synthetic import SyntheticSource
