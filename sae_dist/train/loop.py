@@ -90,6 +90,8 @@ class Job:
     sweep: Sweep | None = None
     placement: Placement | None = None
     members: list[Member] = field(default_factory=list)
+    slowdown: float = 1.0  # test knob: this rank's compute slowed by this factor
+    kill_at: int | None = None  # test knob: the step after which this rank SIGKILLs itself
 
     @property
     def records(self) -> list[RunRecord]:
@@ -124,6 +126,8 @@ def train(cfg: TrainConfig, sweep: Sweep | None = None) -> TrainResult:
 def _train(cfg: TrainConfig, sweep: Sweep | None, ctx: D.DistContext) -> TrainResult:
     set_threads(ctx)
     torch.manual_seed(cfg.seed)
+    # The test knobs first: a bad one is one error before anything starts.
+    slowdown, kill_at = slowdown_for_tests(ctx.rank), kill_step_for_tests(ctx.rank)
     # Each wait before the first step is said as it begins: the Monitor shows a starting job's
     # last log line, and loading a model can take minutes.
     if ctx.is_main:
@@ -143,7 +147,8 @@ def _train(cfg: TrainConfig, sweep: Sweep | None, ctx: D.DistContext) -> TrainRe
     device_ids = D.gather_objects(device_label(ctx))
     record = (RunRecord(cfg, ctx, name, run_dir, device_ids) if sweep is None
               else SweepRecord(cfg, ctx, name, run_dir, sweep, placement))
-    job = Job(cfg, ctx, source, name, Path(run_dir), device_ids, record, sweep, placement)
+    job = Job(cfg, ctx, source, name, Path(run_dir), device_ids, record, sweep, placement,
+              slowdown=slowdown, kill_at=kill_at)
     try:
         return _run(job)
     except BaseException as e:
@@ -167,8 +172,7 @@ def _run(job: Job) -> TrainResult:
     cfg, ctx = job.cfg, job.ctx
     peak = PeakMemory(ctx.device)
     peak.reset()
-    slowdown = slowdown_for_tests(ctx.rank)
-    kill_at = kill_step_for_tests(ctx.rank)
+    slowdown, kill_at = job.slowdown, job.kill_at
     estimate = estimate_for_config(cfg, ctx.world_size, ctx.device.type)
     step, stream, first = _start(job, slowdown, estimate)
     for m in job.members:
