@@ -23,6 +23,7 @@ from sae_dist.config import (
     PRECISIONS,
     SOURCES,
     SYNTHETIC_D_IN,
+    TOPK_FAMILY,
     config_fields,
 )
 from sae_dist.contract.sweep_argv import SWEEP_KEY, CheckedTrain
@@ -52,7 +53,7 @@ FORM_DEFAULTS = {
     "tr_lr": "", "tr_steps": DEFAULT["steps"], "tr_precision": DEFAULT["precision"],
     "tr_checkpoint_every": DEFAULT["checkpoint_every"], "tr_balance": DEFAULT["balance"],
     "tr_rebalance": DEFAULT["rebalance"], "tr_on_rank_loss": DEFAULT["on_rank_loss"],
-    "tr_name": "", "tr_priority": 0, "tr_time": "",
+    "tr_name": "", "tr_priority": 0, "tr_time": "", "tr_matryoshka_widths": "",
     "tr_auto": True,  # preselect the recommended devices until the user ticks one
     "tr_sweep": False, "tr_sw_architecture": [], "tr_sw_k": "", "tr_sw_expansion_factor": "", "tr_sw_lr": "",
 }
@@ -228,7 +229,7 @@ def draw_form() -> dict:
             error_slot("expansion_factor")
             expansion = st.number_input("Expansion factor", key="tr_expansion", step=1,
                                         help=HELP["expansion_factor"])
-        if architecture in ("topk", "batchtopk"):
+        if architecture in TOPK_FAMILY:
             error_slot("k")
             k = st.number_input("k (active latents)", key="tr_k", step=1, help=HELP["k"])
         elif architecture == "standard":
@@ -239,6 +240,10 @@ def draw_form() -> dict:
             error_slot("l0_coefficient")
             l0 = st.number_input("L0 coefficient", key="tr_l0", step=0.005, format="%.4f",
                                  help=HELP["l0_coefficient"])
+        if architecture == "matryoshka":
+            error_slot("matryoshka_widths")
+            prefix_widths = st.text_input("Prefix widths", key="tr_matryoshka_widths", placeholder="default",
+                                          help=HELP["matryoshka_widths"])
         error_slot("precision")
         precision = st.segmented_control("Precision", PRECISIONS, key="tr_precision", required=True,
                                          help=HELP["precision"])
@@ -273,9 +278,10 @@ def draw_form() -> dict:
               "width_by": width_by, "name": name,
               "d_sae": d_sae if width_by == "d_sae" else None,
               "expansion_factor": expansion if width_by != "d_sae" else None,
-              "k": k if architecture in ("topk", "batchtopk") else None,
+              "k": k if architecture in TOPK_FAMILY else None,
+              "matryoshka_widths": prefix_widths if architecture == "matryoshka" else None,
               "l1_coefficient": l1 if architecture == "standard" else None,
-              "l0_coefficient": l0 if architecture not in ("topk", "batchtopk", "standard") else None}
+              "l0_coefficient": l0 if architecture not in (*TOPK_FAMILY, "standard") else None}
     return {"fields": fields, "sweep_texts": sweep_texts, "swept_architectures": swept_archs,
             "preview": sweep_preview, "priority": priority, "time_text": time_text}
 

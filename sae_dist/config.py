@@ -17,12 +17,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from sae_dist.defaults import DECAY_FRACTION, default_dead_after_samples, default_lr, default_warmup_steps
+from sae_dist.defaults import (
+    DECAY_FRACTION,
+    default_dead_after_samples,
+    default_lr,
+    default_matryoshka_widths,
+    default_warmup_steps,
+)
 from sae_dist.errors import ConfigError
 
 SYNTHETIC_D_IN = 512  # width of synthetic activations when d_in is not given
 MAX_STEPS = 10**9  # a billion steps: years on any machine
-ARCHITECTURES = ("topk", "batchtopk", "standard", "jumprelu")
+ARCHITECTURES = ("topk", "batchtopk", "matryoshka", "standard", "jumprelu")
+TOPK_FAMILY = ("topk", "batchtopk", "matryoshka")  # k active latents per sample (on average), AuxK
+BATCH_LEVEL = ("batchtopk", "matryoshka")  # top-k over the batch; a learned threshold at inference
 SOURCES = ("synthetic", "shards", "model")
 SITES = ("resid", "mlp_out", "attn_out")
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -30,7 +38,8 @@ COMPRESSIONS = ("none", "bf16", "fp16")
 BALANCES = ("equal", "memory", "speed")
 ON_RANK_LOSS = ("continue", "fail")
 # Accepted spellings that people bring from other tools.
-ARCHITECTURE_ALIASES = {"relu": "standard", "batch_topk": "batchtopk", "jump_relu": "jumprelu"}
+ARCHITECTURE_ALIASES = {"relu": "standard", "batch_topk": "batchtopk", "jump_relu": "jumprelu",
+                        "matryoshka_batchtopk": "matryoshka"}
 
 
 def _f(default: Any, help: str) -> Any:
@@ -40,17 +49,22 @@ def _f(default: Any, help: str) -> Any:
 @dataclass
 class TrainConfig:
     # --- the SAE ---
-    architecture: Literal["topk", "batchtopk", "standard", "jumprelu"] = _f(
-        "topk", "SAE architecture: topk, batchtopk, standard (ReLU + L1) or jumprelu")
+    architecture: Literal["topk", "batchtopk", "matryoshka", "standard", "jumprelu"] = _f(
+        "topk", "SAE architecture: topk, batchtopk, matryoshka (BatchTopK with nested prefixes of the "
+                "dictionary, each trained to reconstruct alone), standard (ReLU + L1) or jumprelu")
     d_in: int | None = _f(None, "input width; taken from the source (synthetic default 512), checked if given")
     d_sae: int | None = _f(None, "number of latents; default d_in x expansion_factor")
     expansion_factor: int = _f(8, "d_sae = d_in x this, when d_sae is not given")
-    k: int = _f(32, "active latents per sample (topk; batchtopk: on average)")
+    k: int = _f(32, "active latents per sample (topk; batchtopk and matryoshka: on average)")
+    matryoshka_widths: str | None = _f(
+        None, "matryoshka: the nested prefixes' widths, increasing, the last d_sae (e.g. 256,1024,4096); "
+              "default d_sae/64, d_sae/16, d_sae/4, d_sae")
     l1_coefficient: float = _f(0.05, "L1 sparsity penalty weight (standard)")
     l0_coefficient: float = _f(0.01, "L0 sparsity penalty weight (jumprelu)")
     jumprelu_init_threshold: float = _f(0.001, "initial JumpReLU threshold")
     jumprelu_bandwidth: float = _f(0.001, "JumpReLU straight-through estimator bandwidth")
-    auxk_coefficient: float = _f(1 / 32, "AuxK loss weight for dead latents (topk/batchtopk); 0 turns it off")
+    auxk_coefficient: float = _f(1 / 32, "AuxK loss weight for dead latents (topk, batchtopk, matryoshka); "
+                                         "0 turns it off")
     auxk_k: int | None = _f(None, "latents the AuxK loss uses; default d_in // 2")
     dead_after_samples: int | None = _f(
         None, "a latent is dead (AuxK revives it) when it has not fired in this many samples; "
@@ -148,6 +162,18 @@ class TrainConfig:
         return new
 
     @property
+    def resolved_matryoshka_widths(self) -> tuple[int, ...]:
+        """The prefixes' widths, checked against d_sae (the last must be it)."""
+        d_sae = self.resolved_d_sae
+        if self.matryoshka_widths is None:
+            return default_matryoshka_widths(d_sae)
+        widths = parse_widths(self.matryoshka_widths)
+        if widths[-1] != d_sae:
+            raise ConfigError("matryoshka_widths", f"the last width is the whole dictionary: {widths[-1]:,} given, "
+                                                   f"d_sae is {d_sae:,}")
+        return widths
+
+    @property
     def resolved_auxk_k(self) -> int:
         assert self.d_in is not None
         return self.auxk_k if self.auxk_k is not None else max(1, self.d_in // 2)
@@ -216,10 +242,17 @@ class TrainConfig:
             raise ConfigError(name, f"given, but source is {self.source}; add --source model")
         if self.d_in is not None:
             d_sae = self.resolved_d_sae
-            if self.architecture in ("topk", "batchtopk") and self.k > d_sae:
+            if self.architecture in TOPK_FAMILY and self.k > d_sae:
                 raise ConfigError("k", f"k = {self.k} is more than d_sae = {d_sae}")
+            if self.architecture == "matryoshka":
+                self.resolved_matryoshka_widths  # noqa: B018 (checked against d_sae)
             if self.auxk_k is not None and self.auxk_k > d_sae:
                 raise ConfigError("auxk_k", f"auxk_k = {self.auxk_k} is more than d_sae = {d_sae}")
+        if self.matryoshka_widths is not None:
+            if self.architecture != "matryoshka":
+                raise ConfigError("matryoshka_widths", f"given, but the architecture is {self.architecture}; "
+                                                       "add --architecture matryoshka")
+            parse_widths(self.matryoshka_widths)
         if self.resume and not self.out_dir:
             raise ConfigError("resume", "needs out_dir: the run directory holding the checkpoints")
         parse_devices(self.devices)  # raises ConfigError("devices", ...) when malformed
@@ -242,6 +275,20 @@ def config_fields() -> list[dataclasses.Field]:
 
 def field_types() -> dict[str, Any]:
     return typing.get_type_hints(TrainConfig)
+
+
+def parse_widths(text: str) -> tuple[int, ...]:
+    """'256,1024,4096' (or a TOML list's text, '[256, 1024, 4096]') -> (256, 1024, 4096), strictly
+    increasing positive whole numbers, or ConfigError naming what is wrong."""
+    raw = str(text).strip().removeprefix("[").removesuffix("]")
+    parts = [p.strip() for p in raw.split(",")]
+    if not raw.strip() or any(not (p.isascii() and p.isdigit()) for p in parts):
+        raise ConfigError("matryoshka_widths", f"{text!r}: give increasing whole numbers such as 256,1024,4096")
+    widths = tuple(int(p) for p in parts)
+    if widths[0] < 1 or any(b <= a for a, b in zip(widths, widths[1:])):
+        raise ConfigError("matryoshka_widths", f"{text!r}: each width must be larger than the one before, "
+                                               "from 1 up")
+    return widths
 
 
 def parse_devices(spec: str) -> tuple[str, int | None]:

@@ -25,6 +25,18 @@ def default_lr(global_batch: int, d_sae: int, k: int, d_in: int) -> float:
     return LR_AT_REFERENCE * (d_in / 256) ** LR_D_IN_EXPONENT
 
 
+# Matryoshka's nested prefixes: each this many times the one before, the smallest d_sae / 4^(levels-1).
+MATRYOSHKA_RATIO = 4
+MATRYOSHKA_LEVELS = 4
+
+
+def default_matryoshka_widths(d_sae: int) -> tuple[int, ...]:
+    """The prefixes' widths when none are given: d_sae/64, d_sae/16, d_sae/4, d_sae (a prefix of
+    fewer than one latent left out), as the paper's dictionaries grow by 4x a level."""
+    widths = [d_sae // MATRYOSHKA_RATIO ** i for i in reversed(range(MATRYOSHKA_LEVELS))]
+    return tuple(sorted({w for w in widths if w >= 1}))
+
+
 def default_warmup_steps(steps: int) -> int:
     return min(WARMUP_MAX_STEPS, int(steps * WARMUP_FRACTION))
 

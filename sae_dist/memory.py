@@ -73,13 +73,15 @@ def encoder_rows_at_once(batch_size: int, d_sae: int, device_type: str) -> int:
 
 def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = "topk", k: int = 32,
                     world_size: int = 1, param_bytes: int = 4, act_bytes: int = 4,
-                    device_type: str = "cuda") -> MemoryEstimate:
+                    device_type: str = "cuda", levels: int = 1) -> MemoryEstimate:
     """Peak bytes per device of one training step (fp32 weights, Adam, DDP with bucket views).
 
     Activations count the tensors of width d_sae alive at the peak. TopK / BatchTopK run through
     sparse_ops: the pre-activations exist once, during the encoder's forward (on a CPU only a
     block of rows at a time), plus half of that again for top-k's working space; BatchTopK adds
-    its per-row candidates and the few rows it recomputes whole. Nothing of width d_sae is kept
+    its per-row candidates and the few rows it recomputes whole; Matryoshka, for each of its
+    `levels` but the last, a prefix's reconstruction, its error and that error's gradient (width
+    d_in, a guess from what autograd keeps: not measured yet). Nothing of width d_sae is kept
     for the backward, whose sparse weight-gradient products take twice a weight's size
     (measured: MKL's copy and the result). The dense architectures keep about 4.5 (standard) and
     7.5 (JumpReLU) matrices of batch x d_sae at their peak (measured: pre-activations,
@@ -106,7 +108,8 @@ def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = 
     # largest bucket in flight, bounded by its bucket cap (25 MiB by default).
     ddp_buckets = min(25 * 2**20, n_params * param_bytes) if world_size > 1 else 0
     # The step's temporaries, as (bytes of one, how many): what is alive at the step's peak.
-    if architecture in ("topk", "batchtopk") and device_type != "cpu":
+    batch_level = architecture in ("batchtopk", "matryoshka")
+    if architecture in ("topk", "batchtopk", "matryoshka") and device_type != "cpu":
         # A GPU's peak is the larger of the forward's and the backward's (measured on an H200 in
         # bf16, d_in/d_sae 768/24576, 2048/32768, 4096/65536, batch 4096: the estimate came within
         # 2-10% above the allocator's peak): the forward holds the whole batch's pre-activations
@@ -115,21 +118,21 @@ def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = 
         weight = d_in * d_sae * param_bytes
         forward = batch_size * d_sae * act_bytes + (d_in * d_sae * act_bytes if act_bytes < param_bytes else 0)
         temporaries = [(max(forward, 2 * weight), 1)]
-        if architecture == "batchtopk":
+        if batch_level:
             temporaries += [(batch_size * 4 * k * act_bytes, 1), (batch_size * 4 * k * 8, 1),
                             (0.1 * batch_size * d_sae * act_bytes, 1)]
-    elif architecture in ("topk", "batchtopk"):
+    elif architecture in ("topk", "batchtopk", "matryoshka"):
         block = encoder_rows_at_once(batch_size, d_sae, device_type) * d_sae * act_bytes
         temporaries = [(block, 1.5),  # the pre-activations (a block of rows on a CPU), top-k's space
                        (d_in * d_sae * param_bytes, 2)]  # the backward's sparse weight-gradient product
-        if architecture == "batchtopk":
+        if batch_level:
             # 4k candidates per row (value and int64 index), and the rows that deserve more,
             # recomputed whole (a few percent of them; ~10% at initialisation, measured)
             temporaries += [(batch_size * 4 * k * act_bytes, 1), (batch_size * 4 * k * 8, 1),
                             (0.1 * batch_size * d_sae * act_bytes, 1)]
     else:
         temporaries = [(batch_size * d_sae * act_bytes, {"standard": 4.5, "jumprelu": 7.5}[architecture])]
-    temporaries.append((batch_size * d_in * 4, 8))  # fp32: autocast covers the encoder's product only
+    temporaries.append((batch_size * d_in * 4, 8 + 3 * (levels - 1)))  # fp32: autocast covers the encoder only
     activations = sum(size * count for size, count in temporaries)
     heap = 0.0
     if device_type == "cpu":
@@ -145,8 +148,9 @@ def estimate_for_config(cfg, world_size: int, device_type: str | None = None) ->
     if device_type is None:
         device_type = "cpu" if str(cfg.devices).strip().lower().startswith("cpu") else "cuda"
     act_bytes = 2 if device_type != "cpu" and cfg.precision in ("auto", "bf16") else 4
+    levels = len(cfg.resolved_matryoshka_widths) if cfg.architecture == "matryoshka" else 1
     return estimate_memory(cfg.d_in, cfg.resolved_d_sae, cfg.batch_size, cfg.architecture, cfg.k, world_size,
-                           act_bytes=act_bytes, device_type=device_type)
+                           act_bytes=act_bytes, device_type=device_type, levels=levels)
 
 
 class PeakMemory:

@@ -307,7 +307,7 @@ def test_gpus_wanted_out_of_range_says_why_in_words(wanted, message):
 def test_the_architecture_choice_has_the_page_width():
     at = train_page()
     control = at.segmented_control(key="tr_architecture")
-    assert list(control.options) == ["topk", "batchtopk", "standard", "jumprelu"]
+    assert list(control.options) == ["topk", "batchtopk", "matryoshka", "standard", "jumprelu"]
     in_columns = [c for c in at.columns if c.segmented_control and
                   any(getattr(w, "key", None) == "tr_architecture" for w in c.segmented_control)]
     assert not in_columns  # not squeezed into a third of the page, where "jumprelu" was cut
@@ -367,3 +367,18 @@ def test_the_sweep_plan_names_what_does_not_fit_a_known_capacity():
                                                              "2 of its 2 SAEs")
     assert sweep_plan(sweep, [], "cuda")["rows"] == []  # no device chosen: names only
     assert form_sweep({**values, "steps": 0}, {"k": "4, 8"}, []) == (None, {"k": [4, 8]}, {})  # steps says why
+
+
+def test_matryoshka_shows_its_prefix_widths_checked_above_the_field():
+    """Matryoshka keeps k and adds its prefixes' widths: blank is the default, a wrong list is
+    the trainer's own message above the field, and nothing can be submitted meanwhile."""
+    at = train_page()
+    assert "tr_matryoshka_widths" not in [w.key for w in at.text_input]  # drawn only for matryoshka
+    at.segmented_control(key="tr_architecture").set_value("matryoshka").run()
+    assert not at.exception and not field_errors(at)
+    assert at.number_input(key="tr_k").value == 8  # still a k, on average over the batch
+    at.text_input(key="tr_matryoshka_widths").set_value("16,64").run()
+    assert field_errors(at) == ["the last width is the whole dictionary: 64 given, d_sae is 256"]
+    assert at.button(key="tr_submit").disabled
+    at.text_input(key="tr_matryoshka_widths").set_value("16,64,256").run()
+    assert not field_errors(at) and not at.button(key="tr_submit").disabled

@@ -31,6 +31,13 @@ from sae_dist.train.metrics import find_stragglers
     ({"resume": True}, "resume", "needs out_dir"),
     ({"stepz": 10}, "stepz", "did you mean 'steps'"),
     ({"auxk_k": 1000, "d_in": 8, "d_sae": 64}, "auxk_k", "more than d_sae"),
+    ({"architecture": "matryoshka", "matryoshka_widths": "64,16", "d_in": 8, "d_sae": 64}, "matryoshka_widths",
+     "each width must be larger than the one before"),
+    ({"architecture": "matryoshka", "matryoshka_widths": "16,32", "d_in": 8, "d_sae": 64}, "matryoshka_widths",
+     "the last width is the whole dictionary: 32 given, d_sae is 64"),
+    ({"architecture": "matryoshka", "matryoshka_widths": "16;64"}, "matryoshka_widths", "give increasing whole"),
+    ({"architecture": "matryoshka", "matryoshka_widths": "0,64"}, "matryoshka_widths", "from 1 up"),
+    ({"matryoshka_widths": "16,64"}, "matryoshka_widths", "given, but the architecture is topk"),
 ])
 def test_bad_values_name_the_field(values, field, words):
     with pytest.raises(ConfigError) as e:
@@ -46,6 +53,17 @@ def test_defaults_and_resolution():
     assert cfg.resolved_d_sae == 4096 and cfg.resolved_auxk_k == 256
     assert cfg.resolved_lr == float(f"{default_lr(4096, 4096, 32, 512):.3g}")  # the rule, 3 digits
     assert build_config({"architecture": "relu"}).architecture == "standard"
+
+
+def test_matryoshka_widths_default_and_given():
+    """Blank: d_sae/64, d_sae/16, d_sae/4, d_sae (the ones under 1 latent left out); given as a
+    flag's text or a TOML list, checked against d_sae once d_in is known."""
+    cfg = TrainConfig(architecture="matryoshka").with_d_in(512)
+    assert cfg.resolved_matryoshka_widths == (64, 256, 1024, 4096)
+    assert TrainConfig(architecture="matryoshka", d_in=8, d_sae=32).resolved_matryoshka_widths == (2, 8, 32)
+    given = build_config({"architecture": "matryoshka_batchtopk", "d_in": 8, "d_sae": 64,
+                          "matryoshka_widths": [16, 32, 64]})  # SAELens' name, a TOML list
+    assert given.architecture == "matryoshka" and given.resolved_matryoshka_widths == (16, 32, 64)
 
 
 def test_d_in_from_source_must_agree():
@@ -111,6 +129,9 @@ BAD_TRAIN_FLAGS = [
     (["--model-layer", "-1"], "model_layer: must be non-negative"),
     (["--source", "model", "--model-path", "/m"], "text_path: source = model needs the model"),
     (["--text-path", "notes.txt"], "text_path: given, but source is synthetic"),
+    (["--architecture", "matryoshka", "--d-in", "16", "--d-sae", "64", "--matryoshka-widths", "8,32"],
+     "matryoshka_widths: the last width is the whole dictionary: 32 given, d_sae is 64"),
+    (["--matryoshka-widths", "8,64"], "matryoshka_widths: given, but the architecture is topk"),
 ]
 
 

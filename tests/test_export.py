@@ -14,17 +14,18 @@ from sae_dist.errors import UserError
 from sae_dist.models.export import export_saelens, load_feature_density, load_sae
 from sae_dist.models.sae import SparseAutoencoder
 
-ARCHS = ["topk", "standard", "jumprelu", "batchtopk"]
+ARCHS = ["topk", "standard", "jumprelu", "batchtopk", "matryoshka"]
 D_IN, D_SAE, K = 16, 64, 4
 SAELENS_CLASS = {"topk": "TopKSAE", "standard": "StandardSAE", "jumprelu": "JumpReLUSAE",
-                 "batchtopk": "JumpReLUSAE"}
+                 "batchtopk": "JumpReLUSAE", "matryoshka": "JumpReLUSAE"}
 
 
 def trained_sae(arch: str, seed: int = 0, d_in: int = D_IN, d_sae: int = D_SAE, k: int = K) -> SparseAutoencoder:
     """A small SAE after a few real training steps, with nonzero biases and (where any) thresholds."""
     torch.manual_seed(seed)
     sae = SparseAutoencoder(d_in, d_sae, arch, k=k, seed=seed, l1_coefficient=1e-3, l0_coefficient=1e-3,
-                            auxk_coefficient=1 / 32, jumprelu_bandwidth=0.05)
+                            auxk_coefficient=1 / 32, jumprelu_bandwidth=0.05,
+                            matryoshka_widths=(d_sae // 4, d_sae // 2, d_sae) if arch == "matryoshka" else None)
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         sae.W_enc.add_(0.2 * torch.randn(d_in, d_sae, generator=g))
@@ -42,7 +43,7 @@ def trained_sae(arch: str, seed: int = 0, d_in: int = D_IN, d_sae: int = D_SAE, 
         sae.remove_parallel_gradient()
         opt.step()
         sae.normalize_decoder()
-    if arch == "batchtopk":
+    if arch in ("batchtopk", "matryoshka"):
         with torch.no_grad():
             sae.topk_threshold.fill_(0.15)  # as after many steps of the running mean
     return sae.eval()
@@ -69,7 +70,7 @@ def test_round_trip(arch, tmp_path):
     assert out == tmp_path / "sae"
     loaded = load_sae(out)
 
-    expected_arch = "jumprelu" if arch == "batchtopk" else arch
+    expected_arch = "jumprelu" if arch in ("batchtopk", "matryoshka") else arch
     assert loaded.architecture == expected_arch
     assert (loaded.d_in, loaded.d_sae) == (D_IN, D_SAE)
     assert not loaded.training
@@ -77,9 +78,9 @@ def test_round_trip(arch, tmp_path):
         assert torch.equal(getattr(loaded, n), getattr(sae, n)), n
     if arch == "topk":
         assert loaded.k == K
-    if arch in ("jumprelu", "batchtopk"):
+    if arch in ("jumprelu", "batchtopk", "matryoshka"):
         assert_close(loaded.threshold, sae.threshold.detach(), tol=1e-6)
-    if arch == "batchtopk":
+    if arch in ("batchtopk", "matryoshka"):
         assert torch.allclose(loaded.threshold, torch.full((D_SAE,), 0.15))
 
     for x in (inputs(), inputs(6, (3, 7, D_IN))):
@@ -91,7 +92,8 @@ def test_round_trip(arch, tmp_path):
 
     # weights file: SAELens names, fp32, contiguous shapes
     w = load_file(str(out / "sae_weights.safetensors"))
-    names = {"W_enc", "b_enc", "W_dec", "b_dec"} | ({"threshold"} if arch in ("jumprelu", "batchtopk") else set())
+    names = {"W_enc", "b_enc", "W_dec", "b_dec"} | ({"threshold"} if arch in ("jumprelu", "batchtopk", "matryoshka")
+                                                    else set())
     assert set(w) == names
     assert all(t.dtype == torch.float32 for t in w.values())
     assert w["W_enc"].shape == (D_IN, D_SAE) and w["W_dec"].shape == (D_SAE, D_IN)
@@ -117,6 +119,8 @@ def test_round_trip(arch, tmp_path):
         assert cfg["k"] == K and cfg["rescale_acts_by_decoder_norm"] is False
     else:
         assert "k" not in cfg
+    if arch == "matryoshka":  # what SAELens' JumpReLU ignores, kept for whoever reads the folder
+        assert cfg["metadata"]["matryoshka_widths"] == [D_SAE // 4, D_SAE // 2, D_SAE]
 
 
 def test_default_density_and_overwrite(tmp_path):

@@ -3,7 +3,8 @@
 The references follow the docstrings and papers, not the implementation: TopK/BatchTopK select with a
 k-th-largest threshold and decode with a dense matmul; AuxK predicts the residual e = x - x_hat from
 the top auxk_k dead latents (Gao et al. 2024); JumpReLU uses the rectangle-kernel straight-through
-estimator of Rajamanoharan et al. (2024).
+estimator of Rajamanoharan et al. (2024); Matryoshka adds each inner prefix's reconstruction by the
+prefix's own latents (a dense slice of the activations and of the decoder) to the loss.
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ def assert_rel_close(actual: torch.Tensor, expected: torch.Tensor, tol: float = 
 
 
 def make_sae(arch: str, d_in: int, d_sae: int, k: int = 4, seed: int = 0, **kw) -> SparseAutoencoder:
-    """An SAE that looks trained: encoder no longer the decoder transpose, nonzero biases."""
+    """An SAE that looks trained: encoder no longer the decoder transpose, nonzero biases. A
+    Matryoshka one has prefixes of a quarter and a half of the dictionary unless told."""
+    if arch == "matryoshka":
+        kw.setdefault("matryoshka_widths", tuple(sorted({max(1, d_sae // 4), max(2, d_sae // 2), d_sae})))
     sae = SparseAutoencoder(d_in, d_sae, arch, k=k, seed=seed, **kw)
     g = torch.Generator().manual_seed(seed + 1000)
     with torch.no_grad():
@@ -91,6 +95,9 @@ def dense_forward(sae: SparseAutoencoder, x: torch.Tensor, dead: torch.Tensor | 
     mse = (x_hat - x).pow(2).sum(-1).mean()
     aux = dense_auxk(p, pre, x, x_hat, dead, sae.auxk_k) if dead is not None and dead.any() else pre.new_zeros(())
     loss = mse + sae.auxk_coefficient * aux
+    for width in getattr(sae, "matryoshka_widths", ())[:-1]:  # each inner prefix alone
+        inner = acts[:, :width] @ p["W_dec"][:width] + p["b_dec"]
+        loss = loss + (inner - x).pow(2).sum(-1).mean()
     return p, acts, x_hat, mse, aux, loss
 
 
@@ -107,7 +114,7 @@ def dead_mask_for(d_sae: int, n_dead: int, seed: int = 3) -> torch.Tensor:
 # ---------------------------------------------------------------- TopK / BatchTopK vs dense
 
 
-@pytest.mark.parametrize("arch", ["topk", "batchtopk"])
+@pytest.mark.parametrize("arch", ["topk", "batchtopk", "matryoshka"])
 @pytest.mark.parametrize("batch,d_in,d_sae,k", SHAPES)
 @pytest.mark.parametrize("n_dead", [None, 0, 3, "many"])
 @pytest.mark.parametrize("top_k", ["kernel", "torch.topk"])
@@ -144,7 +151,7 @@ def test_sparse_forward_matches_dense(arch, batch, d_in, d_sae, k, n_dead, top_k
         assert (active.sum(-1) <= k).all()
 
 
-@pytest.mark.parametrize("arch", ["topk", "batchtopk"])
+@pytest.mark.parametrize("arch", ["topk", "batchtopk", "matryoshka"])
 def test_sparse_path_gives_the_input_gradient_too(arch):
     """The fast path skips the batch x d_in input gradient unless x asks for one; then it is exact."""
     sae = make_sae(arch, 24, 96, k=6, seed=5, auxk_coefficient=1 / 32, auxk_k=8)
@@ -407,7 +414,7 @@ def test_jumprelu_input_gradient_passes_only_active_latents():
 # ---------------------------------------------------------------- decoder constraint and init
 
 
-@pytest.mark.parametrize("arch", ["topk", "batchtopk", "standard", "jumprelu"])
+@pytest.mark.parametrize("arch", ["topk", "batchtopk", "matryoshka", "standard", "jumprelu"])
 def test_remove_parallel_gradient(arch):
     sae = SparseAutoencoder(16, 48, arch, k=4, seed=1, l1_coefficient=0.1, l0_coefficient=0.1)
     sae(rand_x(10, 16, seed=2)).loss.backward()
@@ -450,7 +457,7 @@ def test_normalize_decoder():
     assert sae.W_dec.requires_grad
 
 
-@pytest.mark.parametrize("arch", ["topk", "batchtopk", "standard", "jumprelu"])
+@pytest.mark.parametrize("arch", ["topk", "batchtopk", "matryoshka", "standard", "jumprelu"])
 def test_init(arch):
     a = SparseAutoencoder(16, 64, arch, k=4, seed=123, jumprelu_init_threshold=0.01)
     b = SparseAutoencoder(16, 64, arch, k=4, seed=123, jumprelu_init_threshold=0.01)
@@ -484,7 +491,7 @@ def test_topk_encode_matches_training_path(batch, d_in, d_sae, k):
     assert_rel_close(sae.decode(enc), out.x_hat, what="decode(encode(x)) vs training x_hat")
 
 
-@pytest.mark.parametrize("arch", ["topk", "batchtopk", "standard", "jumprelu"])
+@pytest.mark.parametrize("arch", ["topk", "batchtopk", "matryoshka", "standard", "jumprelu"])
 def test_encode_accepts_leading_dims(arch):
     sae = make_sae(arch, 8, 32, k=3, seed=1)
     x = torch.randn(2, 5, 8)

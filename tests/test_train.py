@@ -120,13 +120,15 @@ def test_compressed_allreduce(tmp_path, one_rank_reference):
     assert 0 < diff < 0.05, f"bf16 all-reduce: relative weight difference {diff:.2e}"
 
 
-@pytest.mark.parametrize("source, devices", [("synthetic", "cpu:1"), ("shards", "cpu:2")])
-def test_resume_reaches_the_same_weights(tmp_path, source, devices):
+@pytest.mark.parametrize("source, devices, architecture", [
+    ("synthetic", "cpu:1", "topk"), ("shards", "cpu:2", "topk"),
+    ("synthetic", "cpu:1", "matryoshka")])  # its inference threshold, a running mean, resumes too
+def test_resume_reaches_the_same_weights(tmp_path, source, devices, architecture):
     """Stopped at step s and resumed == uninterrupted at step 2s (data position, Adam, counters).
     The uninterrupted run is 1 rank with the global batch, in this process (N ranks equal 1 rank
     with the whole batch: test_two_ranks_match_one_rank_and_are_recorded); the split run has the
     devices of the case."""
-    args = list(SMALL)
+    args = [*SMALL, "--architecture", architecture]
     if source == "shards":
         gen = torch.Generator().manual_seed(0)
         write_shards(tmp_path / "acts", [torch.randn(700, 32, generator=gen) for _ in range(3)])
@@ -194,7 +196,7 @@ def test_topk_recovers_planted_features(tmp_path):
     assert float(found.group(1)) >= 90.0
 
 
-@pytest.mark.parametrize("architecture", ["batchtopk", "standard", "jumprelu"])
+@pytest.mark.parametrize("architecture", ["batchtopk", "matryoshka", "standard", "jumprelu"])
 def test_every_architecture_trains_on_two_ranks(tmp_path, architecture):
     out = ok(run_cli("train", *SMALL, "--architecture", architecture, "--devices", "cpu:2",
                      "--batch-size", "128", "--steps", "30", "--log-every", "10", "--checkpoint-every", "0",
@@ -205,7 +207,7 @@ def test_every_architecture_trains_on_two_ranks(tmp_path, architecture):
     assert sae.architecture == ("standard" if architecture == "standard" else "jumprelu")
 
 
-@pytest.mark.parametrize("architecture", ["topk", "batchtopk", "standard", "jumprelu"])
+@pytest.mark.parametrize("architecture", ["topk", "batchtopk", "matryoshka", "standard", "jumprelu"])
 def test_memory_estimate_within_25_percent(tmp_path, architecture):
     # Both figures are the rank's whole memory: the estimate with its heap (glibc's) and runtime
     # parts, and the measured peak of its anonymous memory (see sae_dist.memory). So the run is a

@@ -203,7 +203,7 @@ def form_config(fields: dict[str, Any], sweep_texts: dict[str, str] | None,
     "d_sae" or "expansion"), the learning rate and name as typed (blank: the default), and with
     `sweep_texts` (the sweep toggled on) the swept values, which leave the base config. The
     trainer's own validation (build_config): each message names the field it goes under."""
-    from sae_dist.config import build_config
+    from sae_dist.config import TOPK_FAMILY, build_config
     from sae_dist.errors import ConfigError
 
     errors: dict[str, str] = {}
@@ -215,9 +215,12 @@ def form_config(fields: dict[str, Any], sweep_texts: dict[str, str] | None,
             values[key] = fields[key]
     width = "d_sae" if fields["width_by"] == "d_sae" else "expansion_factor"
     values[width] = fields[width]
-    sparsity = {"topk": "k", "batchtopk": "k", "standard": "l1_coefficient"}.get(fields["architecture"],
-                                                                                 "l0_coefficient")
+    sparsity = ("k" if fields["architecture"] in TOPK_FAMILY
+                else "l1_coefficient" if fields["architecture"] == "standard" else "l0_coefficient")
     values[sparsity] = fields[sparsity]
+    widths_text = (fields.get("matryoshka_widths") or "").strip()
+    if fields["architecture"] == "matryoshka" and widths_text:  # blank: the default widths
+        values["matryoshka_widths"] = widths_text
     lr_text = fields.get("lr_text", "").strip()
     if lr_text:
         try:

@@ -41,7 +41,7 @@ SWEEPABLE = tuple(NAME_PREFIX)
 
 # Settings one architecture never reads (sae_dist/models/sae.py): two points that differ only there
 # train the same SAE.
-TOPK_FAMILY = ("topk", "batchtopk")
+TOPK_FAMILY = ("topk", "batchtopk", "matryoshka")
 USED_BY = {
     "k": TOPK_FAMILY, "auxk_coefficient": TOPK_FAMILY, "auxk_k": TOPK_FAMILY,
     "l1_coefficient": ("standard",),

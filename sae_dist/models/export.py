@@ -2,8 +2,9 @@
 
 A folder with `cfg.json` (SAELens 6 keys), `sae_weights.safetensors` (W_enc [d_in, d_sae], b_enc,
 W_dec [d_sae, d_in], b_dec, and `threshold` for JumpReLU) and `sparsity.safetensors` (log10
-feature density). BatchTopK is saved as JumpReLU with its learned threshold, as SAELens does:
-at inference a batch-level top-k has no batch to look at.
+feature density). BatchTopK and Matryoshka BatchTopK are saved as JumpReLU with the learned
+threshold, as SAELens does: at inference a batch-level top-k has no batch to look at (the
+metadata keeps the trained architecture and, for Matryoshka, its prefixes' widths).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ SAELENS_FORMAT_VERSION = "6.0.0"
 
 
 def saelens_architecture(architecture: str) -> str:
-    return {"topk": "topk", "standard": "standard", "jumprelu": "jumprelu", "batchtopk": "jumprelu"}[architecture]
+    return {"topk": "topk", "standard": "standard", "jumprelu": "jumprelu", "batchtopk": "jumprelu",
+            "matryoshka": "jumprelu"}[architecture]
 
 
 def export_saelens(sae: SparseAutoencoder, out_dir: Path, feature_density: torch.Tensor | None = None,
@@ -50,6 +52,8 @@ def export_saelens(sae: SparseAutoencoder, out_dir: Path, feature_density: torch
             **(metadata or {}),
         },
     }
+    if sae.architecture == "matryoshka":
+        cfg["metadata"]["matryoshka_widths"] = list(sae.matryoshka_widths)
     if sae.architecture == "topk":
         cfg["k"] = sae.k
         cfg["rescale_acts_by_decoder_norm"] = False

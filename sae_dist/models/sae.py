@@ -1,4 +1,11 @@
-"""The sparse autoencoder: TopK, BatchTopK, standard (ReLU + L1) and JumpReLU in one module.
+"""The sparse autoencoder: TopK, BatchTopK, Matryoshka BatchTopK, standard (ReLU + L1) and JumpReLU
+in one module.
+
+Matryoshka (Bussmann, Nabeshima, Karvonen and Nanda, ICML 2025) is BatchTopK whose loss adds, for
+each nested prefix of the dictionary (`matryoshka_widths`, the last the whole of it), the
+squared error of that prefix's latents reconstructing the input alone, with equal weights, as
+SAELens' MatryoshkaBatchTopK does: a prefix must stand on its own, so general features go early
+and are not absorbed into their children's latents.
 
 Weights follow SAELens' layout (W_enc [d_in, d_sae], W_dec [d_sae, d_in]) so export is a copy.
 Decoder rows are kept at unit norm (`normalize_decoder`) and the part of their gradient that
@@ -13,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from sae_dist.config import BATCH_LEVEL
 from sae_dist.models.sparse_ops import sparse_decode, sparse_encode
 
 
@@ -23,6 +31,7 @@ class SaeOutput:
     mse: Tensor  # mean over samples of the summed squared error
     sparsity_loss: Tensor  # L1 (standard) or L0 (jumprelu) penalty before its coefficient; 0 otherwise
     auxk_loss: Tensor  # normalised AuxK loss before its coefficient; 0 when no latent is dead
+    prefix_mse: Tensor  # matryoshka: the inner prefixes' squared errors summed (in `loss`); 0 otherwise
     l0: Tensor  # mean active latents per sample
     fired: Tensor  # [d_sae] how many samples each latent fired on in this batch (float)
 
@@ -76,6 +85,7 @@ class SparseAutoencoder(nn.Module):
         auxk_k: int | None = None,
         jumprelu_init_threshold: float = 0.001,
         jumprelu_bandwidth: float = 0.001,
+        matryoshka_widths: tuple[int, ...] | None = None,
         seed: int | None = None,
         device: torch.device | str | None = None,
     ):
@@ -85,6 +95,11 @@ class SparseAutoencoder(nn.Module):
         self.auxk_coefficient = auxk_coefficient
         self.auxk_k = auxk_k if auxk_k is not None else max(1, d_in // 2)
         self.bandwidth = jumprelu_bandwidth
+        if architecture == "matryoshka":
+            widths = tuple(matryoshka_widths or (d_sae,))
+            if widths[-1] != d_sae or any(b <= a for a, b in zip(widths, widths[1:])) or widths[0] < 1:
+                raise ValueError(f"matryoshka widths {widths} must increase to d_sae = {d_sae}")
+            self.matryoshka_widths = widths
 
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         w_dec = torch.randn(d_sae, d_in, generator=gen)
@@ -98,7 +113,7 @@ class SparseAutoencoder(nn.Module):
         if architecture == "jumprelu":
             self.log_threshold = nn.Parameter(
                 torch.full((d_sae,), math.log(jumprelu_init_threshold), device=device))
-        if architecture == "batchtopk":
+        if architecture in BATCH_LEVEL:
             # Inference threshold: running mean of the smallest kept activation (SAELens' rule);
             # exported as a JumpReLU threshold, since batch-level top-k needs a batch.
             self.register_buffer("topk_threshold", torch.zeros((), device=device))
@@ -111,7 +126,7 @@ class SparseAutoencoder(nn.Module):
     def threshold(self) -> Tensor:
         if self.architecture == "jumprelu":
             return self.log_threshold.exp()
-        if self.architecture == "batchtopk":
+        if self.architecture in BATCH_LEVEL:
             return self.topk_threshold.expand(self.d_sae)
         raise AttributeError(f"{self.architecture} has no threshold")
 
@@ -130,7 +145,7 @@ class SparseAutoencoder(nn.Module):
 
     # ---- training forward ----
     def forward(self, x: Tensor, dead_mask: Tensor | None = None) -> SaeOutput:
-        if self.architecture in ("topk", "batchtopk"):
+        if self.architecture in ("topk", *BATCH_LEVEL):
             return self._forward_sparse(x, dead_mask)
         pre = self.pre_acts(x)
         if self.architecture == "standard":
@@ -145,20 +160,22 @@ class SparseAutoencoder(nn.Module):
         mse = (x_hat - x).pow(2).sum(-1).mean()
         coef = self.l1_coefficient if self.architecture == "standard" else self.l0_coefficient
         return SaeOutput(x_hat=x_hat, loss=mse + coef * sparsity, mse=mse, sparsity_loss=sparsity,
-                         auxk_loss=pre.new_zeros(()), l0=active.sum(-1).to(pre.dtype).mean(),
+                         auxk_loss=pre.new_zeros(()), prefix_mse=pre.new_zeros(()),
+                         l0=active.sum(-1).to(pre.dtype).mean(),
                          fired=active.sum(0).to(pre.dtype))
 
     def _forward_sparse(self, x: Tensor, dead_mask: Tensor | None) -> SaeOutput:
         """TopK / BatchTopK through sparse_ops: one dense product, everything else on the k latents."""
         num_dead = int(dead_mask.sum()) if dead_mask is not None and self.auxk_coefficient > 0 else 0
         enc = sparse_encode(x, self.b_dec, self.W_enc, self.b_enc, self.k,
-                            batch_level=self.architecture == "batchtopk",
+                            batch_level=self.architecture in BATCH_LEVEL,
                             dead_mask=dead_mask if num_dead else None, k_aux=min(self.auxk_k, num_dead))
         x_hat = sparse_decode(enc.acts, self.W_dec, enc.pattern) + self.b_dec
         active = (enc.acts > 0).to(enc.acts.dtype)
-        if self.architecture == "batchtopk" and self.training:
+        if self.architecture in BATCH_LEVEL and self.training:
             self._update_threshold(enc.acts.detach())
         mse = (x_hat - x).pow(2).sum(-1).mean()
+        prefix_mse = self._prefix_mse(x, enc) if self.architecture == "matryoshka" else x_hat.new_zeros(())
         auxk = x_hat.new_zeros(())
         if num_dead:
             # AuxK (Gao et al. 2024): predict the residual e = x - x_hat from the top dead latents,
@@ -167,9 +184,21 @@ class SparseAutoencoder(nn.Module):
             e_hat = sparse_decode(enc.aux_acts, self.W_dec, enc.aux_pattern)
             total_variance = (residual - residual.mean(0)).pow(2).sum().clamp_min(1e-12)
             auxk = min(num_dead / self.auxk_k, 1.0) * (e_hat - residual).pow(2).sum() / total_variance
-        return SaeOutput(x_hat=x_hat, loss=mse + self.auxk_coefficient * auxk, mse=mse,
-                         sparsity_loss=x_hat.new_zeros(()), auxk_loss=auxk, l0=active.sum() / x.shape[0],
+        return SaeOutput(x_hat=x_hat, loss=mse + prefix_mse + self.auxk_coefficient * auxk, mse=mse,
+                         sparsity_loss=x_hat.new_zeros(()), auxk_loss=auxk, prefix_mse=prefix_mse,
+                         l0=active.sum() / x.shape[0],
                          fired=enc.pattern.column_sums(active))
+
+    def _prefix_mse(self, x: Tensor, enc) -> Tensor:
+        """Matryoshka: the summed squared errors of each inner prefix's reconstruction alone (the
+        whole dictionary's is the plain `mse`). Each is the same sparse decode with the latents
+        past the prefix given weight 0: k rows gathered per sample a level, no dense pass."""
+        total = x.new_zeros(())
+        latent = enc.pattern.col
+        for width in self.matryoshka_widths[:-1]:
+            inner = sparse_decode(enc.acts * (latent < width).to(enc.acts.dtype), self.W_dec, enc.pattern)
+            total = total + (inner + self.b_dec - x).pow(2).sum(-1).mean()
+        return total
 
     @torch.no_grad()
     def _update_threshold(self, kept: Tensor) -> None:
@@ -196,6 +225,6 @@ class SparseAutoencoder(nn.Module):
     def inference_state_dict(self) -> dict[str, Tensor]:
         """Weights in SAELens' names; BatchTopK and JumpReLU carry a per-latent `threshold`."""
         out = {name: getattr(self, name).detach() for name in ("W_enc", "b_enc", "W_dec", "b_dec")}
-        if self.architecture in ("jumprelu", "batchtopk"):
+        if self.architecture in ("jumprelu", *BATCH_LEVEL):
             out["threshold"] = self.threshold.detach().clone()
         return out
