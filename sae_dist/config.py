@@ -83,6 +83,12 @@ class TrainConfig:
     synthetic_active: float = _f(4.0, "features active per sample on average (synthetic)")
     synthetic_power_law: float = _f(0.5, "feature frequency ~ rank^-this (synthetic; 0 = uniform)")
     synthetic_noise: float = _f(0.01, "Gaussian noise std per dimension (synthetic)")
+    synthetic_children: int = _f(0, "children per planted parent feature: a hierarchy, each child firing only "
+                                    "with its parent (synthetic; 0 = flat features)")
+    synthetic_child_prob: float = _f(0.5, "each time a parent fires, the chance that one of its children fires "
+                                          "with it (synthetic, with synthetic_children)")
+    synthetic_magnitude_sigma: float = _f(0.0, "log-normal feature magnitudes exp(N(0, this)) (synthetic; "
+                                               "0 = uniform in [0.5, 2])")
     seed: int = _f(0, "random seed for initialisation and data")
     # --- optimisation ---
     batch_size: int = _f(4096, "samples per device per micro-batch; the global batch is this x devices x grad_accum")
@@ -211,14 +217,14 @@ class TrainConfig:
             positive(name, allow_none=True)
         for name in ("l1_coefficient", "l0_coefficient", "auxk_coefficient",
                      "checkpoint_every", "eval_rows", "synthetic_noise", "synthetic_power_law", "synthetic_active",
-                     "seed", "model_layer"):
+                     "seed", "model_layer", "synthetic_children", "synthetic_magnitude_sigma"):
             positive(name, allow_zero=True)
         for name in ("lr_warmup_steps", "lr_decay_fraction"):
             if getattr(self, name) is not None:
                 positive(name, allow_zero=True)
         for name in ("expansion_factor", "k", "batch_size", "grad_accum", "steps", "log_every", "d_in", "d_sae",
                      "auxk_k", "synthetic_features", "lr_warmup_steps", "dead_after_samples", "eval_rows",
-                     "checkpoint_every", "seed", "model_layer",
+                     "checkpoint_every", "seed", "model_layer", "synthetic_children",
                      "context_length"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, int):
@@ -227,6 +233,11 @@ class TrainConfig:
         # anything is queued. A huge learning rate is left alone: it is how a test makes a run diverge.
         if self.steps > MAX_STEPS:
             raise ConfigError("steps", f"{self.steps:,} is more than {MAX_STEPS:,}, the most a run may take")
+        if not 0.0 <= self.synthetic_child_prob <= 1.0:  # (also NaN)
+            raise ConfigError("synthetic_child_prob", f"must be between 0 and 1, got {self.synthetic_child_prob}")
+        if self.synthetic_children and self.synthetic_features < self.synthetic_children + 1:
+            raise ConfigError("synthetic_features", f"{self.synthetic_features} features cannot hold one parent "
+                                                    f"with {self.synthetic_children} children")
         if self.lr_decay_fraction is not None and not 0.0 <= self.lr_decay_fraction <= 1.0:
             raise ConfigError("lr_decay_fraction", f"must be between 0 and 1, got {self.lr_decay_fraction}")
         if self.source == "shards" and not self.shards_path:

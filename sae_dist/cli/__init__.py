@@ -138,6 +138,12 @@ def _add_evaluate_parsers(sub) -> None:
                     help="feature frequency ~ rank^-P (default 0.5; 0 = uniform)")
     mp.add_argument("--noise", type=float, metavar="S", help="Gaussian noise std per dimension (default 0.01)")
     mp.add_argument("--seed", type=int, metavar="X", help="the dictionary's and the data's seed (default 0)")
+    mp.add_argument("--children", type=int, metavar="C",
+                    help="children per parent feature: a hierarchy, a child firing only with its parent (default 0)")
+    mp.add_argument("--child-prob", type=float, metavar="Q",
+                    help="the chance that a firing parent brings one of its children (default 0.5)")
+    mp.add_argument("--magnitude-sigma", type=float, metavar="S",
+                    help="log-normal magnitudes exp(N(0, S)) (default 0: uniform in [0.5, 2])")
     mp.add_argument("--rows-per-shard", type=int, default=65536, metavar="R",
                     help="rows per shard file (default 65536)")
 

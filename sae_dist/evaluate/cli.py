@@ -9,7 +9,7 @@ from pathlib import Path
 from sae_dist.errors import DataError
 from sae_dist.evaluate.data import DEFAULT_ROWS, evaluate_shards
 from sae_dist.evaluate.load import load_sae
-from sae_dist.evaluate.metrics import Evaluation
+from sae_dist.evaluate.metrics import Evaluation, matching_text
 from sae_dist.evaluate.planted import write_planted_shards
 from sae_dist.format import fmt_percent
 
@@ -21,7 +21,9 @@ def planted_defaults() -> dict[str, float | int]:
     defaults = {f.name: f.default for f in config_fields()}
     return {"d_in": SYNTHETIC_D_IN, "features": defaults["synthetic_features"],
             "active": defaults["synthetic_active"], "power_law": defaults["synthetic_power_law"],
-            "noise": defaults["synthetic_noise"], "seed": defaults["seed"]}
+            "noise": defaults["synthetic_noise"], "seed": defaults["seed"],
+            "children": defaults["synthetic_children"], "child_prob": defaults["synthetic_child_prob"],
+            "magnitude_sigma": defaults["synthetic_magnitude_sigma"]}
 
 
 def make_planted(ns: argparse.Namespace) -> int:
@@ -31,7 +33,9 @@ def make_planted(ns: argparse.Namespace) -> int:
     out = write_planted_shards(ns.out, rows=ns.rows, rows_per_shard=ns.rows_per_shard, **settings)
     print(f"wrote {ns.rows:,} planted rows (d_in {settings['d_in']}, {settings['features']:,} features, "
           f"{settings['active']} active per row on average, power law {settings['power_law']}, noise "
-          f"{settings['noise']}, seed {settings['seed']}) to {out}; train on them with "
+          f"{settings['noise']}, seed {settings['seed']}"
+          + (f", {settings['children']} children a parent" if settings['children'] else "")
+          + f") to {out}; train on them with "
           f"--source shards --shards-path {out}")
     return 0
 
@@ -104,6 +108,8 @@ def summary(ev: Evaluation, architecture: str, d_in: int, sae_dir: str | Path, d
                      f"{fmt_percent(r.frac_above_0_9)} above 0.9, {fmt_percent(r.frac_above_0_8)} above 0.8")
         lines.append(f"    rarest tenth ({r.rare_features:,}): mean best cosine {r.rare_mean_best_cos:.4f}, "
                      f"{fmt_percent(r.rare_frac_above_0_9)} above 0.9, {fmt_percent(r.rare_frac_above_0_8)} above 0.8")
+        if matching_text(r.to_dict()):
+            lines.append(f"    {matching_text(r.to_dict())}")
     if ev.model_check:
         lines.append(f"  model check: {json.dumps(ev.model_check)}")
     return "\n".join(lines)

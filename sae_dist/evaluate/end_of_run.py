@@ -17,7 +17,7 @@ import torch
 from sae_dist import distributed as D
 from sae_dist.data.sources.base import ActivationSource
 from sae_dist.evaluate.data import batch_rows_for
-from sae_dist.evaluate.metrics import Evaluation, Planted, evaluate_sae
+from sae_dist.evaluate.metrics import Evaluation, Planted, evaluate_sae, matching_text
 from sae_dist.evaluate.planted import load_planted, planted_from_settings
 from sae_dist.format import fmt_percent
 
@@ -93,7 +93,9 @@ def planted_for(cfg) -> Planted | None:
     planted shards' own file (make-planted)."""
     if cfg.source == "synthetic":
         return planted_from_settings(cfg.d_in, cfg.synthetic_features, cfg.synthetic_active,
-                                     cfg.synthetic_power_law, cfg.synthetic_noise, cfg.seed)
+                                     cfg.synthetic_power_law, cfg.synthetic_noise, cfg.seed,
+                                     children=cfg.synthetic_children, child_prob=cfg.synthetic_child_prob,
+                                     magnitude_sigma=cfg.synthetic_magnitude_sigma)
     if cfg.source == "shards":
         return load_planted(cfg.shards_path)
     return None
@@ -141,7 +143,7 @@ def summary_lines(evaluation: Evaluation, where: str) -> Iterator[str]:
     if rec:
         yield (f"planted features recovered: {fmt_percent(rec['frac_above_0_9'])} at cos > 0.9 "
                f"({fmt_percent(rec['rare_frac_above_0_9'])} of the rarest tenth), mean best cosine "
-               f"{rec['mean_best_cos']:.3f}")
+               f"{rec['mean_best_cos']:.3f}" + (f"; {matching_text(rec)}" if matching_text(rec) else ""))
     check = d.get("model_check")
     if check and check.get("kind") == "sentence_cosine":
         yield (f"model check: sentence embeddings keep cosine {check['spliced_cosine']:.3f} with the SAE "

@@ -60,9 +60,18 @@ class Recovery:
     rare_mean_best_cos: float
     rare_frac_above_0_9: float
     rare_frac_above_0_8: float
+    # MCC: the mean |cosine| of a one-to-one (Hungarian) matching of planted features to decoder
+    # rows, as SAELens' synthetic benchmark defines it; None when the cost matrix would be too big.
+    mcc: float | None = None
+    # A planted hierarchy: its parents (the first `parents` features) recovered at cos > 0.9 and
+    # its children at cos > 0.8; None for flat features.
+    parents: int | None = None
+    parents_frac_above_0_9: float | None = None
+    children_frac_above_0_8: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """What was measured: a figure that was not (no hierarchy, too big to match) is absent."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 @dataclass
@@ -165,7 +174,8 @@ class Accumulator:
             dead_fraction=int((self.fired == 0).sum()) / self.d_sae,
             dense_fraction=int((self.fired * DENSE_DIVISOR > n).sum()) / self.d_sae,
             density=density_histogram(self.fired, n),
-            recovery=recovery(planted.dictionary, planted.frequencies, W_dec) if planted is not None else None,
+            recovery=(recovery(planted.dictionary, planted.frequencies, W_dec, planted.settings.get("parents"))
+                      if planted is not None else None),
         )
 
 
@@ -202,7 +212,36 @@ def dictionary_recovery(true_features: Tensor, W_dec: Tensor, threshold: float =
     return float(best.mean()), float((best > threshold).double().mean())
 
 
-def recovery(dictionary: Tensor, frequencies: Tensor, W_dec: Tensor) -> Recovery:
+def matching_text(rec: dict[str, Any]) -> str:
+    """A recovery's MCC and, for a hierarchy, its parents' and children's recovery, in words
+    ("" when neither was measured): one text for the trainer's log and `evaluate`'s report."""
+    parts = []
+    if rec.get("mcc") is not None:
+        parts.append(f"MCC {rec['mcc']:.3f}")
+    if rec.get("parents"):
+        children = rec.get("children_frac_above_0_8")
+        parts.append(f"parents {100 * rec['parents_frac_above_0_9']:.1f}% at cos > 0.9"
+                     + ("" if children is None else f", children {100 * children:.1f}% at cos > 0.8"))
+    return "; ".join(parts)
+
+
+MCC_MAX_ENTRIES = 64 * 2**20  # features x latents the matching takes (512 MiB of float64 costs)
+
+
+def mean_correlation_coefficient(features: Tensor, W_dec: Tensor) -> float:
+    """MCC (as SAELens' synthetic evals): |cosine| between every planted feature and decoder row,
+    the one-to-one matching that maximises its sum (scipy's Hungarian), the mean over the pairs
+    matched (min(features, latents) of them)."""
+    from scipy.optimize import linear_sum_assignment
+
+    a = F.normalize(features.double(), dim=1)
+    b = F.normalize(W_dec.detach().double().cpu(), dim=1)
+    similarity = (a @ b.T).abs()
+    rows, cols = linear_sum_assignment(similarity.numpy(), maximize=True)
+    return float(similarity[torch.as_tensor(rows), torch.as_tensor(cols)].mean())
+
+
+def recovery(dictionary: Tensor, frequencies: Tensor, W_dec: Tensor, parents: int | None = None) -> Recovery:
     if dictionary.shape[1] != W_dec.shape[1]:
         raise UserError(f"the planted dictionary has width {dictionary.shape[1]} but the SAE's d_in is "
                         f"{W_dec.shape[1]}")
@@ -219,8 +258,15 @@ def recovery(dictionary: Tensor, frequencies: Tensor, W_dec: Tensor) -> Recovery
 
     m, f9, f8 = stats(best)
     rm, rf9, rf8 = stats(rare)
+    mcc = (mean_correlation_coefficient(dictionary.cpu(), W_dec)
+           if dictionary.shape[0] * W_dec.shape[0] <= MCC_MAX_ENTRIES else None)
+    hierarchy = {}
+    if parents:
+        hierarchy = {"parents": parents, "parents_frac_above_0_9": stats(best[:parents])[1],
+                     "children_frac_above_0_8": stats(best[parents:])[2] if count > parents else None}
     return Recovery(features=count, mean_best_cos=m, frac_above_0_9=f9, frac_above_0_8=f8,
-                    rare_features=rare_n, rare_mean_best_cos=rm, rare_frac_above_0_9=rf9, rare_frac_above_0_8=rf8)
+                    rare_features=rare_n, rare_mean_best_cos=rm, rare_frac_above_0_9=rf9, rare_frac_above_0_8=rf8,
+                    mcc=mcc, **hierarchy)
 
 
 def _device_of(sae: Evaluable) -> torch.device:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
@@ -32,29 +33,46 @@ PLANTED_FILE = "planted/dictionary.safetensors"
 def presence_frequencies(source: SyntheticSource) -> Tensor:
     """[F] probability that each feature is present in a row of `source`.
 
-    A row draws max_active feature slots with replacement (feature i with probability p_i); slot 0
-    is always kept, each other slot with probability active / max_active. So feature i is absent
-    with probability (1 - p_i) * (1 - p_i * q)^(max_active - 1).
+    A row draws max_active feature slots with replacement (parent i with probability p_i); slot 0
+    is always kept, each other slot with probability active / max_active. So parent i is absent
+    with probability (1 - p_i) * (1 - p_i * q)^(max_active - 1). A kept slot of parent i brings
+    each of its c children with probability child_prob / c: the same formula with p_i * child_prob / c.
     """
     p = source.probs.double()
     m = source.max_active
     q = min(1.0, source.active / m)
-    return (1 - (1 - p) * (1 - p * q).pow(m - 1)).float()
+
+    def present(per_slot: Tensor) -> Tensor:
+        return 1 - (1 - per_slot) * (1 - per_slot * q).pow(m - 1)
+
+    if not source.children:
+        return present(p).float()
+    child = (p * source.child_prob / source.children).repeat_interleave(source.children)
+    return torch.cat([present(p), present(child)]).float()
 
 
 def planted_from_settings(d_in: int, features: int, active: float, power_law: float, noise: float,
-                          seed: int) -> Planted:
-    """The Planted of the synthetic source with these settings (what `--source synthetic` plants)."""
+                          seed: int, children: int = 0, child_prob: float = 0.5,
+                          magnitude_sigma: float = 0.0) -> Planted:
+    """The Planted of the synthetic source with these settings (what `--source synthetic` plants).
+    A hierarchy's settings say so ("children", "parents"): the evaluation then reports its parents
+    and children apart."""
     source = SyntheticSource(d_in=d_in, n_features=features, active=active, power_law=power_law, noise=noise,
-                             seed=seed, rank=0, world_size=1, batch_size=1)
+                             seed=seed, rank=0, world_size=1, batch_size=1, children=children,
+                             child_prob=child_prob, magnitude_sigma=magnitude_sigma)
     settings = {"d_in": d_in, "features": features, "active": active, "power_law": power_law,
                 "noise": noise, "seed": seed}
+    if children:
+        settings.update(children=children, child_prob=child_prob, parents=source.parents,
+                        features=source.n_features)
+    if magnitude_sigma:
+        settings["magnitude_sigma"] = magnitude_sigma
     return Planted(dictionary=source.dictionary.clone(), frequencies=presence_frequencies(source),
                    settings=settings)
 
 
 def _check_settings(rows: int, d_in: int, features: int, active: float, power_law: float, noise: float,
-                    rows_per_shard: int) -> None:
+                    rows_per_shard: int, children: int, child_prob: float, magnitude_sigma: float) -> None:
     for name, value in (("rows", rows), ("d_in", d_in), ("features", features), ("rows_per_shard", rows_per_shard)):
         if not isinstance(value, int) or value < 1:
             raise UserError(f"{name.replace('_', '-')} {value}: must be a positive integer")
@@ -64,20 +82,31 @@ def _check_settings(rows: int, d_in: int, features: int, active: float, power_la
         raise UserError(f"power-law {power_law}: must be 0 or more")
     if not noise >= 0:
         raise UserError(f"noise {noise}: must be 0 or more")
+    if not isinstance(children, int) or children < 0:
+        raise UserError(f"children {children}: must be 0 or a positive integer")
+    if children and features < children + 1:
+        raise UserError(f"features {features}: too few for one parent with {children} children")
+    if not 0 <= child_prob <= 1:
+        raise UserError(f"child-prob {child_prob}: must be between 0 and 1")
+    if not magnitude_sigma >= 0:
+        raise UserError(f"magnitude-sigma {magnitude_sigma}: must be 0 or more")
 
 
 def write_planted_shards(out_dir: str | os.PathLike, rows: int, d_in: int, features: int, active: float = 4.0,
                          power_law: float = 0.5, noise: float = 0.01, seed: int = 0,
-                         rows_per_shard: int = 65536) -> Path:
+                         rows_per_shard: int = 65536, children: int = 0, child_prob: float = 0.5,
+                         magnitude_sigma: float = 0.0) -> Path:
     """Write `rows` synthetic rows as shards in `out_dir`, with their planted dictionary; returns out_dir."""
-    _check_settings(rows, d_in, features, active, power_law, noise, rows_per_shard)
+    _check_settings(rows, d_in, features, active, power_law, noise, rows_per_shard, children, child_prob,
+                    magnitude_sigma)
+    hierarchy = {"children": children, "child_prob": child_prob, "magnitude_sigma": magnitude_sigma}
     out = Path(out_dir)
     if out.exists() and (any(out.glob("*" + SUFFIX)) or (out / MANIFEST).exists()):
         raise DataError(f"{out} already holds shards; write to a new directory, or delete the old shards "
                         f"and manifest.json first")
-    planted = planted_from_settings(d_in, features, active, power_law, noise, seed)
+    planted = planted_from_settings(d_in, features, active, power_law, noise, seed, **hierarchy)
     source = SyntheticSource(d_in=d_in, n_features=features, active=active, power_law=power_law, noise=noise,
-                             seed=seed, rank=0, world_size=1, batch_size=1)
+                             seed=seed, rank=0, world_size=1, batch_size=1, **hierarchy)
     # The dictionary first: the manifest, written last, marks a complete directory.
     dict_path = out / PLANTED_FILE
     dict_path.parent.mkdir(parents=True, exist_ok=True)

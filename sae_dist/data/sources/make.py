@@ -16,7 +16,8 @@ def source_in_words(cfg: TrainConfig) -> str:
                 f"device, over the text {cfg.text_path}")
     if cfg.source == "shards":
         return f"the activation shards in {cfg.shards_path}"
-    return f"synthetic activations (d_in {cfg.d_in or SYNTHETIC_D_IN})"
+    hierarchy = (f", a hierarchy of {cfg.synthetic_children} children a parent" if cfg.synthetic_children else "")
+    return f"synthetic activations (d_in {cfg.d_in or SYNTHETIC_D_IN}{hierarchy})"
 
 
 def make_source(cfg: TrainConfig, ctx: D.DistContext) -> ActivationSource:
@@ -26,7 +27,8 @@ def make_source(cfg: TrainConfig, ctx: D.DistContext) -> ActivationSource:
         return SyntheticSource(
             d_in=cfg.d_in or SYNTHETIC_D_IN, n_features=cfg.synthetic_features, active=cfg.synthetic_active,
             power_law=cfg.synthetic_power_law, noise=cfg.synthetic_noise, seed=cfg.seed,
-            rank=ctx.rank, world_size=ctx.world_size, batch_size=cfg.batch_size)
+            rank=ctx.rank, world_size=ctx.world_size, batch_size=cfg.batch_size, children=cfg.synthetic_children,
+            child_prob=cfg.synthetic_child_prob, magnitude_sigma=cfg.synthetic_magnitude_sigma)
     if cfg.source == "model":
         from sae_dist.data.sources.model import ModelSource
 

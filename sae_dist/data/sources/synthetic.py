@@ -1,7 +1,15 @@
 """Synthetic activations from a planted dictionary: needs nothing, and the truth is known.
 
 Each sample is a sparse non-negative combination of F unit-norm "true features" in d_in
-dimensions (feature i fires with frequency ~ (i+1)^-alpha), plus Gaussian noise. The data is a
+dimensions (feature i fires with frequency ~ (i+1)^-alpha), plus Gaussian noise.
+
+With `children` > 0 the dictionary is a hierarchy, as real features nest ("animal", then "dog"):
+its first P = F // (children + 1) features are parents, drawn as above, and each has `children`
+features of its own (parent p's are P + p * children + j), each a random direction. A child
+fires only with its parent: each time the parent fires, one of its children (uniformly) fires
+too with probability `child_prob`. This is the data on which a TopK SAE absorbs a parent into
+its children's latents. Magnitudes are uniform in [0.5, 2], or with `magnitude_sigma` > 0
+log-normal, exp(N(0, sigma)), heavy-tailed as real activations are. The data is a
 pure function of (seed, global sample index): a step takes the next G samples of one infinite
 stream (G = the global batch), cut into micro-batches and, within each, into the ranks' shares
 (see sae_dist.train.balance). So ranks draw disjoint data without coordinating, and a step's samples are
@@ -22,14 +30,19 @@ CHUNK = 64  # samples generated per seeded chunk: the unit of determinism
 
 class SyntheticSource:
     def __init__(self, d_in: int, n_features: int, active: float, power_law: float, noise: float,
-                 seed: int, rank: int, world_size: int, batch_size: int):
-        self.d_in, self.n_features, self.noise, self.seed = d_in, n_features, noise, seed
+                 seed: int, rank: int, world_size: int, batch_size: int, children: int = 0,
+                 child_prob: float = 0.5, magnitude_sigma: float = 0.0):
+        self.noise, self.seed = noise, seed
         self.rank, self.world_size, self.batch_size = rank, world_size, batch_size
+        self.children, self.child_prob, self.magnitude_sigma = children, child_prob, magnitude_sigma
+        # Parents (all features when flat), then each parent's children.
+        self.parents = n_features // (children + 1)
+        self.d_in, self.n_features = d_in, self.parents * (children + 1)
         gen = torch.Generator().manual_seed(seed)
-        dictionary = torch.randn(n_features, d_in, generator=gen)
+        dictionary = torch.randn(self.n_features, d_in, generator=gen)
         self.dictionary = dictionary / dictionary.norm(dim=1, keepdim=True)
-        freq = (torch.arange(n_features, dtype=torch.float64) + 1).pow(-power_law)
-        self.probs = (freq / freq.sum()).float()
+        freq = (torch.arange(self.parents, dtype=torch.float64) + 1).pow(-power_law)
+        self.probs = (freq / freq.sum()).float()  # over the parents (every feature when flat)
         # Active features per sample: a Poisson-like count around `active`, at least one.
         self.active = active
         self.max_active = max(1, int(round(active * 3)))
@@ -88,6 +101,16 @@ class SyntheticSource:
         # Bernoulli mask keeps `active` features per sample on average; slot 0 always on.
         keep = torch.rand(CHUNK, m, generator=gen) < (self.active / m)
         keep[:, 0] = True
-        mags = (torch.rand(CHUNK, m, generator=gen) * 1.5 + 0.5) * keep
+        mags = self._magnitudes(gen, (CHUNK, m)) * keep
         x = F.embedding_bag(feats, self.dictionary, per_sample_weights=mags, mode="sum")
+        if self.children:  # (drawn after the flat draws: flat data is the same stream as before)
+            child = self.parents + feats * self.children + torch.randint(self.children, (CHUNK, m), generator=gen)
+            fires = keep & (torch.rand(CHUNK, m, generator=gen) < self.child_prob)
+            x = x + F.embedding_bag(child, self.dictionary, mode="sum",
+                                    per_sample_weights=self._magnitudes(gen, (CHUNK, m)) * fires)
         return x + self.noise * torch.randn(CHUNK, self.d_in, generator=gen)
+
+    def _magnitudes(self, gen: torch.Generator, shape: tuple[int, int]) -> Tensor:
+        if self.magnitude_sigma > 0:
+            return torch.exp(self.magnitude_sigma * torch.randn(shape, generator=gen))
+        return torch.rand(shape, generator=gen) * 1.5 + 0.5

@@ -1,0 +1,123 @@
+"""Planted hierarchies (parents, and children that fire only with them) and the figures that judge
+an SAE on them: MCC by one-to-one matching, checked against SAELens' own function, and the
+parents' and children's recovery apart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from sae_dist.data.sources.synthetic import SyntheticSource
+from sae_dist.evaluate.metrics import matching_text, mean_correlation_coefficient, recovery
+from sae_dist.evaluate.planted import load_planted, planted_from_settings, presence_frequencies
+
+
+def coefficients(source: SyntheticSource, rows: int) -> torch.Tensor:
+    """Each row's feature coefficients, solved back from noise-free rows (d_in >= features: the
+    planted directions are independent, so the solve is exact)."""
+    x = source.samples(0, rows).double()
+    return torch.linalg.lstsq(source.dictionary.double().T, x.T).solution.T
+
+
+def test_a_child_fires_only_with_its_parent_and_as_often_as_said():
+    source = SyntheticSource(d_in=48, n_features=40, active=2.0, power_law=0.8, noise=0.0, seed=4, rank=0,
+                             world_size=1, batch_size=1, children=3, child_prob=0.6, magnitude_sigma=0.5)
+    assert (source.parents, source.n_features) == (10, 40)
+    a = coefficients(source, 20_000)
+    present = a > 1e-6
+    parent_of = torch.arange(10).repeat_interleave(3)
+    children = present[:, 10:]
+    assert children.any() and not (children & ~present[:, parent_of]).any()  # never without the parent
+    # The presence the evaluation weighs features by, against the rows: within 2 points each.
+    assert torch.allclose(present.double().mean(0), presence_frequencies(source).double(), atol=0.02)
+    assert (a[present] > 0).all() and a[present].max() > 2.5  # log-normal: heavier-tailed than [0.5, 2]
+
+
+def test_flat_features_and_features_that_do_not_divide_evenly():
+    flat = SyntheticSource(d_in=8, n_features=30, active=2.0, power_law=0.5, noise=0.0, seed=1, rank=0,
+                           world_size=1, batch_size=1)
+    assert (flat.parents, flat.n_features) == (30, 30)
+    planted = planted_from_settings(8, 30, 2.0, 0.5, 0.0, 1, children=3)  # 7 parents of 4: 28 features
+    assert planted.dictionary.shape[0] == 28 and planted.settings["parents"] == 7
+    assert planted.settings["features"] == 28
+
+
+def test_recovery_of_a_hierarchy_is_said_for_parents_and_children_apart():
+    planted = planted_from_settings(256, 12, 2.0, 0.5, 0.0, 2, children=2)  # 4 parents, 8 children
+    dictionary = planted.dictionary  # 256 wide: nearly orthogonal, so a child plus a parent is at ~0.7 of each
+    decoder = torch.cat([dictionary[:4], dictionary[4:8] + dictionary[:4], dictionary[8:]])
+    found = recovery(dictionary, planted.frequencies, decoder, parents=4).to_dict()
+    assert found["parents"] == 4 and found["parents_frac_above_0_9"] == 1.0
+    assert found["children_frac_above_0_8"] == 0.5  # 4 of 8 absorbed their parent, cosine about 0.7
+    assert matching_text(found).startswith("MCC 0.")
+    assert "parents 100.0% at cos > 0.9, children 50.0% at cos > 0.8" in matching_text(found)
+    flat = recovery(dictionary, planted.frequencies, dictionary).to_dict()
+    assert flat["mcc"] == pytest.approx(1.0) and "parents" not in flat  # not measured: absent
+    assert mean_correlation_coefficient(dictionary, -dictionary.flip(0)) == pytest.approx(1.0)  # |cos|, any order
+
+
+def test_make_planted_writes_a_hierarchy(cli, tmp_path):
+    code, out, err = cli("make-planted", str(tmp_path / "h"), "--rows", "300", "--d-in", "16", "--features", "24",
+                         "--children", "2", "--child-prob", "0.9", "--magnitude-sigma", "0.3")
+    assert code == 0, err
+    assert "2 children a parent" in out
+    planted = load_planted(tmp_path / "h")
+    assert planted.settings | {"parents": 8, "children": 2, "child_prob": 0.9, "magnitude_sigma": 0.3} \
+        == planted.settings
+    assert planted.dictionary.shape == (24, 16)
+
+
+@pytest.mark.parametrize("flag, value, words", [("--children", "-1", "children -1: must be 0 or a positive"),
+                                                ("--child-prob", "1.5", "child-prob 1.5: must be between 0 and 1"),
+                                                ("--magnitude-sigma", "-0.1", "magnitude-sigma -0.1: must be 0"),
+                                                ("--children", "40", "features 24: too few for one parent")])
+def test_make_planted_refuses_a_bad_hierarchy_in_one_line(cli, tmp_path, flag, value, words):
+    code, out, err = cli("make-planted", str(tmp_path / "h"), "--rows", "10", "--d-in", "4", "--features", "24",
+                         flag, value)
+    assert code != 0 and err.count("\n") == 1 and words in err, err
+    assert not (tmp_path / "h").exists()
+
+
+# ---- against SAELens' own synthetic-benchmark metric -------------------------------------------
+
+SAELENS_SCRIPT = r"""
+import json, sys
+from pathlib import Path
+from safetensors.torch import load_file
+from sae_lens.synthetic.evals import mean_correlation_coefficient
+
+root = Path(sys.argv[1])
+t = load_file(str(root / "features.safetensors"))
+out = {name: mean_correlation_coefficient(t["decoder_" + name], t["truth"]) for name in ("wide", "narrow", "same")}
+(root / "mcc.json").write_text(json.dumps(out))
+"""
+
+
+def matching_inputs() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(11)
+    truth = torch.randn(40, 12, generator=g)
+    noisy = truth + 0.4 * torch.randn(40, 12, generator=g)
+    return {"truth": truth, "decoder_same": noisy, "decoder_wide": torch.cat([noisy, torch.randn(25, 12, generator=g)]),
+            "decoder_narrow": noisy[:30].clone()}
+
+
+def prepare_saelens(root: Path) -> tuple[str, list]:
+    """Fixed features and decoders for SAELens' MCC, run in the one sae-lens process of the session."""
+    save_file(matching_inputs(), str(root / "features.safetensors"))
+    return SAELENS_SCRIPT, [root]
+
+
+@pytest.mark.slow
+@pytest.mark.saelens
+def test_mcc_is_saelens_own_within_1e_4(tmp_path_factory):
+    from saelens_once import saelens_folder
+
+    root = saelens_folder("synthetic", tmp_path_factory)
+    theirs = json.loads((root / "mcc.json").read_text())
+    t = load_file(str(root / "features.safetensors"))
+    for name in ("wide", "narrow", "same"):
+        assert mean_correlation_coefficient(t["truth"], t["decoder_" + name]) == pytest.approx(theirs[name], abs=1e-4)
