@@ -123,6 +123,10 @@ def evaluation_section(run_id: int) -> None:
         return
     st.caption(evaluation_view.rows_caption(ev))
     card_row(evaluation_view.evaluation_cards(ev))
+    core = evaluation_view.core_table(ev)
+    if core:
+        with st.expander("SAEBench's core metrics, by their names"):
+            st.dataframe(core, hide_index=True)
     recovery = evaluation_view.recovery_cards(ev)
     if recovery:
         st.caption("The planted dictionary recovered by the decoder: all planted features, then the "

@@ -1,6 +1,7 @@
 """The real sae-lens, in one process for the whole session: importing sae_lens takes seconds, so
 the test modules that check our export, our loader and our metrics against it (tests/test_export.py,
-tests/test_evaluate.py, tests/test_sweep_eval.py, tests/test_planted_hierarchy.py) each prepare a
+tests/test_evaluate.py, tests/test_sweep_eval.py, tests/test_planted_hierarchy.py,
+tests/test_core_metrics.py) each prepare a
 folder and a script, and one process runs every script."""
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ _ran: dict[str, Path] = {}
 
 
 def _preparers():
+    from test_core_metrics import prepare_saelens as core_job
     from test_evaluate import prepare_saelens as evaluate_job
     from test_export import prepare_saelens as export_job
     from test_planted_hierarchy import prepare_saelens as synthetic_job
     from test_sweep_eval import prepare_saelens as sweep_job
 
-    return {"export": export_job, "evaluate": evaluate_job, "sweep": sweep_job, "synthetic": synthetic_job}
+    return {"export": export_job, "evaluate": evaluate_job, "sweep": sweep_job, "synthetic": synthetic_job,
+            "core": core_job}
 
 
 def saelens_folder(job: str, tmp_path_factory) -> Path:

@@ -132,3 +132,33 @@ def test_no_dead_latents_still_draws_an_empty_never_bar():
     frame = evaluation_view.density_frame(density(0, b15=5))
     assert frame["latents"].iloc[0] == 0 and len(frame) == 17  # rows unknown: every bin kept
     assert not any(isinstance(v, float) and math.isnan(v) for v in frame["latents"])
+
+
+def test_mcc_a_hierarchy_and_the_core_metrics_are_shown(state_home):
+    """An evaluation on a planted hierarchy: MCC and its parents and children as cards; SAEBench's
+    core metrics, by their names, in a table; stored and read back through the database."""
+    engine = get_engine()
+    run_id = add_run(engine, "hierarchy-run", "COMPLETED", [10], 10)
+    recovery = {"features": 100, "mean_best_cos": 0.91, "frac_above_0_9": 0.8, "frac_above_0_8": 0.95,
+                "rare_features": 10, "rare_mean_best_cos": 0.7, "rare_frac_above_0_9": 0.3, "rare_frac_above_0_8": 0.5,
+                "mcc": 0.512, "parents": 25, "parents_frac_above_0_9": 0.53, "children_frac_above_0_8": 0.045}
+    core = {"explained_variance": 0.875, "mse": 0.5, "cossim": 0.93, "l2_norm_in": 2.0, "l2_norm_out": 1.8,
+            "l2_ratio": 0.9, "relative_reconstruction_bias": 0.97, "l0": 7.5, "l1": 12.25, "frac_alive": 0.94,
+            "freq_over_1_percent": 0.5, "freq_over_10_percent": 0.0}
+    record_evaluation(engine, evaluation(recovery=recovery, core=core), "/runs/h/sae", "/acts", run_id=run_id,
+                      where="heldout")
+    at = open_runs(run_id)
+    cards = shown(at)
+    assert cards["MCC"] == "0.512" and cards["Parents > 0.9"] == "53.0%" and cards["Children > 0.8"] == "4.5%"
+    (table,) = [d for d in at.dataframe if "Metric" in d.value.columns]
+    rows = dict(zip(table.value["Metric"], table.value["Value"]))
+    assert rows["relative_reconstruction_bias"] == "0.97" and rows["l1"] == "12.25"
+    assert list(table.value["Metric"]) == list(core)  # SAEBench's names, every one
+
+
+def test_an_evaluation_stored_before_the_core_metrics_shows_none_of_them(state_home):
+    engine = get_engine()
+    run_id = add_run(engine, "old-run", "COMPLETED", [10], 10)
+    record_evaluation(engine, evaluation(), "/runs/o/sae", "/acts", run_id=run_id, where="heldout")
+    at = open_runs(run_id)
+    assert not [d for d in at.dataframe if "Metric" in d.value.columns] and "MCC" not in shown(at)

@@ -73,7 +73,47 @@ def recovery_cards(ev: dict[str, Any]) -> list[list[Card]]:
         Card("Rarest tenth: mean best cosine", fmt_number(_get(rec, "rare_mean_best_cos"), 3), f"Over {rare}."),
         Card("Rarest tenth: > 0.9", fmt_percent(_get(rec, "rare_frac_above_0_9")), f"Over {rare}."),
         Card("Rarest tenth: > 0.8", fmt_percent(_get(rec, "rare_frac_above_0_8")), f"Over {rare}."),
-    ]]
+    ], *matching_cards(rec)]
+
+
+def matching_cards(rec: dict[str, Any]) -> list[list[Card]]:
+    """MCC and a hierarchy's parents and children, as a row of cards; none where neither was
+    measured (evaluations stored before them, or too big to match)."""
+    row = []
+    if _get(rec, "mcc") is not None:
+        row.append(Card("MCC", fmt_number(_get(rec, "mcc"), 3),
+                        "Mean |cosine| of the one-to-one matching of planted features to latents that "
+                        "maximises it (SAELens' synthetic benchmark's MCC)."))
+    if _get(rec, "parents"):
+        row.append(Card("Parents > 0.9", fmt_percent(_get(rec, "parents_frac_above_0_9")),
+                        f"The hierarchy's {_count(_get(rec, 'parents'))} parent features with a best cosine over "
+                        "0.9: a parent absorbed into its children's latents is not."))
+        row.append(Card("Children > 0.8", fmt_percent(_get(rec, "children_frac_above_0_8")),
+                        "The features that fire only with their parent, with a best cosine over 0.8."))
+    return [row] if row else []
+
+
+# SAEBench's core metrics (sae_dist.evaluate.metrics.core_metrics), in its names, with a line each.
+CORE_METRICS = {
+    "explained_variance": "1 - E||x - x_hat||^2 / Var(x)",
+    "mse": "mean over rows of the summed squared error",
+    "cossim": "mean cosine of x and x_hat",
+    "l2_norm_in": "mean ||x||", "l2_norm_out": "mean ||x_hat||",
+    "l2_ratio": "mean ||x_hat|| / ||x||: under 1 is shrinkage",
+    "relative_reconstruction_bias": "E||x_hat||^2 / E[x . x_hat] (Gao et al.): 1 is unbiased",
+    "l0": "mean active latents per row", "l1": "mean summed latent activations per row",
+    "frac_alive": "latents that fired at least once",
+    "freq_over_1_percent": "latents firing on more than 1% of the rows",
+    "freq_over_10_percent": "latents firing on more than 10% of the rows",
+}
+
+
+def core_table(ev: dict[str, Any]) -> list[dict[str, str]]:
+    """The evaluation's SAEBench core metrics as table rows (none for evaluations stored before
+    them)."""
+    core = ev.get("core") or {}
+    return [{"Metric": name, "Value": fmt_number(_get(core, name), 4), "What it is": what}
+            for name, what in CORE_METRICS.items() if name in core]
 
 
 def model_check_cards(check: dict[str, Any] | None) -> list[Card]:

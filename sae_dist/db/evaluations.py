@@ -39,6 +39,7 @@ def record_evaluation(engine: Engine, evaluation: Any, sae_path: str | Path, dat
         density_json=json.dumps(d["density"]),
         recovery_json=json.dumps(d["recovery"]) if d.get("recovery") is not None else None,
         model_check_json=json.dumps(d["model_check"]) if d.get("model_check") is not None else None,
+        core_json=json.dumps(d["core"]) if d.get("core") else None,
         origin=where)
     with Session(engine, expire_on_commit=False) as session:
         session.add(row)
@@ -69,6 +70,7 @@ def evaluation_dict(row: SaeEvaluation) -> dict[str, Any]:
     out["density"] = json.loads(row.density_json)
     out["recovery"] = json.loads(row.recovery_json) if row.recovery_json else None
     out["model_check"] = json.loads(row.model_check_json) if row.model_check_json else None
+    out["core"] = json.loads(row.core_json) if row.core_json else {}
     return out
 
 

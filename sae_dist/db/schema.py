@@ -223,6 +223,7 @@ class SaeEvaluation(Base, table=True):
     density_json: str  # {"edges": [...], "counts": [...], "never": n}
     recovery_json: str | None = None  # planted data only
     model_check_json: str | None = None
+    core_json: str | None = None  # SAEBench's core metrics; NULL before they were measured
     origin: str  # one of EVALUATION_ORIGINS ("where" is an SQL keyword)
 
 

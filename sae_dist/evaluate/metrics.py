@@ -109,12 +109,14 @@ class Evaluation:
     density: Density
     recovery: Recovery | None = None
     model_check: dict[str, Any] | None = None
+    core: dict[str, float | None] = field(default_factory=dict)  # SAEBench's core metrics (`core_metrics`)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: NaN and inf become None."""
         out = {name: _finite(getattr(self, name)) for name in
                ("rows", "d_sae", "fvu", "explained_variance", "mse", "cosine", "l0", "dead_fraction",
                 "dense_fraction")}
+        out["core"] = {k: _finite(v) for k, v in self.core.items()}
         out["density"] = self.density.to_dict()
         out["recovery"] = {k: _finite(v) for k, v in self.recovery.to_dict().items()} if self.recovery else None
         out["model_check"] = self.model_check
@@ -138,6 +140,8 @@ class Accumulator:
         self.sum_x2: Tensor | None = None
         self.sum_sq_err = 0.0
         self.sum_cos = 0.0
+        self.sum_norm_in = self.sum_norm_out = self.sum_l2_ratio = 0.0
+        self.sum_out_sq = self.sum_in_dot_out = self.sum_l1 = 0.0
         self.active = 0
         self.fired = torch.zeros(d_sae, dtype=torch.int64)
 
@@ -154,6 +158,14 @@ class Accumulator:
         self.sum_x2 += centred.pow(2).sum(0).cpu()
         self.sum_sq_err += float((x64 - xh64).pow(2).sum())
         self.sum_cos += float(F.cosine_similarity(x64, xh64, dim=-1, eps=1e-12).sum())
+        norm_in, norm_out = x64.norm(dim=-1), xh64.norm(dim=-1)
+        self.sum_norm_in += float(norm_in.sum())
+        self.sum_norm_out += float(norm_out.sum())
+        # SAELens' rule: a row whose norm is under 1e-4 is divided by 1, not by its norm.
+        self.sum_l2_ratio += float((norm_out / torch.where(norm_in.abs() < 1e-4, 1.0, norm_in)).sum())
+        self.sum_out_sq += float(norm_out.pow(2).sum())
+        self.sum_in_dot_out += float((x64 * xh64).sum())
+        self.sum_l1 += float(acts.detach().double().abs().sum())
         on = acts.detach() != 0
         fired = on.sum(0)
         self.active += int(fired.sum())
@@ -168,7 +180,8 @@ class Accumulator:
         mean_square = float((self.sum_x2 + 2 * self.shift * self.sum_x + n * self.shift.pow(2)).sum())
         # Rows that do not vary leave only rounding in total_var: FVU is then undefined, not huge.
         fvu = self.sum_sq_err / total_var if total_var > 1e-12 * mean_square else None
-        return Evaluation(
+        core = core_metrics(self, fvu)
+        return Evaluation(core=core,
             rows=n, d_sae=self.d_sae, fvu=fvu, explained_variance=None if fvu is None else 1.0 - fvu,
             mse=self.sum_sq_err / n, cosine=self.sum_cos / n, l0=self.active / n,
             dead_fraction=int((self.fired == 0).sum()) / self.d_sae,
@@ -177,6 +190,28 @@ class Accumulator:
             recovery=(recovery(planted.dictionary, planted.frequencies, W_dec, planted.settings.get("parents"))
                       if planted is not None else None),
         )
+
+
+def core_metrics(acc: Accumulator, fvu: float | None) -> dict[str, float | None]:
+    """SAEBench's core evaluation, by the names and formulas of SAELens' evals
+    (get_sparsity_and_variance_metrics), over every evaluated row: explained variance
+    1 - E||x - x_hat||^2 / Var(x) (its calculator's, our 1 - FVU); mse, the mean summed squared
+    error; cossim; l2_norm_in and _out, the mean norms; l2_ratio, the mean ||x_hat|| / ||x||;
+    relative_reconstruction_bias, E||x_hat||^2 / E[x . x_hat] (Gao et al.'s equation 10; SAELens
+    averages it over its batches, here it is over all rows at once); l0 and l1 of the latents;
+    frac_alive, the latents that fired at least once; freq_over_1_percent and _10_percent, the
+    latents firing on more than 1% and 10% of the rows."""
+    n = acc.rows
+    return {
+        "explained_variance": None if fvu is None else 1.0 - fvu,
+        "mse": acc.sum_sq_err / n, "cossim": acc.sum_cos / n,
+        "l2_norm_in": acc.sum_norm_in / n, "l2_norm_out": acc.sum_norm_out / n, "l2_ratio": acc.sum_l2_ratio / n,
+        "relative_reconstruction_bias": (acc.sum_out_sq / acc.sum_in_dot_out if acc.sum_in_dot_out else None),
+        "l0": acc.active / n, "l1": acc.sum_l1 / n,
+        "frac_alive": int((acc.fired > 0).sum()) / acc.d_sae,
+        "freq_over_1_percent": int((acc.fired * 100 > n).sum()) / acc.d_sae,
+        "freq_over_10_percent": int((acc.fired * 10 > n).sum()) / acc.d_sae,
+    }
 
 
 def density_histogram(fired: Tensor, rows: int) -> Density:
