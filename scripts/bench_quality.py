@@ -1,9 +1,10 @@
 """SAE quality with each trainer's own defaults: sae-dist vs sparsify vs SAELens, one evaluator.
 
-For each data set (planted dictionaries of several shapes, and MiniLM activations harvested here),
-every trainer gets the same rows and the same budget (one pass over 1,048,576 rows, batch 1024,
-the same d_sae and k) with its own recipe:
+For each data set (planted dictionaries of several shapes, flat and hierarchical, and MiniLM
+activations harvested here), every trainer gets the same rows and the same budget (one pass over
+1,048,576 rows, batch 1024, the same d_sae and k) with its own recipe:
   * sae-dist: `python -m sae_dist train --source shards` with nothing else set (its defaults);
+  * sae-dist-matryoshka: the same with `--architecture matryoshka` (its default prefixes);
   * sparsify: its Trainer's defaults (SignSGD + schedule-free averaging), evaluated on the
     weights it saves (peers/train_sparsify_recipe.py);
   * SAELens: SAETrainer with its defaults (peers/train_saelens_recipe.py).
@@ -13,6 +14,7 @@ held-out rows (the shards' tail, which no trainer saw), and the table and the go
 
     .venv/bin/python scripts/bench_quality.py --out quality/ --peers ../shared/peers
     .venv/bin/python scripts/bench_quality.py --out quality/ --sets q1 --trainers sae-dist
+    .venv/bin/python scripts/bench_quality.py --out quality/ --sets h1,h2 --trainers sae-dist,sae-dist-matryoshka
 
 Peers' environments: `PEERS_VENV_DIR` (default /tmp/sae-peers), made by the peers' setup.sh.
 Finished SAEs are kept under OUT and reused, so an interrupted run continues.
@@ -37,7 +39,9 @@ from sae_dist.format import fmt_percent  # noqa: E402
 TRAIN_ROWS = 2**20
 HELDOUT = 16384
 BATCH = 1024
-TRAINERS = ("sae-dist", "sparsify", "saelens")
+TRAINERS = ("sae-dist", "sae-dist-matryoshka", "sparsify", "saelens")
+OURS = ("sae-dist", "sae-dist-matryoshka")
+PEERS = ("sparsify", "saelens")
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,9 @@ class DataSet:
     features: int = 0  # planted features; 0: harvested MiniLM activations
     active: float = 8.0
     power_law: float = 0.5
+    children: int = 0  # a hierarchy: children per parent, each firing only with it
+    child_prob: float = 0.5
+    magnitude_sigma: float = 0.0
 
     @property
     def planted(self) -> bool:
@@ -56,9 +63,12 @@ class DataSet:
 
     def describe(self) -> str:
         if self.planted:
+            tree = (f", a hierarchy of {self.children} children a parent (one fires with it, probability "
+                    f"{self.child_prob:g}), log-normal magnitudes (sigma {self.magnitude_sigma:g})"
+                    if self.children else "")
             return (f"planted {self.features} features in d_in {self.d_in}, {self.active:g} active, "
-                    f"frequency ~ rank^-{self.power_law:g}; d_sae {self.d_sae} ({self.d_sae // self.features}x), "
-                    f"k {self.k}")
+                    f"frequency ~ rank^-{self.power_law:g}{tree}; d_sae {self.d_sae} "
+                    f"({self.d_sae / self.features:g}x), k {self.k}")
         return f"MiniLM-L6 layer 3 residual stream over the Node.js docs; d_sae {self.d_sae}, k {self.k}"
 
 
@@ -66,6 +76,10 @@ SETS = [
     DataSet("q1", d_in=256, features=2048, active=8, power_law=0.5, d_sae=4096, k=16),
     DataSet("q2", d_in=128, features=1024, active=8, power_law=1.0, d_sae=8192, k=16),
     DataSet("q3", d_in=256, features=1024, active=8, power_law=0.75, d_sae=4096, k=16),
+    DataSet("h1", d_in=256, features=2048, active=8, power_law=0.5, d_sae=4096, k=16, children=3, child_prob=1.0,
+            magnitude_sigma=0.5),
+    DataSet("h2", d_in=128, features=2048, active=6, power_law=1.0, d_sae=2048, k=12, children=7, child_prob=0.7,
+            magnitude_sigma=0.75),
     DataSet("minilm", d_sae=3072, k=32),
 ]
 
@@ -89,7 +103,9 @@ def make_data(ds: DataSet, out: Path, text: Path | None) -> Path:
         if ds.planted:
             run(sae_dist("make-planted", str(shards), "--rows", str(TRAIN_ROWS + HELDOUT), "--d-in", str(ds.d_in),
                          "--features", str(ds.features), "--active", str(ds.active), "--power-law",
-                         str(ds.power_law), "--seed", "0"), out / "logs" / f"{ds.name}-data.log", cwd=ROOT)
+                         str(ds.power_law), "--seed", "0", "--children", str(ds.children), "--child-prob",
+                         str(ds.child_prob), "--magnitude-sigma", str(ds.magnitude_sigma)),
+                out / "logs" / f"{ds.name}-data.log", cwd=ROOT)
         else:
             if text is None:
                 raise SystemExit("--text DIR is needed to harvest the MiniLM set")
@@ -120,14 +136,16 @@ def make_data(ds: DataSet, out: Path, text: Path | None) -> Path:
 def train(trainer: str, ds: DataSet, shards: Path, out: Path, peers: Path, peer_venvs: Path) -> Path:
     """The trainer's SAE directory (SAELens layout), trained unless it is there already."""
     where = out / ds.name / trainer
-    sae_dir = where / "sae" if trainer == "sae-dist" else where
+    sae_dir = where / "sae" if trainer in OURS else where
     if (sae_dir / "cfg.json").exists():
         return sae_dir
     log = out / "logs" / f"{ds.name}-{trainer}.log"
     started = time.time()
-    if trainer == "sae-dist":
+    if trainer in OURS:
         total = TRAIN_ROWS + HELDOUT
+        arch = ["--architecture", "matryoshka"] if trainer == "sae-dist-matryoshka" else []
         run(sae_dist("train", "--no-db", "--devices", "cpu:1", "--source", "shards", "--shards-path", str(shards),
+                     *arch,
                      "--d-sae", str(ds.d_sae), "--k", str(ds.k), "--batch-size", str(BATCH),
                      "--steps", str(TRAIN_ROWS // BATCH), "--eval-rows", str(min(HELDOUT, total // 10)),
                      "--checkpoint-every", "0", "--keep-checkpoints", "1", "--out-dir", str(where)), log, cwd=ROOT)
@@ -150,6 +168,59 @@ def evaluate(sae_dir: Path, shards: Path, out: Path, label: str) -> dict:
     return json.loads(log.read_text())
 
 
+MATRYOSHKA_FVU_SLACK = 1.10  # Matryoshka's FVU at most 10% over our TopK's where features are flat
+PARENTS_GOAL, MCC_GOAL, HIERARCHY_FVU_GOAL = 0.80, 0.55, 0.12
+
+
+def goals_for(ds: DataSet, results: dict[str, dict]) -> list[tuple[str, bool | None, str]]:
+    """The goals of one data set, from its evaluations by trainer: (name, met or None when a
+    trainer it needs did not run, why). Flat sets: our TopK ahead of both peers (and on planted
+    data 90% recovered); Matryoshka within 10% of our TopK's FVU. Hierarchies: Matryoshka with 80%
+    of the parents, MCC 0.55, both ahead of every peer, FVU 0.12 at most, children above TopK's."""
+    out: list[tuple[str, bool | None, str]] = []
+    topk, mat = results.get("sae-dist"), results.get("sae-dist-matryoshka")
+    peers = [results[t] for t in PEERS if t in results]
+    missing = [t for t in PEERS if t not in results]
+    if ds.children:
+        name = f"{ds.name} matryoshka"
+        if mat is None or topk is None or missing:
+            absent = [*missing, *(["sae-dist-matryoshka"] if mat is None else []),
+                      *(["sae-dist"] if topk is None else [])]
+            return [(name, None, f"not run: {', '.join(absent)}")]
+        rec = {t: results[t].get("recovery") or {} for t in results}
+        m = rec["sae-dist-matryoshka"]
+        parents, mcc = m.get("parents_frac_above_0_9") or 0.0, m.get("mcc") or 0.0
+        ahead = all(parents > (rec[t].get("parents_frac_above_0_9") or 0.0) and mcc > (rec[t].get("mcc") or 0.0)
+                    for t in PEERS)
+        children = (m.get("children_frac_above_0_8") or 0.0) > (rec["sae-dist"].get("children_frac_above_0_8") or 0.0)
+        met = parents >= PARENTS_GOAL and mcc >= MCC_GOAL and ahead and mat["fvu"] <= HIERARCHY_FVU_GOAL and children
+        peer_text = "; ".join(f"{t} parents {fmt_percent(rec[t].get('parents_frac_above_0_9'))}, MCC "
+                              f"{rec[t].get('mcc') or 0:.3f}" for t in PEERS)
+        return [(name, met, f"parents {fmt_percent(parents)} (goal >= {PARENTS_GOAL:.0%}), MCC {mcc:.3f} (goal >= "
+                            f"{MCC_GOAL}), FVU {mat['fvu']:.3f} (goal <= {HIERARCHY_FVU_GOAL}), children "
+                            f"{fmt_percent(m.get('children_frac_above_0_8'))} vs TopK's "
+                            f"{fmt_percent(rec['sae-dist'].get('children_frac_above_0_8'))}; {peer_text}")]
+    if topk is not None:
+        if missing:
+            out.append((ds.name, None, f"{len(missing)} of the 2 peers not run"))
+        else:
+            below = all(topk["fvu"] < p["fvu"] for p in peers)
+            theirs = ", ".join(f"{p['fvu']:.3f}" for p in peers)
+            if ds.planted:
+                recovered = (topk.get("recovery") or {}).get("frac_above_0_9") or 0.0
+                out.append((ds.name, below and recovered >= 0.9, f"FVU {topk['fvu']:.3f} vs peers {theirs}; "
+                                                                 f"recovered {fmt_percent(recovered)} (goal >= 90%)"))
+            else:
+                out.append((ds.name, below and topk["dead_fraction"] < 0.01,
+                            f"FVU {topk['fvu']:.3f} vs peers {theirs}; "
+                            f"dead {fmt_percent(topk['dead_fraction'])} (goal < 1%)"))
+    if mat is not None and topk is not None:
+        out.append((f"{ds.name} matryoshka", mat["fvu"] <= MATRYOSHKA_FVU_SLACK * topk["fvu"],
+                    f"FVU {mat['fvu']:.3f} vs TopK's {topk['fvu']:.3f} (goal: at most {MATRYOSHKA_FVU_SLACK - 1:.0%} "
+                    "more)"))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -169,7 +240,7 @@ def main() -> int:
     for ds in sets:
         shards = make_data(ds, args.out, args.text if not ds.planted else None)
         for trainer in trainers:
-            done = args.out / ds.name / trainer / ("sae" if trainer == "sae-dist" else "") / "cfg.json"
+            done = args.out / ds.name / trainer / ("sae" if trainer in OURS else "") / "cfg.json"
             if args.table_only and not done.exists():
                 continue  # shown as not run
             sae_dir = train(trainer, ds, shards, args.out, args.peers, peer_venvs)
@@ -178,35 +249,24 @@ def main() -> int:
             print(f"{ds.name:<7} {trainer:<9} fvu {r['fvu']:.4f} dead {fmt_percent(r['dead_fraction'])}", flush=True)
 
     print(f"\nHeld-out evaluation ({HELDOUT:,} rows no trainer saw), one pass of {TRAIN_ROWS:,} rows, batch {BATCH}:")
-    print("| data | trainer | FVU | recovered cos>0.9 | rarest tenth >0.9 | dead | dense | L0 |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| data | trainer | FVU | recovered cos>0.9 | rarest tenth >0.9 | MCC | parents >0.9 | children >0.8 "
+          "| dead | dense | L0 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     goals = []
     for ds in sets:
         for trainer in trainers:
             if (ds.name, trainer) not in results:
-                print(f"| {ds.name} | {trainer} | not run | | | | | |")
+                print(f"| {ds.name} | {trainer} | not run | | | | | | | | |")
                 continue
             r = results[ds.name, trainer]
             rec = r.get("recovery") or {}
+            mcc = rec.get("mcc")
             print(f"| {ds.name} | {trainer} | {r['fvu']:.3f} | {fmt_percent(rec.get('frac_above_0_9'))} | "
-                  f"{fmt_percent(rec.get('rare_frac_above_0_9'))} | {fmt_percent(r['dead_fraction'])} | "
+                  f"{fmt_percent(rec.get('rare_frac_above_0_9'))} | {'—' if mcc is None else f'{mcc:.3f}'} | "
+                  f"{fmt_percent(rec.get('parents_frac_above_0_9'))} | "
+                  f"{fmt_percent(rec.get('children_frac_above_0_8'))} | {fmt_percent(r['dead_fraction'])} | "
                   f"{fmt_percent(r['dense_fraction'])} | {r['l0']:.1f} |")
-        ours = results.get((ds.name, "sae-dist"))
-        peers = [results[ds.name, t] for t in ("sparsify", "saelens") if (ds.name, t) in results]
-        if ours and len(peers) < 2:
-            goals.append((ds.name, None, f"{2 - len(peers)} of the 2 peers not run"))
-        elif ours:
-            below = all(ours["fvu"] < p["fvu"] for p in peers)
-            theirs = ", ".join(f"{p['fvu']:.3f}" for p in peers)
-            if ds.planted:
-                recovered = (ours.get("recovery") or {}).get("frac_above_0_9") or 0.0
-                goals.append((ds.name, below and recovered >= 0.9,
-                              f"FVU {ours['fvu']:.3f} vs peers {theirs}; "
-                              f"recovered {fmt_percent(recovered)} (goal >= 90%)"))
-            else:
-                goals.append((ds.name, below and ours["dead_fraction"] < 0.01,
-                              f"FVU {ours['fvu']:.3f} vs peers {theirs}; "
-                              f"dead {fmt_percent(ours['dead_fraction'])} (goal < 1%)"))
+        goals += goals_for(ds, {t: results[ds.name, t] for t in TRAINERS if (ds.name, t) in results})
     print()
     for ds in sets:
         print(f"{ds.name}: {ds.describe()}")
