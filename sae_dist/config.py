@@ -58,7 +58,7 @@ class TrainConfig:
     k: int = _f(32, "active latents per sample (topk; batchtopk and matryoshka: on average)")
     matryoshka_widths: str | None = _f(
         None, "matryoshka: the nested prefixes' widths, increasing, the last d_sae (e.g. 256,1024,4096); "
-              "default d_sae/64, d_sae/16, d_sae/4, d_sae")
+              "default d_sae/8, d_sae/2, d_sae")
     l1_coefficient: float = _f(0.05, "L1 sparsity penalty weight (standard)")
     l0_coefficient: float = _f(0.01, "L0 sparsity penalty weight (jumprelu)")
     jumprelu_init_threshold: float = _f(0.001, "initial JumpReLU threshold")
