@@ -233,11 +233,7 @@ class TrainConfig:
         # anything is queued. A huge learning rate is left alone: it is how a test makes a run diverge.
         if self.steps > MAX_STEPS:
             raise ConfigError("steps", f"{self.steps:,} is more than {MAX_STEPS:,}, the most a run may take")
-        if not 0.0 <= self.synthetic_child_prob <= 1.0:  # (also NaN)
-            raise ConfigError("synthetic_child_prob", f"must be between 0 and 1, got {self.synthetic_child_prob}")
-        if self.synthetic_children and self.synthetic_features < self.synthetic_children + 1:
-            raise ConfigError("synthetic_features", f"{self.synthetic_features} features cannot hold one parent "
-                                                    f"with {self.synthetic_children} children")
+        self._validate_hierarchy_and_prefixes()
         if self.lr_decay_fraction is not None and not 0.0 <= self.lr_decay_fraction <= 1.0:
             raise ConfigError("lr_decay_fraction", f"must be between 0 and 1, got {self.lr_decay_fraction}")
         if self.source == "shards" and not self.shards_path:
@@ -259,14 +255,23 @@ class TrainConfig:
                 self.resolved_matryoshka_widths  # noqa: B018 (checked against d_sae)
             if self.auxk_k is not None and self.auxk_k > d_sae:
                 raise ConfigError("auxk_k", f"auxk_k = {self.auxk_k} is more than d_sae = {d_sae}")
+        if self.resume and not self.out_dir:
+            raise ConfigError("resume", "needs out_dir: the run directory holding the checkpoints")
+        parse_devices(self.devices)  # raises ConfigError("devices", ...) when malformed
+
+    def _validate_hierarchy_and_prefixes(self) -> None:
+        """The planted hierarchy's settings and Matryoshka's prefixes (without d_sae: `validate`
+        checks them against it once d_in is known)."""
+        if not 0.0 <= self.synthetic_child_prob <= 1.0:  # (also NaN)
+            raise ConfigError("synthetic_child_prob", f"must be between 0 and 1, got {self.synthetic_child_prob}")
+        if self.synthetic_children and self.synthetic_features < self.synthetic_children + 1:
+            raise ConfigError("synthetic_features", f"{self.synthetic_features} features cannot hold one parent "
+                                                    f"with {self.synthetic_children} children")
         if self.matryoshka_widths is not None:
             if self.architecture != "matryoshka":
                 raise ConfigError("matryoshka_widths", f"given, but the architecture is {self.architecture}; "
                                                        "add --architecture matryoshka")
             parse_widths(self.matryoshka_widths)
-        if self.resume and not self.out_dir:
-            raise ConfigError("resume", "needs out_dir: the run directory holding the checkpoints")
-        parse_devices(self.devices)  # raises ConfigError("devices", ...) when malformed
 
     def with_d_in(self, d_in: int) -> TrainConfig:
         """The config with d_in from the source; a given d_in that differs is an error."""

@@ -38,6 +38,12 @@ from sae_dist.train.metrics import find_stragglers
     ({"architecture": "matryoshka", "matryoshka_widths": "16;64"}, "matryoshka_widths", "give increasing whole"),
     ({"architecture": "matryoshka", "matryoshka_widths": "0,64"}, "matryoshka_widths", "from 1 up"),
     ({"matryoshka_widths": "16,64"}, "matryoshka_widths", "given, but the architecture is topk"),
+    ({"synthetic_child_prob": 1.5}, "synthetic_child_prob", "must be between 0 and 1, got 1.5"),
+    ({"synthetic_child_prob": float("nan")}, "synthetic_child_prob", "must be between 0 and 1"),
+    ({"synthetic_children": -1}, "synthetic_children", "non-negative"),
+    ({"synthetic_children": 1.5}, "synthetic_children", "whole number"),
+    ({"synthetic_children": 4, "synthetic_features": 3}, "synthetic_features", "cannot hold one parent with 4"),
+    ({"synthetic_magnitude_sigma": -0.5}, "synthetic_magnitude_sigma", "non-negative"),
 ])
 def test_bad_values_name_the_field(values, field, words):
     with pytest.raises(ConfigError) as e:
