@@ -32,8 +32,10 @@ def test_a_synthetic_run_is_evaluated_on_the_stream_after_its_last_sample(tmp_pa
     # The same numbers by hand: rows 6 x 64 .. 6 x 64 + 300 of the same stream, the same dictionary.
     src = SyntheticSource(d_in=16, n_features=32, active=4.0, power_law=0.5, noise=0.01, seed=1, rank=0,
                           world_size=1, batch_size=64)
-    expected = evaluate_sae(load_sae(tmp_path / "run" / "sae"), [src.samples(6 * 64, 300)],
-                            planted_from_settings(**settings)).to_dict()
+    planted = planted_from_settings(**settings)
+    planted.first_row = 6 * 64  # the rows' ground truth: each latent judged as a feature detector
+    expected = evaluate_sae(load_sae(tmp_path / "run" / "sae"), [src.samples(6 * 64, 300)], planted).to_dict()
+    assert {"precision", "recall", "f1", "accuracy"} <= set(stored["recovery"])
     assert stored["rows"] == 300 and stored["which_rows"] == "300 synthetic rows after the run's last sample"
     assert stored["fvu"] == pytest.approx(expected["fvu"], rel=1e-5)
     assert stored["recovery"] == pytest.approx(expected["recovery"], rel=1e-5)

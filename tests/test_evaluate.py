@@ -433,8 +433,10 @@ def test_cli_make_planted_train_evaluate(tmp_path, cli, state_home):
     assert result["rows"] == 200 and result["d_sae"] == 32 and result["l0"] <= 4
     assert result["recovery"]["features"] == 32 and result["recovery"]["rare_features"] == 3
     # the same numbers as the API on the same rows, and the row in the database linked to the run
+    planted = load_planted(tmp_path / "p")
+    planted.first_row = 400  # the last 200 of 600 rows
     expected = evaluate_sae(load_sae(tmp_path / "run" / "sae"), [heldout_rows(tmp_path / "p", 200)],
-                            load_planted(tmp_path / "p")).to_dict()
+                            planted).to_dict()
     assert result["density"] == expected["density"]
     assert result["fvu"] == pytest.approx(expected["fvu"], rel=1e-9)
     assert result["recovery"] == pytest.approx(expected["recovery"], rel=1e-9)
@@ -602,7 +604,10 @@ def test_evaluate_shards_is_the_in_memory_sae_on_the_tail_with_its_planted_dicti
     out = write_planted_shards(tmp_path / "p", rows=500, d_in=D_IN, features=40, rows_per_shard=200, seed=2)
     sae = some_sae("batchtopk")
     ev = evaluate_shards(sae, out, 300)
-    expected = evaluate_sae(sae, [heldout_rows(out, 300)], load_planted(out))
+    planted = load_planted(out)
+    planted.first_row = 200  # the tail's first row: its ground truth is the stream's rows 200..499
+    expected = evaluate_sae(sae, [heldout_rows(out, 300)], planted)
+    assert ev.recovery.f1 is not None and 0 <= ev.recovery.precision <= 1
     assert ev.rows == 300 and ev.recovery.features == 40 and ev.recovery.rare_features == 4
     assert ev.density == expected.density and ev.l0 == expected.l0
     assert ev.fvu == pytest.approx(expected.fvu, rel=1e-10) and ev.recovery == expected.recovery

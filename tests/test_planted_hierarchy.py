@@ -1,6 +1,7 @@
 """Planted hierarchies (parents, and children that fire only with them) and the figures that judge
-an SAE on them: MCC by one-to-one matching, checked against SAELens' own function, and the
-parents' and children's recovery apart."""
+an SAE on them: MCC by one-to-one matching and each latent as a detector of its feature (precision,
+recall, F1), checked against SAELens' own functions, and the parents' and children's recovery
+apart."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from sae_dist.data.sources.synthetic import SyntheticSource
-from sae_dist.evaluate.metrics import matching_text, mean_correlation_coefficient, recovery
+from sae_dist.evaluate.metrics import FiringMatch, matching_text, mean_correlation_coefficient, recovery
 from sae_dist.evaluate.planted import load_planted, planted_from_settings, presence_frequencies
 
 
@@ -88,11 +89,13 @@ SAELENS_SCRIPT = r"""
 import json, sys
 from pathlib import Path
 from safetensors.torch import load_file
-from sae_lens.synthetic.evals import mean_correlation_coefficient
+from sae_lens.synthetic.evals import compute_classification_metrics, mean_correlation_coefficient
 
 root = Path(sys.argv[1])
 t = load_file(str(root / "features.safetensors"))
 out = {name: mean_correlation_coefficient(t["decoder_" + name], t["truth"]) for name in ("wide", "narrow", "same")}
+m = compute_classification_metrics(t["latents"], t["codes"], t["decoder_wide"], t["truth"])
+out["classification"] = {"precision": m.precision, "recall": m.recall, "f1": m.f1_score, "accuracy": m.accuracy}
 (root / "mcc.json").write_text(json.dumps(out))
 """
 
@@ -101,8 +104,11 @@ def matching_inputs() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(11)
     truth = torch.randn(40, 12, generator=g)
     noisy = truth + 0.4 * torch.randn(40, 12, generator=g)
+    codes = torch.relu(torch.randn(200, 40, generator=g) - 1.0)  # which features fire in 200 rows
+    latents = torch.relu(torch.randn(200, 65, generator=g) - 0.8)  # and which latents
+    latents[:, :40] += codes  # the matched ones mostly with their feature
     return {"truth": truth, "decoder_same": noisy, "decoder_wide": torch.cat([noisy, torch.randn(25, 12, generator=g)]),
-            "decoder_narrow": noisy[:30].clone()}
+            "decoder_narrow": noisy[:30].clone(), "codes": codes, "latents": latents}
 
 
 def prepare_saelens(root: Path) -> tuple[str, list]:
@@ -121,3 +127,6 @@ def test_mcc_is_saelens_own_within_1e_4(tmp_path_factory):
     t = load_file(str(root / "features.safetensors"))
     for name in ("wide", "narrow", "same"):
         assert mean_correlation_coefficient(t["truth"], t["decoder_" + name]) == pytest.approx(theirs[name], abs=1e-4)
+    match = FiringMatch(t["decoder_wide"], t["truth"])
+    match.add(t["latents"], t["codes"])
+    assert match.result() == pytest.approx(theirs["classification"], abs=1e-4)

@@ -84,6 +84,11 @@ def matching_cards(rec: dict[str, Any]) -> list[list[Card]]:
         row.append(Card("MCC", fmt_number(_get(rec, "mcc"), 3),
                         "Mean |cosine| of the one-to-one matching of planted features to latents that "
                         "maximises it (SAELens' synthetic benchmark's MCC)."))
+    if _get(rec, "f1") is not None:
+        row.append(Card("Detector F1", fmt_number(_get(rec, "f1"), 3),
+                        f"Each latent as a detector of its best-matching planted feature, over these rows: mean "
+                        f"precision {fmt_number(_get(rec, 'precision'), 3)}, recall "
+                        f"{fmt_number(_get(rec, 'recall'), 3)}, F1 (SAELens' synthetic evals)."))
     if _get(rec, "parents"):
         row.append(Card("Parents > 0.9", fmt_percent(_get(rec, "parents_frac_above_0_9")),
                         f"The hierarchy's {_count(_get(rec, 'parents'))} parent features with a best cosine over "

@@ -56,4 +56,8 @@ def evaluate_shards(sae: Evaluable, shards_dir: str | os.PathLike, rows: int = D
     d_in = int(getattr(sae, "d_in", sae.W_dec.shape[1]))
     # Checks the shards and their width before any row is read.
     batches = heldout_batches(shards_dir, rows, batch_rows_for(int(sae.d_sae)), d_in=d_in)
-    return evaluate_sae(sae, batches, load_planted(shards_dir))
+    planted = load_planted(shards_dir)
+    if planted is not None:  # planted rows are stream positions 0..total-1: the tail's first is
+        total = open_shards(shards_dir).total_rows
+        planted.first_row = total - min(rows, total)
+    return evaluate_sae(sae, batches, planted)

@@ -38,11 +38,13 @@ def end_of_run_evaluations(cfg, ctx: D.DistContext, source: ActivationSource, me
     if cfg.eval_rows == 0 or not live:
         return {}
     shared = any(m.leader != 0 for m in live)  # the same on every rank: all ranks take part, or rank 0 alone
-    rows, where = _draw_once(cfg, ctx, source, live, plan, shared)
+    rows, where, first_row = _draw_once(cfg, ctx, source, live, plan, shared)
     if rows is None:
         return {}
     leading = any(ctx.rank == m.leader for m in live)
     planted = planted_for(cfg) if leading else None
+    if planted is not None and cfg.source == "synthetic":
+        planted.first_row = first_row  # the rows' ground truth: latents judged as feature detectors
     check = shared_model_check(cfg) if leading else None
     mine = {m.name: evaluate_trained(m.cfg, m.sae, _site(rows, m.site).split(batch_rows_for(m.sae.d_sae)), planted,
                                      check)
@@ -54,18 +56,20 @@ def end_of_run_evaluations(cfg, ctx: D.DistContext, source: ActivationSource, me
 
 
 def _draw_once(cfg, ctx: D.DistContext, source: ActivationSource, live: list, plan,
-               shared: bool) -> tuple[torch.Tensor | None, str]:
+               shared: bool) -> tuple[torch.Tensor | None, str, int | None]:
     """The unseen rows as one CPU tensor on rank 0, and with `shared` on every rank (None on the
-    others, and everywhere when the source has none)."""
+    others, and everywhere when the source has none), which rows, and the synthetic stream's
+    position of the first."""
     batch_rows = min(batch_rows_for(m.cfg.resolved_d_sae) for m in live)
     unseen = source.unseen_rows(cfg.eval_rows, batch_rows, ctx, plan)  # every rank: the model source draws collectively
     rows = torch.cat(list(unseen.batches)) if unseen is not None else None
     if rows is not None and len(rows) == 0:
         rows = None
     where = unseen.where if unseen is not None else ""
+    first_row = unseen.first_row if unseen is not None else None
     if shared:
-        rows, where = D.broadcast_object((rows, where) if ctx.is_main else None)
-    return rows, where
+        rows, where, first_row = D.broadcast_object((rows, where, first_row) if ctx.is_main else None)
+    return rows, where, first_row
 
 
 def _site(rows: torch.Tensor, site: int | None) -> torch.Tensor:

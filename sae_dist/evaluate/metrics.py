@@ -9,7 +9,7 @@ the result does not depend on how the rows were cut into batches (beyond float r
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -68,6 +68,12 @@ class Recovery:
     parents: int | None = None
     parents_frac_above_0_9: float | None = None
     children_frac_above_0_8: float | None = None
+    # Each latent as a detector of its best-matching planted feature (by |cosine|) on the rows:
+    # the means over latents of precision, recall, F1 and accuracy, as SAELens' synthetic evals.
+    precision: float | None = None
+    recall: float | None = None
+    f1: float | None = None
+    accuracy: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """What was measured: a figure that was not (no hierarchy, too big to match) is absent."""
@@ -82,6 +88,11 @@ class Planted:
     dictionary: Tensor
     frequencies: Tensor
     settings: dict[str, Any] = field(default_factory=dict)
+    # The ground truth of the evaluated rows, where the generator is known: truth(start, count) is
+    # each feature's magnitude in stream rows [start, start + count), and `first_row` the stream
+    # position of the first row evaluated. Without both, no precision, recall or F1.
+    truth: Callable[[int, int], Tensor] | None = None
+    first_row: int | None = None
 
 
 @dataclass
@@ -129,11 +140,37 @@ def _finite(value: Any) -> Any:
     return value
 
 
+class FiringMatch:
+    """Counts, per latent, how its firing agrees with its best-matching planted feature's (SAELens'
+    ClassificationMetricsCalculator): true and false positives and negatives over the rows."""
+
+    def __init__(self, W_dec: Tensor, dictionary: Tensor):
+        a = F.normalize(W_dec.detach().double().cpu(), dim=1)
+        b = F.normalize(dictionary.double().cpu(), dim=1)
+        self.best = (a @ b.T).abs().argmax(dim=1)  # [d_sae]
+        self.counts = torch.zeros(4, W_dec.shape[0], dtype=torch.float64)  # tp, fp, fn, tn
+
+    def add(self, acts: Tensor, truth: Tensor) -> None:
+        fires, real = acts.detach().cpu() != 0, truth[:, self.best] > 0
+        for i, hit in enumerate((fires & real, fires & ~real, ~fires & real, ~fires & ~real)):
+            self.counts[i] += hit.sum(0).double()
+
+    def result(self) -> dict[str, float]:
+        tp, fp, fn, tn = self.counts
+        precision = torch.where(tp + fp > 0, tp / (tp + fp), 0.0)
+        recall = torch.where(tp + fn > 0, tp / (tp + fn), 0.0)
+        f1 = torch.where(precision + recall > 0, 2 * precision * recall / (precision + recall), 0.0)
+        accuracy = (tp + tn) / (tp + fp + fn + tn).clamp_min(1e-8)
+        return {"precision": float(precision.mean()), "recall": float(recall.mean()), "f1": float(f1.mean()),
+                "accuracy": float(accuracy.mean())}
+
+
 class Accumulator:
     """Running float64 sums of one SAE's evaluation; `add` a batch at a time, then `result`."""
 
-    def __init__(self, d_sae: int):
+    def __init__(self, d_sae: int, match: FiringMatch | None = None):
         self.d_sae = d_sae
+        self.match = match  # with the rows' ground truth: each latent as a feature detector
         self.rows = 0
         self.shift: Tensor | None = None  # the first batch's mean: keeps the variance sums well conditioned
         self.sum_x: Tensor | None = None  # per dim, of x - shift
@@ -146,7 +183,7 @@ class Accumulator:
         self.fired = torch.zeros(d_sae, dtype=torch.int64)
 
     @torch.no_grad()
-    def add(self, x: Tensor, x_hat: Tensor, acts: Tensor) -> None:
+    def add(self, x: Tensor, x_hat: Tensor, acts: Tensor, truth: Tensor | None = None) -> None:
         # Reduced on the batch's device (float64 there too); only per-dim and scalar sums move.
         x64, xh64 = x.detach().double(), x_hat.detach().double()
         if self.shift is None:
@@ -171,6 +208,8 @@ class Accumulator:
         self.active += int(fired.sum())
         self.fired += fired.cpu().to(torch.int64)
         self.rows += x.shape[0]
+        if self.match is not None and truth is not None:
+            self.match.add(acts, truth)
 
     def result(self, W_dec: Tensor | None = None, planted: Planted | None = None) -> Evaluation:
         if self.rows == 0:
@@ -187,7 +226,8 @@ class Accumulator:
             dead_fraction=int((self.fired == 0).sum()) / self.d_sae,
             dense_fraction=int((self.fired * DENSE_DIVISOR > n).sum()) / self.d_sae,
             density=density_histogram(self.fired, n),
-            recovery=(recovery(planted.dictionary, planted.frequencies, W_dec, planted.settings.get("parents"))
+            recovery=(recovery(planted.dictionary, planted.frequencies, W_dec, planted.settings.get("parents"),
+                               self.match.result() if self.match is not None else None)
                       if planted is not None else None),
         )
 
@@ -248,11 +288,15 @@ def dictionary_recovery(true_features: Tensor, W_dec: Tensor, threshold: float =
 
 
 def matching_text(rec: dict[str, Any]) -> str:
-    """A recovery's MCC and, for a hierarchy, its parents' and children's recovery, in words
-    ("" when neither was measured): one text for the trainer's log and `evaluate`'s report."""
+    """A recovery's MCC, its latents as feature detectors and, for a hierarchy, its parents' and
+    children's recovery, in words ("" when none was measured): one text for the trainer's log and
+    `evaluate`'s report."""
     parts = []
     if rec.get("mcc") is not None:
         parts.append(f"MCC {rec['mcc']:.3f}")
+    if rec.get("f1") is not None:
+        parts.append(f"latents as feature detectors: precision {rec['precision']:.3f}, recall {rec['recall']:.3f}, "
+                     f"F1 {rec['f1']:.3f}")
     if rec.get("parents"):
         children = rec.get("children_frac_above_0_8")
         parts.append(f"parents {100 * rec['parents_frac_above_0_9']:.1f}% at cos > 0.9"
@@ -276,7 +320,8 @@ def mean_correlation_coefficient(features: Tensor, W_dec: Tensor) -> float:
     return float(similarity[torch.as_tensor(rows), torch.as_tensor(cols)].mean())
 
 
-def recovery(dictionary: Tensor, frequencies: Tensor, W_dec: Tensor, parents: int | None = None) -> Recovery:
+def recovery(dictionary: Tensor, frequencies: Tensor, W_dec: Tensor, parents: int | None = None,
+             detection: dict[str, float] | None = None) -> Recovery:
     if dictionary.shape[1] != W_dec.shape[1]:
         raise UserError(f"the planted dictionary has width {dictionary.shape[1]} but the SAE's d_in is "
                         f"{W_dec.shape[1]}")
@@ -301,7 +346,7 @@ def recovery(dictionary: Tensor, frequencies: Tensor, W_dec: Tensor, parents: in
                      "children_frac_above_0_8": stats(best[parents:])[2] if count > parents else None}
     return Recovery(features=count, mean_best_cos=m, frac_above_0_9=f9, frac_above_0_8=f8,
                     rare_features=rare_n, rare_mean_best_cos=rm, rare_frac_above_0_9=rf9, rare_frac_above_0_8=rf8,
-                    mcc=mcc, **hierarchy)
+                    mcc=mcc, **hierarchy, **(detection or {}))
 
 
 def _device_of(sae: Evaluable) -> torch.device:
@@ -324,7 +369,8 @@ def evaluate_sae(sae: Evaluable, batches: Iterable[Tensor], planted: Planted | N
     if planted is not None and planted.dictionary.shape[1] != d_in:
         raise UserError(f"the planted dictionary has width {planted.dictionary.shape[1]} but the SAE's "
                         f"d_in is {d_in}")
-    acc = Accumulator(int(sae.d_sae))
+    known = planted is not None and planted.truth is not None and planted.first_row is not None
+    acc = Accumulator(int(sae.d_sae), FiringMatch(sae.W_dec, planted.dictionary) if known else None)
     for x in batches:
         if x.dim() != 2 or x.shape[1] != d_in:
             raise DataError(f"rows of shape {list(x.shape)} cannot be evaluated by an SAE with d_in={d_in}: "
@@ -333,7 +379,8 @@ def evaluate_sae(sae: Evaluable, batches: Iterable[Tensor], planted: Planted | N
             continue
         if not bool(torch.isfinite(x).all()):
             raise DataError("the rows hold NaN or inf values")
+        truth = planted.truth(planted.first_row + acc.rows, x.shape[0]) if known else None
         x = x.to(device=device, dtype=dtype)
         acts = sae.encode(x)
-        acc.add(x, sae.decode(acts), acts)
+        acc.add(x, sae.decode(acts), acts, truth)
     return acc.result(sae.W_dec, planted)

@@ -68,7 +68,7 @@ def planted_from_settings(d_in: int, features: int, active: float, power_law: fl
     if magnitude_sigma:
         settings["magnitude_sigma"] = magnitude_sigma
     return Planted(dictionary=source.dictionary.clone(), frequencies=presence_frequencies(source),
-                   settings=settings)
+                   settings=settings, truth=source.codes)
 
 
 def _check_settings(rows: int, d_in: int, features: int, active: float, power_law: float, noise: float,
@@ -152,7 +152,22 @@ def load_planted(shards_dir: str | os.PathLike) -> Planted | None:
         raise DataError(f"{path} does not hold a dictionary [F, d_in] and its frequencies [F]; regenerate the shards")
     if manifest.get("d_in") is not None and dictionary.shape[1] != manifest["d_in"]:
         raise DataError(f"{path} has width {dictionary.shape[1]} but the shards have d_in={manifest['d_in']}")
-    return Planted(dictionary=dictionary.float(), frequencies=frequencies.float(), settings=dict(settings))
+    return Planted(dictionary=dictionary.float(), frequencies=frequencies.float(), settings=dict(settings),
+                   truth=_truth_of(settings))
+
+
+def _truth_of(settings: dict[str, Any]):
+    """The ground truth of planted shards (rows are stream positions 0..rows-1 of the synthetic
+    source with these settings), or None for shards written before the settings said enough."""
+    try:
+        source = SyntheticSource(d_in=settings["d_in"], n_features=settings["features"], active=settings["active"],
+                                 power_law=settings["power_law"], noise=settings["noise"], seed=settings["seed"],
+                                 rank=0, world_size=1, batch_size=1, children=settings.get("children", 0),
+                                 child_prob=settings.get("child_prob", 0.5),
+                                 magnitude_sigma=settings.get("magnitude_sigma", 0.0))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return source.codes
 
 
 def planted_settings(shards_dir: str | os.PathLike) -> dict[str, Any] | None:

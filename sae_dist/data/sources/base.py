@@ -23,6 +23,7 @@ class UnseenRows:
 
     batches: Iterable[Tensor]  # float32 [at most batch_rows, d_in] on the CPU, read as they are iterated
     where: str  # which rows, in a few words ("the shards' held-out tail (200 rows no batch drew)")
+    first_row: int | None = None  # the synthetic stream's position of the first row (its ground truth)
 
 
 class ActivationSource(Protocol):

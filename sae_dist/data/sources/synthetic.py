@@ -85,7 +85,7 @@ class SyntheticSource:
             return None
         start = self.position  # the stream's rows after the run's last: never trained on
         batches = (self.samples(start + i, min(batch_rows, rows - i)) for i in range(0, rows, batch_rows))
-        return UnseenRows(batches, f"{rows:,} synthetic rows after the run's last sample")
+        return UnseenRows(batches, f"{rows:,} synthetic rows after the run's last sample", first_row=start)
 
     def samples(self, start: int, count: int) -> Tensor:
         """Samples [start, start + count) of the stream."""
@@ -94,7 +94,16 @@ class SyntheticSource:
         offset = start - first * CHUNK
         return chunks[offset:offset + count]
 
-    def _chunk(self, index: int) -> Tensor:
+    def codes(self, start: int, count: int) -> Tensor:
+        """[count, F]: each feature's magnitude in samples [start, start + count) of the stream (0
+        where absent), the ground truth an SAE's latents are judged against."""
+        first, last = start // CHUNK, (start + count - 1) // CHUNK
+        chunks = torch.cat([self._chunk(c, codes=True) for c in range(first, last + 1)])
+        offset = start - first * CHUNK
+        return chunks[offset:offset + count]
+
+    def _chunk(self, index: int, codes: bool = False) -> Tensor:
+        """The chunk's samples, or with `codes` its features' magnitudes (the same draws)."""
         gen = torch.Generator().manual_seed((self.seed * 2**32 + index) % 2**63)
         m = self.max_active
         feats = torch.multinomial(self.probs, CHUNK * m, replacement=True, generator=gen).view(CHUNK, m)
@@ -102,12 +111,17 @@ class SyntheticSource:
         keep = torch.rand(CHUNK, m, generator=gen) < (self.active / m)
         keep[:, 0] = True
         mags = self._magnitudes(gen, (CHUNK, m)) * keep
-        x = F.embedding_bag(feats, self.dictionary, per_sample_weights=mags, mode="sum")
+        slots = [(feats, mags)]
         if self.children:  # (drawn after the flat draws: flat data is the same stream as before)
             child = self.parents + feats * self.children + torch.randint(self.children, (CHUNK, m), generator=gen)
             fires = keep & (torch.rand(CHUNK, m, generator=gen) < self.child_prob)
-            x = x + F.embedding_bag(child, self.dictionary, mode="sum",
-                                    per_sample_weights=self._magnitudes(gen, (CHUNK, m)) * fires)
+            slots.append((child, self._magnitudes(gen, (CHUNK, m)) * fires))
+        if codes:  # a feature drawn in two slots of a row adds up, as in the row itself
+            out = torch.zeros(CHUNK, self.n_features)
+            for index_, weight in slots:
+                out.scatter_add_(1, index_, weight)
+            return out
+        x = sum(F.embedding_bag(i, self.dictionary, per_sample_weights=w, mode="sum") for i, w in slots)
         return x + self.noise * torch.randn(CHUNK, self.d_in, generator=gen)
 
     def _magnitudes(self, gen: torch.Generator, shape: tuple[int, int]) -> Tensor:
