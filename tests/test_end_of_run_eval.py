@@ -59,10 +59,13 @@ def test_a_shard_run_holds_out_the_tail_and_is_evaluated_on_it(tmp_path):
                   "--out-dir", str(tmp_path / "run")))
     stored = json.loads((tmp_path / "run" / "evaluation.json").read_text())
     assert stored["which_rows"] == "the shards' held-out tail (200 rows no batch drew)"  # a tenth of 2,000
+    planted = load_planted(tmp_path / "p")
+    planted.first_row = 1800  # the tail's rows are the planted stream's 1,800..1,999: their ground truth
     expected = evaluate_sae(load_sae(tmp_path / "run" / "sae"), [heldout_rows(tmp_path / "p", 200)],
-                            load_planted(tmp_path / "p")).to_dict()
+                            planted).to_dict()
     assert stored["fvu"] == pytest.approx(expected["fvu"], rel=1e-5)
     assert stored["recovery"]["features"] == 32
+    assert stored["recovery"]["f1"] == pytest.approx(expected["recovery"]["f1"], rel=1e-5)
     assert stored["model_check"] is None  # planted shards: no model to splice into
 
 

@@ -43,7 +43,7 @@ def end_of_run_evaluations(cfg, ctx: D.DistContext, source: ActivationSource, me
         return {}
     leading = any(ctx.rank == m.leader for m in live)
     planted = planted_for(cfg) if leading else None
-    if planted is not None and cfg.source == "synthetic":
+    if planted is not None:
         planted.first_row = first_row  # the rows' ground truth: latents judged as feature detectors
     check = shared_model_check(cfg) if leading else None
     mine = {m.name: evaluate_trained(m.cfg, m.sae, _site(rows, m.site).split(batch_rows_for(m.sae.d_sae)), planted,

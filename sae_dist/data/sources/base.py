@@ -23,7 +23,9 @@ class UnseenRows:
 
     batches: Iterable[Tensor]  # float32 [at most batch_rows, d_in] on the CPU, read as they are iterated
     where: str  # which rows, in a few words ("the shards' held-out tail (200 rows no batch drew)")
-    first_row: int | None = None  # the synthetic stream's position of the first row (its ground truth)
+    # The first row's place in the data (the synthetic stream's position, or a shard set's row): with
+    # planted data, where its ground truth is.
+    first_row: int | None = None
 
 
 class ActivationSource(Protocol):

@@ -300,8 +300,11 @@ class ShardStream:
         n = self.holdout_rows
         if not ctx.is_main or n == 0:
             return None
+        # The tail's first row, by its place in the files: planted shards are the synthetic stream's
+        # rows 0..total-1 in that order, so the evaluation finds their ground truth there.
         return UnseenRows(tail_batches(self.dataset, n, batch_rows),
-                          f"the shards' held-out tail ({n:,} rows no batch drew)")
+                          f"the shards' held-out tail ({n:,} rows no batch drew)",
+                          first_row=self.dataset.total_rows - n)
 
     def _gather(self, indices: Tensor, out: Tensor) -> None:
         files, counts = torch.unique_consecutive(torch.searchsorted(self._ends, indices, right=True),
