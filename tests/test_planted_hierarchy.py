@@ -130,3 +130,19 @@ def test_mcc_is_saelens_own_within_1e_4(tmp_path_factory):
     match = FiringMatch(t["decoder_wide"], t["truth"])
     match.add(t["latents"], t["codes"])
     assert match.result() == pytest.approx(theirs["classification"], abs=1e-4)
+
+
+def test_absorption_says_which_parents_lost_their_latent_and_what_the_children_carry():
+    """Parent 0 has no latent of its own: its two children's latents carry it (cosine about 0.71
+    each, the directions being nearly orthogonal in 256 dimensions); parent 1 and its children
+    keep their own latents (about 0)."""
+    planted = planted_from_settings(256, 6, 2.0, 0.5, 0.0, 4, children=2)  # parents 0, 1; children 2-3, 4-5
+    d = planted.dictionary
+    stranger = torch.randn(256, generator=torch.Generator().manual_seed(9))
+    decoder = torch.stack([stranger, d[1], d[2] + d[0], d[3] + d[0], d[4], d[5]])
+    found = recovery(d, planted.frequencies, decoder, parents=2).to_dict()
+    assert found["absorbed_parents"] == 0.5
+    assert found["parent_in_children"] == pytest.approx((2 * 0.5**0.5) / 4, abs=0.05)
+    assert "absorption: children's latents carry their parent at cos 0.3" in matching_text(found)
+    clean = recovery(d, planted.frequencies, d, parents=2).to_dict()
+    assert clean["absorbed_parents"] == 0.0 and clean["parent_in_children"] < 0.15

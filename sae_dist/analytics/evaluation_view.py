@@ -95,6 +95,12 @@ def matching_cards(rec: dict[str, Any]) -> list[list[Card]]:
                         "0.9: a parent absorbed into its children's latents is not."))
         row.append(Card("Children > 0.8", fmt_percent(_get(rec, "children_frac_above_0_8")),
                         "The features that fire only with their parent, with a best cosine over 0.8."))
+        if _get(rec, "parent_in_children") is not None:
+            row.append(Card("Parent in children's latents", fmt_number(_get(rec, "parent_in_children"), 3),
+                            "Absorption: the mean cosine between each child's best-matching latent and its "
+                            f"parent (about 0 when the child's latent is its own); "
+                            f"{fmt_percent(_get(rec, 'absorbed_parents'))} of the parents have no latent "
+                            "of their own."))
     return [row] if row else []
 
 

@@ -68,6 +68,11 @@ class Recovery:
     parents: int | None = None
     parents_frac_above_0_9: float | None = None
     children_frac_above_0_8: float | None = None
+    # Absorption: the parents with no latent of their own (best cosine 0.9 or less), and how much of
+    # its parent the latent that best matches each child carries (mean cosine with the parent's
+    # direction; about 0 when the child's latent is the child's alone).
+    absorbed_parents: float | None = None
+    parent_in_children: float | None = None
     # Each latent as a detector of its best-matching planted feature (by |cosine|) on the rows:
     # the means over latents of precision, recall, F1 and accuracy, as SAELens' synthetic evals.
     precision: float | None = None
@@ -301,6 +306,9 @@ def matching_text(rec: dict[str, Any]) -> str:
         children = rec.get("children_frac_above_0_8")
         parts.append(f"parents {100 * rec['parents_frac_above_0_9']:.1f}% at cos > 0.9"
                      + ("" if children is None else f", children {100 * children:.1f}% at cos > 0.8"))
+        if rec.get("parent_in_children") is not None:
+            parts.append(f"absorption: children's latents carry their parent at cos "
+                         f"{rec['parent_in_children']:.3f}")
     return "; ".join(parts)
 
 
@@ -318,6 +326,28 @@ def mean_correlation_coefficient(features: Tensor, W_dec: Tensor) -> float:
     similarity = (a @ b.T).abs()
     rows, cols = linear_sum_assignment(similarity.numpy(), maximize=True)
     return float(similarity[torch.as_tensor(rows), torch.as_tensor(cols)].mean())
+
+
+@torch.no_grad()
+def absorption(dictionary: Tensor, W_dec: Tensor, parents: int, parents_best: Tensor) -> dict[str, float]:
+    """A hierarchy's absorption (features [0, parents) are parents, then each parent's children
+    in order): the share of parents without a latent of their own, and the mean cosine between
+    each child's best-matching latent and that child's parent."""
+    children = dictionary.shape[0] - parents
+    out = {"absorbed_parents": float((parents_best <= 0.9).double().mean())}
+    if children <= 0:
+        return out
+    per_parent = children // parents
+    decoder = F.normalize(W_dec.detach().double().cpu(), dim=1)
+    truth = F.normalize(dictionary.double().cpu(), dim=1)
+    carried = []
+    for lo in range(parents, dictionary.shape[0], 1024):  # children in chunks: [chunk, d_sae] at a time
+        kids = truth[lo:lo + 1024]
+        latent = (kids @ decoder.T).abs().argmax(dim=1)
+        parent = truth[(torch.arange(lo, lo + kids.shape[0]) - parents) // per_parent]
+        carried.append((decoder[latent] * parent).sum(dim=1).abs())
+    out["parent_in_children"] = float(torch.cat(carried).mean())
+    return out
 
 
 def recovery(dictionary: Tensor, frequencies: Tensor, W_dec: Tensor, parents: int | None = None,
@@ -343,7 +373,8 @@ def recovery(dictionary: Tensor, frequencies: Tensor, W_dec: Tensor, parents: in
     hierarchy = {}
     if parents:
         hierarchy = {"parents": parents, "parents_frac_above_0_9": stats(best[:parents])[1],
-                     "children_frac_above_0_8": stats(best[parents:])[2] if count > parents else None}
+                     "children_frac_above_0_8": stats(best[parents:])[2] if count > parents else None,
+                     **absorption(dictionary, W_dec, parents, best[:parents])}
     return Recovery(features=count, mean_best_cos=m, frac_above_0_9=f9, frac_above_0_8=f8,
                     rare_features=rare_n, rare_mean_best_cos=rm, rare_frac_above_0_9=rf9, rare_frac_above_0_8=rf8,
                     mcc=mcc, **hierarchy, **(detection or {}))
