@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sae_dist.config import BATCH_LEVEL, TOPK_FAMILY
 from sae_dist.format import fmt_bytes
 
 MIB = 2**20
@@ -108,8 +109,8 @@ def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = 
     # largest bucket in flight, bounded by its bucket cap (25 MiB by default).
     ddp_buckets = min(25 * 2**20, n_params * param_bytes) if world_size > 1 else 0
     # The step's temporaries, as (bytes of one, how many): what is alive at the step's peak.
-    batch_level = architecture in ("batchtopk", "matryoshka")
-    if architecture in ("topk", "batchtopk", "matryoshka") and device_type != "cpu":
+    batch_level = architecture in BATCH_LEVEL
+    if architecture in TOPK_FAMILY and device_type != "cpu":
         # A GPU's peak is the larger of the forward's and the backward's (measured on an H200 in
         # bf16, d_in/d_sae 768/24576, 2048/32768, 4096/65536, batch 4096: the estimate came within
         # 2-10% above the allocator's peak): the forward holds the whole batch's pre-activations
@@ -121,7 +122,7 @@ def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = 
         if batch_level:
             temporaries += [(batch_size * 4 * k * act_bytes, 1), (batch_size * 4 * k * 8, 1),
                             (0.1 * batch_size * d_sae * act_bytes, 1)]
-    elif architecture in ("topk", "batchtopk", "matryoshka"):
+    elif architecture in TOPK_FAMILY:
         block = encoder_rows_at_once(batch_size, d_sae, device_type) * d_sae * act_bytes
         temporaries = [(block, 1.5),  # the pre-activations (a block of rows on a CPU), top-k's space
                        (d_in * d_sae * param_bytes, 2)]  # the backward's sparse weight-gradient product

@@ -44,16 +44,14 @@ def stack(charts: Sequence[alt.TopLevelMixin | None], spacing: int = SPACING
     if len(present) <= 1:
         return present[0] if present else None
     # A param named "width" is the shared width signal of a one-column concat's charts.
-    return alt.concat(*present, columns=1, spacing=spacing).resolve_scale(
-        x="independent", y="independent").add_params(
-        alt.param(name="width", expr=CONTAINER_WIDTH)).properties(
-        autosize=alt.AutoSizeParams(type=AUTOSIZE["type"], contains=AUTOSIZE["contains"]))
+    return fit_width(alt.concat(*present, columns=1, spacing=spacing).resolve_scale(
+        x="independent", y="independent").add_params(alt.param(name="width", expr=CONTAINER_WIDTH)))
 
 
 def fit_width(chart: alt.TopLevelMixin) -> alt.TopLevelMixin:
-    """A lone chart that fits the container's width only, its height its own: under Streamlit's
-    default "fit" a legend below the plot is taken out of the plot's height (the L0-FVU chart's
-    320 px plot drew about 100 px tall, a speedup chart's 300 px one 80 px)."""
+    """A chart (or a stack) that fits the container's width only, its height its own: under
+    Streamlit's default "fit" a legend below the plot is taken out of the plot's height (the
+    L0-FVU chart's 320 px plot drew about 100 px tall, a speedup chart's 300 px one 80 px)."""
     return chart.properties(autosize=alt.AutoSizeParams(type=AUTOSIZE["type"], contains=AUTOSIZE["contains"]))
 
 

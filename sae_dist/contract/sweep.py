@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sae_dist.config import TrainConfig, _coerce, build_config, config_fields, field_types
+from sae_dist.config import TOPK_FAMILY, TrainConfig, _coerce, build_config, config_fields, field_types
 from sae_dist.errors import ConfigError
 
 MAX_SAES = 256  # SAEs in one job: past this, a job array of sweeps
@@ -41,7 +41,6 @@ SWEEPABLE = tuple(NAME_PREFIX)
 
 # Settings one architecture never reads (sae_dist/models/sae.py): two points that differ only there
 # train the same SAE.
-TOPK_FAMILY = ("topk", "batchtopk", "matryoshka")
 USED_BY = {
     "k": TOPK_FAMILY, "auxk_coefficient": TOPK_FAMILY, "auxk_k": TOPK_FAMILY,
     "l1_coefficient": ("standard",),

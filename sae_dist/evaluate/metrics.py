@@ -150,9 +150,7 @@ class FiringMatch:
     ClassificationMetricsCalculator): true and false positives and negatives over the rows."""
 
     def __init__(self, W_dec: Tensor, dictionary: Tensor):
-        a = F.normalize(W_dec.detach().double().cpu(), dim=1)
-        b = F.normalize(dictionary.double().cpu(), dim=1)
-        self.best = (a @ b.T).abs().argmax(dim=1)  # [d_sae]
+        self.best = best_abs_matches(W_dec, dictionary)  # [d_sae]
         self.counts = torch.zeros(4, W_dec.shape[0], dtype=torch.float64)  # tp, fp, fn, tn
 
     def add(self, acts: Tensor, truth: Tensor) -> None:
@@ -285,6 +283,15 @@ def best_cosines(dictionary: Tensor, W_dec: Tensor, chunk: int = 8192) -> Tensor
     return best
 
 
+@torch.no_grad()
+def best_abs_matches(queries: Tensor, keys: Tensor, chunk: int = 1024) -> Tensor:
+    """[len(queries)]: the index of each query row's key row of largest |cosine|, `chunk` queries
+    at a time (a [chunk, keys] matrix, never the whole [queries, keys] one)."""
+    q = F.normalize(queries.detach().double().cpu(), dim=1)
+    k = F.normalize(keys.detach().double().cpu(), dim=1)
+    return torch.cat([(q[i:i + chunk] @ k.T).abs().argmax(dim=1) for i in range(0, q.shape[0], chunk)])
+
+
 def dictionary_recovery(true_features: Tensor, W_dec: Tensor, threshold: float = 0.9) -> tuple[float, float]:
     """(mean over true features of the best cosine with a decoder row, fraction above threshold):
     the trainer's recovery figure during a synthetic run."""
@@ -340,13 +347,9 @@ def absorption(dictionary: Tensor, W_dec: Tensor, parents: int, parents_best: Te
     per_parent = children // parents
     decoder = F.normalize(W_dec.detach().double().cpu(), dim=1)
     truth = F.normalize(dictionary.double().cpu(), dim=1)
-    carried = []
-    for lo in range(parents, dictionary.shape[0], 1024):  # children in chunks: [chunk, d_sae] at a time
-        kids = truth[lo:lo + 1024]
-        latent = (kids @ decoder.T).abs().argmax(dim=1)
-        parent = truth[(torch.arange(lo, lo + kids.shape[0]) - parents) // per_parent]
-        carried.append((decoder[latent] * parent).sum(dim=1).abs())
-    out["parent_in_children"] = float(torch.cat(carried).mean())
+    latent = best_abs_matches(truth[parents:], decoder)  # each child's latent
+    parent = truth[torch.arange(children) // per_parent]  # each child's parent
+    out["parent_in_children"] = float((decoder[latent] * parent).sum(dim=1).abs().mean())
     return out
 
 
