@@ -108,8 +108,9 @@ def summary(ev: Evaluation, architecture: str, d_in: int, sae_dir: str | Path, d
                      f"{fmt_percent(r.frac_above_0_9)} above 0.9, {fmt_percent(r.frac_above_0_8)} above 0.8")
         lines.append(f"    rarest tenth ({r.rare_features:,}): mean best cosine {r.rare_mean_best_cos:.4f}, "
                      f"{fmt_percent(r.rare_frac_above_0_9)} above 0.9, {fmt_percent(r.rare_frac_above_0_8)} above 0.8")
-        if matching_text(r.to_dict()):
-            lines.append(f"    {matching_text(r.to_dict())}")
+        matched = matching_text(r.to_dict())
+        if matched:
+            lines.append(f"    {matched}")
     if ev.model_check:
         lines.append(f"  model check: {json.dumps(ev.model_check)}")
     return "\n".join(lines)

@@ -145,9 +145,10 @@ def summary_lines(evaluation: Evaluation, where: str) -> Iterator[str]:
            f"dense {fmt_percent(d['dense_fraction'])}")
     rec = d.get("recovery")
     if rec:
+        matched = matching_text(rec)
         yield (f"planted features recovered: {fmt_percent(rec['frac_above_0_9'])} at cos > 0.9 "
                f"({fmt_percent(rec['rare_frac_above_0_9'])} of the rarest tenth), mean best cosine "
-               f"{rec['mean_best_cos']:.3f}" + (f"; {matching_text(rec)}" if matching_text(rec) else ""))
+               f"{rec['mean_best_cos']:.3f}" + (f"; {matched}" if matched else ""))
     check = d.get("model_check")
     if check and check.get("kind") == "sentence_cosine":
         yield (f"model check: sentence embeddings keep cosine {check['spliced_cosine']:.3f} with the SAE "
