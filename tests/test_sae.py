@@ -474,6 +474,20 @@ def test_init(arch):
     assert names == set(PARAMS) | ({"log_threshold"} if arch == "jumprelu" else set())
 
 
+@pytest.mark.parametrize("seed", [0, 7])
+def test_init_does_not_start_at_the_synthetic_truth_of_the_same_seed(seed):
+    """The synthetic source plants randn(features, d_in) from Generator(seed); an SAE of the same
+    seed once drew its decoder the same way, so its first rows were the planted features and every
+    planted benchmark began at the answer."""
+    from sae_dist.data.sources.synthetic import SyntheticSource
+
+    source = SyntheticSource(d_in=32, n_features=64, active=2, power_law=0.5, noise=0.01, seed=seed,
+                             rank=0, world_size=1, batch_size=8)
+    sae = SparseAutoencoder(32, 128, "topk", k=4, seed=seed)
+    best = (sae.W_dec.detach() @ source.dictionary.t()).abs().max(dim=0).values
+    assert best.max() < 0.9, f"a planted feature is already a decoder row (best |cos| {best.max():.3f})"
+
+
 # ---------------------------------------------------------------- inference encode
 
 

@@ -23,6 +23,8 @@ from torch import Tensor, nn
 from sae_dist.config import BATCH_LEVEL
 from sae_dist.models.sparse_ops import sparse_decode, sparse_encode
 
+INIT_SALT = 0x5AE_D157  # added to the seed of the weights' initialisation (see __init__)
+
 
 @dataclass
 class SaeOutput:
@@ -101,7 +103,9 @@ class SparseAutoencoder(nn.Module):
                 raise ValueError(f"matryoshka widths {widths} must increase to d_sae = {d_sae}")
             self.matryoshka_widths = widths
 
-        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        # Salted: the synthetic source draws its planted dictionary as randn(features, d_in) from
+        # Generator(seed), so an unsalted init of the same seed would start at the truth.
+        gen = torch.Generator().manual_seed((seed + INIT_SALT) % 2**63) if seed is not None else None
         w_dec = torch.randn(d_sae, d_in, generator=gen)
         w_dec /= w_dec.norm(dim=1, keepdim=True)
         # Encoder starts as the decoder's transpose (Gao et al. 2024): each latent reads the
