@@ -19,6 +19,7 @@ from sae_dist.analytics import jobs, train_form
 from sae_dist.config import (
     ARCHITECTURES,
     BALANCES,
+    MATRYOSHKA_SELECTIONS,
     ON_RANK_LOSS,
     PRECISIONS,
     SOURCES,
@@ -53,7 +54,7 @@ FORM_DEFAULTS = {
     "tr_lr": "", "tr_steps": DEFAULT["steps"], "tr_precision": DEFAULT["precision"],
     "tr_checkpoint_every": DEFAULT["checkpoint_every"], "tr_balance": DEFAULT["balance"],
     "tr_rebalance": DEFAULT["rebalance"], "tr_on_rank_loss": DEFAULT["on_rank_loss"],
-    "tr_name": "", "tr_priority": 0, "tr_time": "", "tr_matryoshka_widths": "",
+    "tr_name": "", "tr_priority": 0, "tr_time": "", "tr_matryoshka_widths": "", "tr_matryoshka_selection": "sample",
     "tr_auto": True,  # preselect the recommended devices until the user ticks one
     "tr_sweep": False, "tr_sw_architecture": [], "tr_sw_k": "", "tr_sw_expansion_factor": "", "tr_sw_lr": "",
 }
@@ -244,6 +245,8 @@ def draw_form() -> dict:
             error_slot("matryoshka_widths")
             prefix_widths = st.text_input("Prefix widths", key="tr_matryoshka_widths", placeholder="default",
                                           help=HELP["matryoshka_widths"])
+            selection = st.segmented_control("Latents chosen per", MATRYOSHKA_SELECTIONS, required=True,
+                                             key="tr_matryoshka_selection", help=HELP["matryoshka_selection"])
         error_slot("precision")
         precision = st.segmented_control("Precision", PRECISIONS, key="tr_precision", required=True,
                                          help=HELP["precision"])
@@ -280,6 +283,7 @@ def draw_form() -> dict:
               "expansion_factor": expansion if width_by != "d_sae" else None,
               "k": k if architecture in TOPK_FAMILY else None,
               "matryoshka_widths": prefix_widths if architecture == "matryoshka" else None,
+              "matryoshka_selection": selection if architecture == "matryoshka" else None,
               "l1_coefficient": l1 if architecture == "standard" else None,
               "l0_coefficient": l0 if architecture not in (*TOPK_FAMILY, "standard") else None}
     return {"fields": fields, "sweep_texts": sweep_texts, "swept_architectures": swept_archs,

@@ -30,7 +30,15 @@ SYNTHETIC_D_IN = 512  # width of synthetic activations when d_in is not given
 MAX_STEPS = 10**9  # a billion steps: years on any machine
 ARCHITECTURES = ("topk", "batchtopk", "matryoshka", "standard", "jumprelu")
 TOPK_FAMILY = ("topk", "batchtopk", "matryoshka")  # k active latents per sample (on average), AuxK
-BATCH_LEVEL = ("batchtopk", "matryoshka")  # top-k over the batch; a learned threshold at inference
+MATRYOSHKA_SELECTIONS = ("sample", "batch")  # which latents fire: each sample's top k, or the batch's top k x batch
+
+
+def batch_level(architecture: str, matryoshka_selection: str | None = None) -> bool:
+    """Top-k over the whole batch, with a learned threshold at inference (BatchTopK, and Matryoshka
+    with `batch` selection) rather than each sample's top k."""
+    return architecture == "batchtopk" or (architecture == "matryoshka" and matryoshka_selection == "batch")
+
+
 SOURCES = ("synthetic", "shards", "model")
 SITES = ("resid", "mlp_out", "attn_out")
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -50,8 +58,8 @@ def _f(default: Any, help: str) -> Any:
 class TrainConfig:
     # --- the SAE ---
     architecture: Literal["topk", "batchtopk", "matryoshka", "standard", "jumprelu"] = _f(
-        "topk", "SAE architecture: topk, batchtopk, matryoshka (BatchTopK with nested prefixes of the "
-                "dictionary, each trained to reconstruct alone), standard (ReLU + L1) or jumprelu")
+        "topk", "SAE architecture: topk, batchtopk, matryoshka (nested prefixes of the dictionary, each "
+                "trained to reconstruct alone), standard (ReLU + L1) or jumprelu")
     d_in: int | None = _f(None, "input width; taken from the source (synthetic default 512), checked if given")
     d_sae: int | None = _f(None, "number of latents; default d_in x expansion_factor")
     expansion_factor: int = _f(8, "d_sae = d_in x this, when d_sae is not given")
@@ -59,6 +67,10 @@ class TrainConfig:
     matryoshka_widths: str | None = _f(
         None, "matryoshka: the nested prefixes' widths, increasing, the last d_sae (e.g. 256,1024,4096); "
               "default d_sae/8, d_sae/2, d_sae")
+    matryoshka_selection: str | None = _f(
+        None, "matryoshka: which latents fire, each sample's k largest (sample, as TopK) or the batch's k x batch "
+              "largest (batch, as BatchTopK and the paper); default sample, which trains far better in one pass "
+              "over heavily superposed features (docs/quality.md)")
     l1_coefficient: float = _f(0.05, "L1 sparsity penalty weight (standard)")
     l0_coefficient: float = _f(0.01, "L0 sparsity penalty weight (jumprelu)")
     jumprelu_init_threshold: float = _f(0.001, "initial JumpReLU threshold")
@@ -125,6 +137,8 @@ class TrainConfig:
     db: bool = _f(True, "record the run in the state database (off: files only)")
 
     def __post_init__(self) -> None:
+        if self.architecture == "matryoshka_batchtopk" and self.matryoshka_selection is None:
+            self.matryoshka_selection = "batch"  # SAELens' name says how it selects
         self.architecture = ARCHITECTURE_ALIASES.get(self.architecture, self.architecture)
         self.validate()
 
@@ -178,6 +192,10 @@ class TrainConfig:
             raise ConfigError("matryoshka_widths", f"the last width is the whole dictionary: {widths[-1]:,} given, "
                                                    f"d_sae is {d_sae:,}")
         return widths
+
+    @property
+    def batch_level(self) -> bool:
+        return batch_level(self.architecture, self.matryoshka_selection or "sample")
 
     @property
     def resolved_auxk_k(self) -> int:
@@ -272,6 +290,13 @@ class TrainConfig:
                 raise ConfigError("matryoshka_widths", f"given, but the architecture is {self.architecture}; "
                                                        "add --architecture matryoshka")
             parse_widths(self.matryoshka_widths)
+        if self.matryoshka_selection is not None:
+            if self.architecture != "matryoshka":
+                raise ConfigError("matryoshka_selection", f"given, but the architecture is {self.architecture}; "
+                                                          "add --architecture matryoshka")
+            if self.matryoshka_selection not in MATRYOSHKA_SELECTIONS:
+                raise ConfigError("matryoshka_selection", f"unknown value {self.matryoshka_selection!r}; choose one "
+                                                          f"of {', '.join(MATRYOSHKA_SELECTIONS)}")
 
     def with_d_in(self, d_in: int) -> TrainConfig:
         """The config with d_in from the source; a given d_in that differs is an error."""

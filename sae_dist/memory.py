@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sae_dist.config import BATCH_LEVEL, TOPK_FAMILY
+from sae_dist.config import TOPK_FAMILY
 from sae_dist.format import fmt_bytes
 
 MIB = 2**20
@@ -74,7 +74,7 @@ def encoder_rows_at_once(batch_size: int, d_sae: int, device_type: str) -> int:
 
 def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = "topk", k: int = 32,
                     world_size: int = 1, param_bytes: int = 4, act_bytes: int = 4,
-                    device_type: str = "cuda", levels: int = 1) -> MemoryEstimate:
+                    device_type: str = "cuda", levels: int = 1, batch_level: bool | None = None) -> MemoryEstimate:
     """Peak bytes per device of one training step (fp32 weights, Adam, DDP with bucket views).
 
     Activations count the tensors of width d_sae alive at the peak. TopK / BatchTopK run through
@@ -109,7 +109,7 @@ def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = 
     # largest bucket in flight, bounded by its bucket cap (25 MiB by default).
     ddp_buckets = min(25 * 2**20, n_params * param_bytes) if world_size > 1 else 0
     # The step's temporaries, as (bytes of one, how many): what is alive at the step's peak.
-    batch_level = architecture in BATCH_LEVEL
+    batch_level = architecture == "batchtopk" if batch_level is None else batch_level
     if architecture in TOPK_FAMILY and device_type != "cpu":
         # A GPU's peak is the larger of the forward's and the backward's (measured on an H200 in
         # bf16, d_in/d_sae 768/24576, 2048/32768, 4096/65536, batch 4096: the estimate came within
@@ -151,7 +151,7 @@ def estimate_for_config(cfg, world_size: int, device_type: str | None = None) ->
     act_bytes = 2 if device_type != "cpu" and cfg.precision in ("auto", "bf16") else 4
     levels = len(cfg.resolved_matryoshka_widths) if cfg.architecture == "matryoshka" else 1
     return estimate_memory(cfg.d_in, cfg.resolved_d_sae, cfg.batch_size, cfg.architecture, cfg.k, world_size,
-                           act_bytes=act_bytes, device_type=device_type, levels=levels)
+                           act_bytes=act_bytes, device_type=device_type, levels=levels, batch_level=cfg.batch_level)
 
 
 class PeakMemory:

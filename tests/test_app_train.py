@@ -382,3 +382,7 @@ def test_matryoshka_shows_its_prefix_widths_checked_above_the_field():
     assert at.button(key="tr_submit").disabled
     at.text_input(key="tr_matryoshka_widths").set_value("16,64,256").run()
     assert not field_errors(at) and not at.button(key="tr_submit").disabled
+    selection = at.segmented_control(key="tr_matryoshka_selection")
+    assert selection.value == "sample" and list(selection.options) == ["sample", "batch"]
+    selection.set_value("batch").run()
+    assert not at.exception and not field_errors(at)

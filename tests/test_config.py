@@ -38,6 +38,9 @@ from sae_dist.train.metrics import find_stragglers
     ({"architecture": "matryoshka", "matryoshka_widths": "16;64"}, "matryoshka_widths", "give increasing whole"),
     ({"architecture": "matryoshka", "matryoshka_widths": "0,64"}, "matryoshka_widths", "from 1 up"),
     ({"matryoshka_widths": "16,64"}, "matryoshka_widths", "given, but the architecture is topk"),
+    ({"matryoshka_selection": "batch"}, "matryoshka_selection", "given, but the architecture is topk"),
+    ({"architecture": "matryoshka", "matryoshka_selection": "rows"}, "matryoshka_selection",
+     "unknown value 'rows'; choose one of sample, batch"),
     ({"synthetic_child_prob": 1.5}, "synthetic_child_prob", "must be between 0 and 1, got 1.5"),
     ({"synthetic_child_prob": float("nan")}, "synthetic_child_prob", "must be between 0 and 1"),
     ({"synthetic_children": -1}, "synthetic_children", "non-negative"),
@@ -70,6 +73,10 @@ def test_matryoshka_widths_default_and_given():
     given = build_config({"architecture": "matryoshka_batchtopk", "d_in": 8, "d_sae": 64,
                           "matryoshka_widths": [16, 32, 64]})  # SAELens' name, a TOML list
     assert given.architecture == "matryoshka" and given.resolved_matryoshka_widths == (16, 32, 64)
+    assert given.matryoshka_selection == "batch" and given.batch_level  # SAELens' name says how it selects
+    plain = TrainConfig(architecture="matryoshka")
+    assert plain.matryoshka_selection is None and not plain.batch_level  # each sample's top k by default
+    assert TrainConfig(architecture="batchtopk").batch_level and not TrainConfig().batch_level
 
 
 def test_d_in_from_source_must_agree():

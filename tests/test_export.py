@@ -14,18 +14,25 @@ from sae_dist.errors import UserError
 from sae_dist.models.export import export_saelens, load_feature_density, load_sae
 from sae_dist.models.sae import SparseAutoencoder
 
-ARCHS = ["topk", "standard", "jumprelu", "batchtopk", "matryoshka"]
+# "matryoshka_batch": Matryoshka with batch-level selection (the paper's), exported as a JumpReLU;
+# "matryoshka" selects per sample and is exported as TopK.
+ARCHS = ["topk", "standard", "jumprelu", "batchtopk", "matryoshka", "matryoshka_batch"]
+BATCH_LEVEL = ("batchtopk", "matryoshka_batch")
+THRESHOLDED = ("jumprelu", *BATCH_LEVEL)
 D_IN, D_SAE, K = 16, 64, 4
-SAELENS_CLASS = {"topk": "TopKSAE", "standard": "StandardSAE", "jumprelu": "JumpReLUSAE",
-                 "batchtopk": "JumpReLUSAE", "matryoshka": "JumpReLUSAE"}
+SAELENS_ARCH = {"topk": "topk", "standard": "standard", "jumprelu": "jumprelu", "batchtopk": "jumprelu",
+                "matryoshka": "topk", "matryoshka_batch": "jumprelu"}
+SAELENS_CLASS = {"topk": "TopKSAE", "standard": "StandardSAE", "jumprelu": "JumpReLUSAE"}
 
 
 def trained_sae(arch: str, seed: int = 0, d_in: int = D_IN, d_sae: int = D_SAE, k: int = K) -> SparseAutoencoder:
     """A small SAE after a few real training steps, with nonzero biases and (where any) thresholds."""
     torch.manual_seed(seed)
-    sae = SparseAutoencoder(d_in, d_sae, arch, k=k, seed=seed, l1_coefficient=1e-3, l0_coefficient=1e-3,
-                            auxk_coefficient=1 / 32, jumprelu_bandwidth=0.05,
-                            matryoshka_widths=(d_sae // 4, d_sae // 2, d_sae) if arch == "matryoshka" else None)
+    matryoshka = arch.startswith("matryoshka")
+    sae = SparseAutoencoder(d_in, d_sae, "matryoshka" if matryoshka else arch, k=k, seed=seed, l1_coefficient=1e-3,
+                            l0_coefficient=1e-3, auxk_coefficient=1 / 32, jumprelu_bandwidth=0.05,
+                            matryoshka_widths=(d_sae // 4, d_sae // 2, d_sae) if matryoshka else None,
+                            matryoshka_selection="batch" if arch == "matryoshka_batch" else "sample")
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         sae.W_enc.add_(0.2 * torch.randn(d_in, d_sae, generator=g))
@@ -43,7 +50,7 @@ def trained_sae(arch: str, seed: int = 0, d_in: int = D_IN, d_sae: int = D_SAE, 
         sae.remove_parallel_gradient()
         opt.step()
         sae.normalize_decoder()
-    if arch in ("batchtopk", "matryoshka"):
+    if arch in BATCH_LEVEL:
         with torch.no_grad():
             sae.topk_threshold.fill_(0.15)  # as after many steps of the running mean
     return sae.eval()
@@ -70,17 +77,17 @@ def test_round_trip(arch, tmp_path):
     assert out == tmp_path / "sae"
     loaded = load_sae(out)
 
-    expected_arch = "jumprelu" if arch in ("batchtopk", "matryoshka") else arch
+    expected_arch = SAELENS_ARCH[arch]
     assert loaded.architecture == expected_arch
     assert (loaded.d_in, loaded.d_sae) == (D_IN, D_SAE)
     assert not loaded.training
     for n in ("W_enc", "b_enc", "W_dec", "b_dec"):
         assert torch.equal(getattr(loaded, n), getattr(sae, n)), n
-    if arch == "topk":
+    if expected_arch == "topk":
         assert loaded.k == K
-    if arch in ("jumprelu", "batchtopk", "matryoshka"):
+    if arch in THRESHOLDED:
         assert_close(loaded.threshold, sae.threshold.detach(), tol=1e-6)
-    if arch in ("batchtopk", "matryoshka"):
+    if arch in BATCH_LEVEL:
         assert torch.allclose(loaded.threshold, torch.full((D_SAE,), 0.15))
 
     for x in (inputs(), inputs(6, (3, 7, D_IN))):
@@ -92,8 +99,7 @@ def test_round_trip(arch, tmp_path):
 
     # weights file: SAELens names, fp32, contiguous shapes
     w = load_file(str(out / "sae_weights.safetensors"))
-    names = {"W_enc", "b_enc", "W_dec", "b_dec"} | ({"threshold"} if arch in ("jumprelu", "batchtopk", "matryoshka")
-                                                    else set())
+    names = {"W_enc", "b_enc", "W_dec", "b_dec"} | ({"threshold"} if arch in THRESHOLDED else set())
     assert set(w) == names
     assert all(t.dtype == torch.float32 for t in w.values())
     assert w["W_enc"].shape == (D_IN, D_SAE) and w["W_dec"].shape == (D_SAE, D_IN)
@@ -113,14 +119,15 @@ def test_round_trip(arch, tmp_path):
     assert (cfg["d_in"], cfg["d_sae"], cfg["dtype"]) == (D_IN, D_SAE, "float32")
     assert cfg["apply_b_dec_to_input"] is True and cfg["normalize_activations"] == "none"
     assert cfg["metadata"]["sae_lens_version"].startswith("6.")
-    assert cfg["metadata"]["trained_architecture"] == arch
+    assert cfg["metadata"]["trained_architecture"] == sae.architecture
     assert cfg["metadata"]["run_name"] == "r1"
-    if arch == "topk":
+    if expected_arch == "topk":
         assert cfg["k"] == K and cfg["rescale_acts_by_decoder_norm"] is False
     else:
         assert "k" not in cfg
-    if arch == "matryoshka":  # what SAELens' JumpReLU ignores, kept for whoever reads the folder
+    if arch.startswith("matryoshka"):  # what SAELens' inference ignores, kept for whoever reads the folder
         assert cfg["metadata"]["matryoshka_widths"] == [D_SAE // 4, D_SAE // 2, D_SAE]
+        assert cfg["metadata"]["matryoshka_selection"] == ("batch" if arch in BATCH_LEVEL else "sample")
 
 
 def test_default_density_and_overwrite(tmp_path):
@@ -312,7 +319,7 @@ def saelens_run(tmp_path_factory):
 @pytest.mark.parametrize("name", ARCHS + ["topk_rescaled", "jumprelu_no_bdec_in"])
 def test_saelens_loads_our_export(saelens_run, name):
     root, x, outs, classes = saelens_run
-    expected_class = SAELENS_CLASS.get(name, "TopKSAE" if name.startswith("topk") else "JumpReLUSAE")
+    expected_class = SAELENS_CLASS[SAELENS_ARCH.get(name, "topk" if name.startswith("topk") else "jumprelu")]
     assert classes[name] == expected_class
     ours = load_sae(root / name)
     with torch.no_grad():

@@ -37,9 +37,12 @@ def assert_rel_close(actual: torch.Tensor, expected: torch.Tensor, tol: float = 
 
 def make_sae(arch: str, d_in: int, d_sae: int, k: int = 4, seed: int = 0, **kw) -> SparseAutoencoder:
     """An SAE that looks trained: encoder no longer the decoder transpose, nonzero biases. A
-    Matryoshka one has prefixes of a quarter and a half of the dictionary unless told."""
-    if arch == "matryoshka":
+    Matryoshka one has prefixes of a quarter and a half of the dictionary unless told;
+    "matryoshka_batch" is Matryoshka with batch-level selection."""
+    if arch.startswith("matryoshka"):
         kw.setdefault("matryoshka_widths", tuple(sorted({max(1, d_sae // 4), max(2, d_sae // 2), d_sae})))
+        kw.setdefault("matryoshka_selection", "batch" if arch == "matryoshka_batch" else "sample")
+        arch = "matryoshka"
     sae = SparseAutoencoder(d_in, d_sae, arch, k=k, seed=seed, **kw)
     g = torch.Generator().manual_seed(seed + 1000)
     with torch.no_grad():
@@ -90,7 +93,7 @@ def dense_auxk(p, pre, x, x_hat, dead: torch.Tensor, auxk_k: int) -> torch.Tenso
 def dense_forward(sae: SparseAutoencoder, x: torch.Tensor, dead: torch.Tensor | None):
     p = leaf_params(sae)
     pre = dense_pre(p, x)
-    acts = dense_topk_acts(pre, sae.k) if sae.architecture == "topk" else dense_batchtopk_acts(pre, sae.k)
+    acts = dense_batchtopk_acts(pre, sae.k) if sae.batch_level else dense_topk_acts(pre, sae.k)
     x_hat = acts @ p["W_dec"] + p["b_dec"]
     mse = (x_hat - x).pow(2).sum(-1).mean()
     aux = dense_auxk(p, pre, x, x_hat, dead, sae.auxk_k) if dead is not None and dead.any() else pre.new_zeros(())
@@ -114,7 +117,7 @@ def dead_mask_for(d_sae: int, n_dead: int, seed: int = 3) -> torch.Tensor:
 # ---------------------------------------------------------------- TopK / BatchTopK vs dense
 
 
-@pytest.mark.parametrize("arch", ["topk", "batchtopk", "matryoshka"])
+@pytest.mark.parametrize("arch", ["topk", "batchtopk", "matryoshka", "matryoshka_batch"])
 @pytest.mark.parametrize("batch,d_in,d_sae,k", SHAPES)
 @pytest.mark.parametrize("n_dead", [None, 0, 3, "many"])
 @pytest.mark.parametrize("top_k", ["kernel", "torch.topk"])
@@ -151,7 +154,7 @@ def test_sparse_forward_matches_dense(arch, batch, d_in, d_sae, k, n_dead, top_k
         assert (active.sum(-1) <= k).all()
 
 
-@pytest.mark.parametrize("arch", ["topk", "batchtopk", "matryoshka"])
+@pytest.mark.parametrize("arch", ["topk", "batchtopk", "matryoshka", "matryoshka_batch"])
 def test_sparse_path_gives_the_input_gradient_too(arch):
     """The fast path skips the batch x d_in input gradient unless x asks for one; then it is exact."""
     sae = make_sae(arch, 24, 96, k=6, seed=5, auxk_coefficient=1 / 32, auxk_k=8)
@@ -505,7 +508,7 @@ def test_topk_encode_matches_training_path(batch, d_in, d_sae, k):
     assert_rel_close(sae.decode(enc), out.x_hat, what="decode(encode(x)) vs training x_hat")
 
 
-@pytest.mark.parametrize("arch", ["topk", "batchtopk", "matryoshka", "standard", "jumprelu"])
+@pytest.mark.parametrize("arch", ["topk", "batchtopk", "matryoshka", "matryoshka_batch", "standard", "jumprelu"])
 def test_encode_accepts_leading_dims(arch):
     sae = make_sae(arch, 8, 32, k=3, seed=1)
     x = torch.randn(2, 5, 8)

@@ -221,6 +221,8 @@ def form_config(fields: dict[str, Any], sweep_texts: dict[str, str] | None,
     widths_text = (fields.get("matryoshka_widths") or "").strip()
     if fields["architecture"] == "matryoshka" and widths_text:  # blank: the default widths
         values["matryoshka_widths"] = widths_text
+    if fields["architecture"] == "matryoshka" and fields.get("matryoshka_selection"):
+        values["matryoshka_selection"] = fields["matryoshka_selection"]
     lr_text = fields.get("lr_text", "").strip()
     if lr_text:
         try:

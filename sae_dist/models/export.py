@@ -25,9 +25,12 @@ SPARSITY = "sparsity.safetensors"
 SAELENS_FORMAT_VERSION = "6.0.0"
 
 
-def saelens_architecture(architecture: str) -> str:
-    return {"topk": "topk", "standard": "standard", "jumprelu": "jumprelu", "batchtopk": "jumprelu",
-            "matryoshka": "jumprelu"}[architecture]
+def saelens_architecture(sae: SparseAutoencoder) -> str:
+    """How SAELens runs it at inference: batch-level top-k as a JumpReLU with the learned threshold,
+    per-sample top-k as TopK."""
+    if sae.architecture in ("standard", "jumprelu"):
+        return sae.architecture
+    return "jumprelu" if sae.batch_level else "topk"
 
 
 def export_saelens(sae: SparseAutoencoder, out_dir: Path, feature_density: torch.Tensor | None = None,
@@ -36,7 +39,7 @@ def export_saelens(sae: SparseAutoencoder, out_dir: Path, feature_density: torch
     out.mkdir(parents=True, exist_ok=True)
     weights = {k: v.float().contiguous().cpu() for k, v in sae.inference_state_dict().items()}
     cfg: dict[str, Any] = {
-        "architecture": saelens_architecture(sae.architecture),
+        "architecture": saelens_architecture(sae),
         "d_in": sae.d_in,
         "d_sae": sae.d_sae,
         "dtype": "float32",
@@ -54,7 +57,8 @@ def export_saelens(sae: SparseAutoencoder, out_dir: Path, feature_density: torch
     }
     if sae.architecture == "matryoshka":
         cfg["metadata"]["matryoshka_widths"] = list(sae.matryoshka_widths)
-    if sae.architecture == "topk":
+        cfg["metadata"]["matryoshka_selection"] = "batch" if sae.batch_level else "sample"
+    if cfg["architecture"] == "topk":
         cfg["k"] = sae.k
         cfg["rescale_acts_by_decoder_norm"] = False
     save_file(weights, str(out / WEIGHTS))

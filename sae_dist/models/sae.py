@@ -1,11 +1,14 @@
 """The sparse autoencoder: TopK, BatchTopK, Matryoshka BatchTopK, standard (ReLU + L1) and JumpReLU
 in one module.
 
-Matryoshka (Bussmann, Nabeshima, Karvonen and Nanda, ICML 2025) is BatchTopK whose loss adds, for
-each nested prefix of the dictionary (`matryoshka_widths`, the last the whole of it), the
+Matryoshka (Bussmann, Nabeshima, Karvonen and Nanda, ICML 2025) is a TopK-family SAE whose loss
+adds, for each nested prefix of the dictionary (`matryoshka_widths`, the last the whole of it), the
 squared error of that prefix's latents reconstructing the input alone, with equal weights, as
 SAELens' MatryoshkaBatchTopK does: a prefix must stand on its own, so general features go early
-and are not absorbed into their children's latents.
+and are not absorbed into their children's latents. Its latents are chosen per sample as TopK's
+(`matryoshka_selection="sample"`, the default) or over the batch as BatchTopK's, as the paper does
+(`"batch"`): in one pass over heavily superposed planted features, batch selection gives the
+samples with the largest norms most of the batch's budget and trains far worse (docs/quality.md).
 
 Weights follow SAELens' layout (W_enc [d_in, d_sae], W_dec [d_sae, d_in]) so export is a copy.
 Decoder rows are kept at unit norm (`normalize_decoder`) and the part of their gradient that
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from sae_dist.config import BATCH_LEVEL
+from sae_dist.config import TOPK_FAMILY, batch_level
 from sae_dist.models.sparse_ops import sparse_decode, sparse_encode
 
 INIT_SALT = 0x5AE_D157  # added to the seed of the weights' initialisation (see __init__)
@@ -88,6 +91,7 @@ class SparseAutoencoder(nn.Module):
         jumprelu_init_threshold: float = 0.001,
         jumprelu_bandwidth: float = 0.001,
         matryoshka_widths: tuple[int, ...] | None = None,
+        matryoshka_selection: str = "sample",
         seed: int | None = None,
         device: torch.device | str | None = None,
     ):
@@ -97,6 +101,7 @@ class SparseAutoencoder(nn.Module):
         self.auxk_coefficient = auxk_coefficient
         self.auxk_k = auxk_k if auxk_k is not None else max(1, d_in // 2)
         self.bandwidth = jumprelu_bandwidth
+        self.batch_level = batch_level(architecture, matryoshka_selection)
         if architecture == "matryoshka":
             widths = tuple(matryoshka_widths or (d_sae,))
             if widths[-1] != d_sae or any(b <= a for a, b in zip(widths, widths[1:])) or widths[0] < 1:
@@ -117,7 +122,7 @@ class SparseAutoencoder(nn.Module):
         if architecture == "jumprelu":
             self.log_threshold = nn.Parameter(
                 torch.full((d_sae,), math.log(jumprelu_init_threshold), device=device))
-        if architecture in BATCH_LEVEL:
+        if self.batch_level:
             # Inference threshold: running mean of the smallest kept activation (SAELens' rule);
             # exported as a JumpReLU threshold, since batch-level top-k needs a batch.
             self.register_buffer("topk_threshold", torch.zeros((), device=device))
@@ -130,14 +135,14 @@ class SparseAutoencoder(nn.Module):
     def threshold(self) -> Tensor:
         if self.architecture == "jumprelu":
             return self.log_threshold.exp()
-        if self.architecture in BATCH_LEVEL:
+        if self.batch_level:
             return self.topk_threshold.expand(self.d_sae)
         raise AttributeError(f"{self.architecture} has no threshold")
 
     def encode(self, x: Tensor) -> Tensor:
-        """Dense latent activations for inference (BatchTopK uses its learned threshold)."""
+        """Dense latent activations for inference (batch-level top-k uses its learned threshold)."""
         pre = self.pre_acts(x)
-        if self.architecture == "topk":
+        if self.architecture in TOPK_FAMILY and not self.batch_level:
             vals, idx = pre.topk(self.k, dim=-1, sorted=False)
             return torch.zeros_like(pre).scatter_(-1, idx, vals.relu())
         if self.architecture == "standard":
@@ -149,7 +154,7 @@ class SparseAutoencoder(nn.Module):
 
     # ---- training forward ----
     def forward(self, x: Tensor, dead_mask: Tensor | None = None) -> SaeOutput:
-        if self.architecture in ("topk", *BATCH_LEVEL):
+        if self.architecture in TOPK_FAMILY:
             return self._forward_sparse(x, dead_mask)
         pre = self.pre_acts(x)
         if self.architecture == "standard":
@@ -172,11 +177,11 @@ class SparseAutoencoder(nn.Module):
         """TopK / BatchTopK through sparse_ops: one dense product, everything else on the k latents."""
         num_dead = int(dead_mask.sum()) if dead_mask is not None and self.auxk_coefficient > 0 else 0
         enc = sparse_encode(x, self.b_dec, self.W_enc, self.b_enc, self.k,
-                            batch_level=self.architecture in BATCH_LEVEL,
+                            batch_level=self.batch_level,
                             dead_mask=dead_mask if num_dead else None, k_aux=min(self.auxk_k, num_dead))
         x_hat = sparse_decode(enc.acts, self.W_dec, enc.pattern) + self.b_dec
         active = (enc.acts > 0).to(enc.acts.dtype)
-        if self.architecture in BATCH_LEVEL and self.training:
+        if self.batch_level and self.training:
             self._update_threshold(enc.acts.detach())
         mse = (x_hat - x).pow(2).sum(-1).mean()
         prefix_mse = self._prefix_mse(x, enc) if self.architecture == "matryoshka" else x_hat.new_zeros(())
@@ -227,8 +232,8 @@ class SparseAutoencoder(nn.Module):
         g -= parallel * self.W_dec
 
     def inference_state_dict(self) -> dict[str, Tensor]:
-        """Weights in SAELens' names; BatchTopK and JumpReLU carry a per-latent `threshold`."""
+        """Weights in SAELens' names; batch-level top-k and JumpReLU carry a per-latent `threshold`."""
         out = {name: getattr(self, name).detach() for name in ("W_enc", "b_enc", "W_dec", "b_dec")}
-        if self.architecture in ("jumprelu", *BATCH_LEVEL):
+        if self.architecture == "jumprelu" or self.batch_level:
             out["threshold"] = self.threshold.detach().clone()
         return out

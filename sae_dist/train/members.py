@@ -105,7 +105,8 @@ def build_sae(cfg: TrainConfig, device) -> SparseAutoencoder:
         l0_coefficient=cfg.l0_coefficient, auxk_coefficient=cfg.auxk_coefficient,
         auxk_k=cfg.resolved_auxk_k, jumprelu_init_threshold=cfg.jumprelu_init_threshold,
         jumprelu_bandwidth=cfg.jumprelu_bandwidth, seed=cfg.seed, device=device,
-        matryoshka_widths=cfg.resolved_matryoshka_widths if cfg.architecture == "matryoshka" else None)
+        matryoshka_widths=cfg.resolved_matryoshka_widths if cfg.architecture == "matryoshka" else None,
+        matryoshka_selection="batch" if cfg.batch_level else "sample")
 
 
 def group_plan(stream: BatchPlan, ranks: tuple[int, ...]) -> BatchPlan:
