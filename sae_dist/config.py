@@ -40,7 +40,7 @@ def batch_level(architecture: str, matryoshka_selection: str | None = None) -> b
 
 
 SOURCES = ("synthetic", "shards", "model")
-SITES = ("resid", "mlp_out", "attn_out")
+SITES = ("resid", "mlp_out", "attn_out", "mlp_in")
 PRECISIONS = ("auto", "fp32", "bf16")
 COMPRESSIONS = ("none", "bf16", "fp16")
 BALANCES = ("equal", "memory", "speed")
@@ -87,8 +87,14 @@ class TrainConfig:
     shards_path: str | None = _f(None, "directory of safetensors activation shards (source = shards)")
     model_path: str | None = _f(None, "a transformers model on disk, never downloaded (source = model)")
     model_layer: int = _f(0, "the model's block whose activations are trained on, from 0 (source = model)")
-    model_site: Literal["resid", "mlp_out", "attn_out"] = _f(
-        "resid", "resid (the block's output), mlp_out or attn_out (source = model)")
+    model_site: Literal["resid", "mlp_out", "attn_out", "mlp_in"] = _f(
+        "resid", "resid (the block's output), mlp_out, attn_out or mlp_in (the MLP's input) (source = model)")
+    transcode: str | None = _f(
+        None, "train a transcoder, predicting one site from another: IN:OUT at model_layer, such as mlp_in:mlp_out "
+              "(source = model), or the pair that paired shards hold (source = shards: harvest --transcode, "
+              "pair-shards)")
+    skip: bool = _f(False, "a skip transcoder: a linear path from the input to the output beside the latents "
+                           "(with transcode)")
     text_path: str | None = _f(None, "a text file or directory the model reads (source = model)")
     context_length: int = _f(128, "tokens per model context, special tokens included (source = model)")
     synthetic_features: int = _f(4096, "planted dictionary size (synthetic)")
@@ -194,6 +200,11 @@ class TrainConfig:
         return widths
 
     @property
+    def transcode_sites(self) -> tuple[str, str] | None:
+        """(input site, output site) of a transcoder; None for an SAE."""
+        return parse_transcode(self.transcode, model_sites=False) if self.transcode else None
+
+    @property
     def batch_level(self) -> bool:
         return batch_level(self.architecture, self.matryoshka_selection or "sample")
 
@@ -252,6 +263,7 @@ class TrainConfig:
         if self.steps > MAX_STEPS:
             raise ConfigError("steps", f"{self.steps:,} is more than {MAX_STEPS:,}, the most a run may take")
         self._validate_hierarchy_and_prefixes()
+        self._validate_transcoder()
         if self.lr_decay_fraction is not None and not 0.0 <= self.lr_decay_fraction <= 1.0:
             raise ConfigError("lr_decay_fraction", f"must be between 0 and 1, got {self.lr_decay_fraction}")
         if self.source == "shards" and not self.shards_path:
@@ -298,6 +310,20 @@ class TrainConfig:
                 raise ConfigError("matryoshka_selection", f"unknown value {self.matryoshka_selection!r}; choose one "
                                                           f"of {', '.join(MATRYOSHKA_SELECTIONS)}")
 
+    def _validate_transcoder(self) -> None:
+        if self.skip and not self.transcode:
+            raise ConfigError("skip", "a skip path belongs to a transcoder: add --transcode IN:OUT "
+                                      "(e.g. mlp_in:mlp_out)")
+        if self.transcode is None:
+            return
+        if self.source == "synthetic":
+            raise ConfigError("transcode", "needs the model source (--source model) or paired shards (--source shards)")
+        parse_transcode(self.transcode, model_sites=self.source == "model")
+        if self.architecture in TOPK_FAMILY and not self.batch_level:
+            raise ConfigError("transcode", f"a {self.architecture} transcoder (each sample's top k) has no SAELens "
+                                           "class to load it; use --architecture batchtopk (exported as SAELens' "
+                                           "JumpReLU transcoder), jumprelu or standard")
+
     def with_d_in(self, d_in: int) -> TrainConfig:
         """The config with d_in from the source; a given d_in that differs is an error."""
         if self.d_in is not None and self.d_in != d_in:
@@ -316,6 +342,19 @@ def config_fields() -> list[dataclasses.Field]:
 
 def field_types() -> dict[str, Any]:
     return typing.get_type_hints(TrainConfig)
+
+
+def parse_transcode(text: str, model_sites: bool = True) -> tuple[str, str]:
+    """'mlp_in:mlp_out' -> ('mlp_in', 'mlp_out'): two different names, each a site the model
+    source reads (`model_sites`; paired shards may name theirs freely), or ConfigError."""
+    sites = [s.strip() for s in str(text).split(":")]
+    if len(sites) != 2 or not all(sites) or sites[0] == sites[1]:
+        raise ConfigError("transcode", f"{text!r}: give two different sites as IN:OUT, e.g. mlp_in:mlp_out")
+    unknown = [s for s in sites if s not in SITES]
+    if model_sites and unknown:
+        raise ConfigError("transcode", f"site {unknown[0]!r} is not one a model is read at; choose from "
+                                       f"{', '.join(SITES)}")
+    return sites[0], sites[1]
 
 
 def parse_widths(text: str) -> tuple[int, ...]:

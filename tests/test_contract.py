@@ -45,7 +45,7 @@ SHARDS = TrainConfig(source="shards", shards_path="-shards dir/x", lr=0.1, archi
                      matryoshka_widths="256,1024,4096", matryoshka_selection="batch", ddp_compress="fp16",
                      balance="memory", name="--looks-like-a-flag")
 MODEL = TrainConfig(source="model", model_path="--model", text_path="-text.txt", model_site="attn_out",
-                    precision="fp32", lr=1 / 3, architecture="standard")
+                    precision="fp32", lr=1 / 3, architecture="standard", transcode="mlp_in:mlp_out", skip=True)
 CONFIGS = [TrainConfig(), SYNTHETIC_EVERYTHING, SHARDS, MODEL,
            TrainConfig(resume=True, out_dir="/r", db=True, rebalance=True)]  # booleans at their defaults
 

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from sae_dist.config import SYNTHETIC_D_IN, TrainConfig
+from sae_dist.config import SITES, SYNTHETIC_D_IN, TrainConfig, parse_transcode
 from sae_dist.contract import (
     FORKED_RANK_ENV,
     OUR_LAUNCHER_ENV,
@@ -31,6 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_train_parsers(sub)
     _add_bench_parsers(sub)
     _add_harvest_parser(sub)
+    _add_pair_parser(sub)
     _add_evaluate_parsers(sub)
     return parser
 
@@ -89,8 +90,12 @@ def _add_harvest_parser(sub) -> None:
                     "Run the same command again to continue an interrupted harvest.")
     hv.add_argument("--model", required=True, help="a model directory, or a name in the Hugging Face cache")
     hv.add_argument("--layer", type=int, required=True, help="the block, from 0")
-    hv.add_argument("--site", default="resid", choices=("resid", "mlp_out", "attn_out"),
-                    help="resid: the block's output; mlp_out / attn_out: what its MLP / attention adds")
+    hv.add_argument("--site", default="resid", choices=SITES,
+                    help="resid: the block's output; mlp_out / attn_out: what its MLP / attention adds; "
+                         "mlp_in: what its MLP reads")
+    hv.add_argument("--transcode", metavar="IN:OUT",
+                    help="paired shards for a transcoder: each row the IN site and the OUT site side by side "
+                         "(e.g. mlp_in:mlp_out, at --layer); --site is then unused")
     hv.add_argument("--text", nargs="+", required=True, help="text files or directories of them (.txt, .md, .rst)")
     hv.add_argument("--out", required=True, help="the shard directory to write")
     hv.add_argument("--max-tokens", type=int, help="stop after this many text tokens (default: all the text)")
@@ -148,6 +153,32 @@ def _add_evaluate_parsers(sub) -> None:
                     help="rows per shard file (default 65536)")
 
 
+def _add_pair_parser(sub) -> None:
+    pp = sub.add_parser(
+        "pair-shards", help="join an input shard set and a target shard set into a transcoder's paired shards",
+        description="Write shards whose rows are an input row and its target row side by side, for training "
+                    "a transcoder (--transcode IN:OUT with --source shards). The two sets must hold the same "
+                    "rows in the same order (the same tokens at two sites) and the same width.")
+    pp.add_argument("inputs", metavar="INPUT_DIR", help="the shards the transcoder reads")
+    pp.add_argument("targets", metavar="TARGET_DIR", help="the shards it predicts, row for row")
+    pp.add_argument("--out", required=True, metavar="OUT", help="the paired shard directory to write (new)")
+    pp.add_argument("--names", metavar="IN:OUT",
+                    help="the pair's names, given to --transcode later (default: each set's harvested site)")
+    pp.add_argument("--rows-per-shard", type=int, default=65536, metavar="R", help="rows per shard file")
+
+
+def _pair(ns: argparse.Namespace) -> int:
+    from sae_dist.data.sources.paired import pair_shards
+
+    if ns.rows_per_shard < 1:
+        raise UserError(f"--rows-per-shard {ns.rows_per_shard}: must be positive")
+    names = parse_transcode(ns.names, model_sites=False) if ns.names else None
+    rows, names = pair_shards(ns.inputs, ns.targets, ns.out, names, ns.rows_per_shard)
+    print(f"paired {rows:,} rows in {ns.out}; train a transcoder on them with --source shards --shards-path "
+          f"{ns.out} --transcode {names[0]}:{names[1]}")
+    return 0
+
+
 def _harvest(ns: argparse.Namespace) -> int:
     from sae_dist.data.harvest.run import HarvestSpec, harvest, harvest_worker
     from sae_dist.train.launch import resolve_devices
@@ -160,7 +191,8 @@ def _harvest(ns: argparse.Namespace) -> int:
     kind, count = resolve_devices(ns.devices)  # the trainer's rules: auto, cpu:N, cuda:N
     spec = HarvestSpec(model=ns.model, layer=ns.layer, site=ns.site, texts=ns.text, out=ns.out,
                        max_tokens=ns.max_tokens, context_length=ns.context_length, batch_size=ns.batch_size,
-                       shard_rows=ns.shard_rows, device=kind, dtype=ns.dtype)
+                       shard_rows=ns.shard_rows, device=kind, dtype=ns.dtype,
+                       transcode=parse_transcode(ns.transcode) if ns.transcode else None)
     if ns.worker:
         worker, workers = (int(v) for v in ns.worker.split("/"))
         print(f"worker harvested {harvest_worker(spec, worker, workers)} tokens")
@@ -186,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
             return _bench(ns)
         if ns.command == "harvest":
             return _harvest(ns)
+        if ns.command == "pair-shards":
+            return _pair(ns)
         if ns.command == "evaluate":
             from sae_dist.evaluate.cli import evaluate
 
@@ -294,14 +328,16 @@ def _with_source_d_in(cfg: TrainConfig, model_config=None) -> TrainConfig:
     size (its config only, `model_config` where already read; the layer, site and text checked
     too), or synthetic's."""
     if cfg.source == "shards":
+        from sae_dist.data.sources.paired import input_width
         from sae_dist.data.sources.shards import open_shards
 
-        return cfg.with_d_in(open_shards(cfg.shards_path).d_in)  # raises on a width mismatch
+        # raises on a width mismatch, or shards that do not suit the config (pairs, or one site's rows)
+        return cfg.with_d_in(input_width(open_shards(cfg.shards_path), cfg.transcode_sites))
     if cfg.source == "model":
-        from sae_dist.data.sources.model import check_model_source
+        from sae_dist.data.sources.model import check_model_sites
 
-        return cfg.with_d_in(check_model_source(cfg.model_path, cfg.model_layer, cfg.model_site, cfg.text_path,
-                                                model_config))
+        sites = [(cfg.model_layer, site) for site in (cfg.transcode_sites or (cfg.model_site,))]
+        return cfg.with_d_in(check_model_sites(cfg.model_path, sites, cfg.text_path, model_config))
     return cfg.with_d_in(cfg.d_in or SYNTHETIC_D_IN)
 
 

@@ -61,7 +61,8 @@ def evaluate(ns: argparse.Namespace) -> int:
     if ns.json:
         print(json.dumps(evaluation.to_dict()))
     else:
-        print(summary(evaluation, sae.architecture, sae.d_in, ns.sae_dir, ns.shards))
+        kind = f"{sae.architecture} transcoder" + (" with a skip path" if sae.W_skip is not None else "")
+        print(summary(evaluation, kind if sae.transcoder else sae.architecture, sae.d_in, ns.sae_dir, ns.shards))
         if record is not None:
             print(f"recorded as evaluation {record[0]}" + (f" of run {record[1]}" if record[1] is not None else ""))
     return 0
@@ -87,7 +88,8 @@ def summary(ev: Evaluation, architecture: str, d_in: int, sae_dir: str | Path, d
         f"SAE {sae_dir} ({architecture}, d_in {d_in}, d_sae {ev.d_sae:,}) on the last {ev.rows:,} rows of {data}",
         f"  FVU                {_opt(ev.fvu, '.4f')}   (explained variance {_opt(ev.explained_variance, '.4f')})",
         f"  MSE                {ev.mse:.6g}   (summed over dims, mean over rows)",
-        f"  cosine(x, x_hat)   {ev.cosine:.4f}",
+        f"  cosine(x, x_hat)   {ev.cosine:.4f}" + ("   (x: the target a transcoder predicts)"
+                                                    if "transcoder" in architecture else ""),
         f"  L0                 {ev.l0:.2f} active latents per row",
         f"  dead latents       {fmt_percent(ev.dead_fraction)}   ({dead:,} of {ev.d_sae:,} never fired on these rows)",
         f"  dense latents      {fmt_percent(ev.dense_fraction)}   (firing on more than 10% of the rows)",

@@ -38,6 +38,12 @@ def heldout_batches(shards_dir: str | os.PathLike, rows: int = DEFAULT_ROWS, bat
     _check_rows(rows)
     ds = open_shards(shards_dir)
     if d_in is not None and ds.d_in != d_in:
+        from sae_dist.data.sources.paired import shard_pair
+
+        if shard_pair(ds.manifest) or ds.d_in == 2 * d_in:
+            raise DataError(f"{ds.directory} holds rows of width {ds.d_in}"
+                            f"{' (pairs for a transcoder)' if shard_pair(ds.manifest) else ''}, but the SAE reads "
+                            f"{d_in} wide rows: evaluate an SAE on one site's shards, a transcoder on its pairs")
         raise DataError(f"{ds.directory} holds activations of width {ds.d_in}, but the SAE reads d_in={d_in}: "
                         f"evaluate it on shards of its own activation site")
     return tail_batches(ds, min(rows, ds.total_rows), batch_rows)
@@ -53,7 +59,7 @@ def heldout_rows(shards_dir: str | os.PathLike, rows: int = DEFAULT_ROWS) -> Ten
 
 def evaluate_shards(sae: Evaluable, shards_dir: str | os.PathLike, rows: int = DEFAULT_ROWS) -> Evaluation:
     """`sae` on the last `rows` rows of a shard directory, with its planted dictionary if it has one."""
-    d_in = int(getattr(sae, "d_in", sae.W_dec.shape[1]))
+    d_in = int(getattr(sae, "row_width", getattr(sae, "d_in", sae.W_dec.shape[1])))  # a transcoder's pairs
     # Checks the shards and their width before any row is read.
     batches = heldout_batches(shards_dir, rows, batch_rows_for(int(sae.d_sae)), d_in=d_in)
     planted = load_planted(shards_dir)

@@ -6,7 +6,10 @@ is saved as JumpReLU by both). Encode and decode follow SAELens' inference class
 (`apply_b_dec_to_input`, `rescale_acts_by_decoder_norm`, the JumpReLU mask `pre > threshold`), so
 the reconstruction is the one a SAELens user gets. What would need more than the two files to
 evaluate correctly (an activation normalisation SAELens applies at run time or expects folded in,
-another architecture) is refused with a UserError that says so.
+another architecture) is refused with a UserError that says so. SAELens' transcoders (`transcoder`,
+`skip_transcoder` and their `jumprelu_` kinds: ReLU or JumpReLU latents, no b_dec on the input,
+an output of width d_out, W_skip for the skip path) load too, where d_out equals d_in: their rows
+are then pairs [x | y] (sae_dist.data.sources.paired).
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from sae_dist.errors import UserError
 CFG = "cfg.json"
 WEIGHTS = "sae_weights.safetensors"
 ARCHITECTURES = ("standard", "topk", "jumprelu")
+# SAELens' transcoder kinds: (the latents' architecture, whether there is a skip path)
+TRANSCODERS = {"transcoder": ("standard", False), "skip_transcoder": ("standard", True),
+               "jumprelu_transcoder": ("jumprelu", False), "jumprelu_skip_transcoder": ("jumprelu", True)}
 
 
 @dataclass
@@ -45,6 +51,21 @@ class LoadedSae:
     apply_b_dec_to_input: bool = True
     rescale_acts_by_decoder_norm: bool = False  # topk only
     cfg: dict[str, Any] = field(default_factory=dict)
+    transcoder: bool = False  # rows [x | y]: predicts y from x
+    W_skip: Tensor | None = None  # [d_out, d_in], a skip transcoder's
+
+    @property
+    def row_width(self) -> int:
+        return 2 * self.d_in if self.transcoder else self.d_in
+
+    def split(self, rows: Tensor) -> tuple[Tensor, Tensor]:
+        return (rows[..., :self.d_in], rows[..., self.d_in:]) if self.transcoder else (rows, rows)
+
+    @torch.no_grad()
+    def predict(self, x: Tensor, acts: Tensor) -> Tensor:
+        """A transcoder's output: decode, plus `x @ W_skip.T` for a skip transcoder (SAELens' forward)."""
+        out = self.decode(acts)
+        return out + x.to(out) @ self.W_skip.t() if self.W_skip is not None else out
 
     @property
     def device(self) -> torch.device:
@@ -52,8 +73,9 @@ class LoadedSae:
 
     def to(self, device: str | torch.device) -> LoadedSae:
         moved = {name: getattr(self, name).to(device) for name in ("W_enc", "b_enc", "W_dec", "b_dec")}
-        if self.threshold is not None:
-            moved["threshold"] = self.threshold.to(device)
+        for name in ("threshold", "W_skip"):
+            if getattr(self, name) is not None:
+                moved[name] = getattr(self, name).to(device)
         return LoadedSae(**{**self.__dict__, **moved})
 
     @torch.no_grad()
@@ -105,9 +127,11 @@ def _architecture(path: Path, cfg: dict[str, Any]) -> tuple[str, int | None]:
             raise UserError(f"{path / CFG}: activation_fn {fn!r} is not one sae-dist can evaluate "
                             f"(it evaluates relu, topk and jumprelu SAEs)")
         return "standard", None
+    if arch in TRANSCODERS:
+        return arch, None
     if arch not in ARCHITECTURES:
         raise UserError(f"{path / CFG}: architecture {arch!r} is not one sae-dist can evaluate "
-                        f"(it evaluates {', '.join(ARCHITECTURES)})")
+                        f"(it evaluates {', '.join(ARCHITECTURES + tuple(TRANSCODERS))})")
     if arch == "standard" and cfg.get("activation_fn", "relu") not in ("relu", None):
         raise UserError(f"{path / CFG}: a standard SAE with activation_fn {cfg['activation_fn']!r}; "
                         f"sae-dist evaluates ReLU ones only")
@@ -131,6 +155,8 @@ def load_sae(path: str | Path, device: str | torch.device = "cpu") -> LoadedSae:
         raise UserError(f"{p} is not an SAE folder: it has no {' and no '.join(absent)}")
     cfg = _read_cfg(p)
     arch, k = _architecture(p, cfg)
+    arch, skip = TRANSCODERS.get(arch, (arch, None))
+    transcoder = skip is not None
     norm = cfg.get("normalize_activations", "none")
     if norm not in ("none", None):
         # SAELens applies layer_norm / constant_norm_rescale per row at run time and expects the
@@ -143,6 +169,9 @@ def load_sae(path: str | Path, device: str | torch.device = "cpu") -> LoadedSae:
         raise UserError(f"{p / CFG} lacks an integer d_in or d_sae") from e
     if k is not None and k > d_sae:
         raise UserError(f"{p / CFG}: k={k} is more than d_sae={d_sae}")
+    if transcoder and cfg.get("d_out", d_in) != d_in:
+        raise UserError(f"{p / CFG}: a transcoder from width {d_in} to {cfg.get('d_out')}; sae-dist evaluates "
+                        f"transcoders between sites of one width (d_out = d_in)")
     try:
         weights = load_file(str(p / WEIGHTS))
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
@@ -153,6 +182,8 @@ def load_sae(path: str | Path, device: str | torch.device = "cpu") -> LoadedSae:
     shapes = {"W_enc": (d_in, d_sae), "b_enc": (d_sae,), "W_dec": (d_sae, d_in), "b_dec": (d_in,)}
     if arch == "jumprelu":
         shapes["threshold"] = (d_sae,)
+    if skip:
+        shapes["W_skip"] = (d_in, d_in)
     missing = [n for n in shapes if n not in weights]
     if missing:
         raise UserError(f"{p / WEIGHTS} lacks {', '.join(missing)} (a {arch} SAE needs {', '.join(shapes)})")
@@ -167,7 +198,7 @@ def load_sae(path: str | Path, device: str | torch.device = "cpu") -> LoadedSae:
         raise UserError(f"{p / WEIGHTS} holds NaN or inf weights")
     return LoadedSae(path=p, architecture=arch, d_in=d_in, d_sae=d_sae, W_enc=t["W_enc"], b_enc=t["b_enc"],
                      W_dec=t["W_dec"], b_dec=t["b_dec"], threshold=t.get("threshold"), k=k,
-                     apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)),
+                     apply_b_dec_to_input=not transcoder and bool(cfg.get("apply_b_dec_to_input", True)),
                      rescale_acts_by_decoder_norm=(arch == "topk"
                                                    and bool(cfg.get("rescale_acts_by_decoder_norm", False))),
-                     cfg=cfg)
+                     cfg=cfg, transcoder=transcoder, W_skip=t.get("W_skip"))

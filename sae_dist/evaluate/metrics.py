@@ -393,11 +393,14 @@ def _d_in_of(sae: Evaluable) -> int:
 
 @torch.no_grad()
 def evaluate_sae(sae: Evaluable, batches: Iterable[Tensor], planted: Planted | None = None) -> Evaluation:
-    """Evaluate `sae` on every row of `batches` (each [n, d_in]), one batch in memory at a time.
+    """Evaluate `sae` on every row of `batches` (each [n, d_in]), one batch in memory at a time. A
+    transcoder's rows are [x | y] ([n, 2 d_in]): it is judged on predicting y from x (every metric,
+    FVU included, is then of y).
 
-    Raises DataError for zero rows, rows of another width than the SAE's d_in, or non-finite rows.
+    Raises DataError for zero rows, rows of another width than the SAE's, or non-finite rows.
     """
     d_in = _d_in_of(sae)
+    width = int(getattr(sae, "row_width", d_in))
     device = _device_of(sae)
     dtype = sae.W_dec.dtype if sae.W_dec.dtype.is_floating_point else torch.float32
     if planted is not None and planted.dictionary.shape[1] != d_in:
@@ -406,15 +409,21 @@ def evaluate_sae(sae: Evaluable, batches: Iterable[Tensor], planted: Planted | N
     known = planted is not None and planted.truth is not None and planted.first_row is not None
     acc = Accumulator(int(sae.d_sae), FiringMatch(sae.W_dec, planted.dictionary) if known else None)
     for x in batches:
-        if x.dim() != 2 or x.shape[1] != d_in:
-            raise DataError(f"rows of shape {list(x.shape)} cannot be evaluated by an SAE with d_in={d_in}: "
-                            f"the activations must be [rows, {d_in}]")
+        if x.dim() != 2 or x.shape[1] != width:
+            what = (f"a transcoder with d_in={d_in}: its rows must be pairs [input | target], [rows, {width}]"
+                    if width != d_in else f"an SAE with d_in={d_in}: the activations must be [rows, {d_in}]")
+            raise DataError(f"rows of shape {list(x.shape)} cannot be evaluated by {what}")
         if x.shape[0] == 0:
             continue
         if not bool(torch.isfinite(x).all()):
             raise DataError("the rows hold NaN or inf values")
         truth = planted.truth(planted.first_row + acc.rows, x.shape[0]) if known else None
         x = x.to(device=device, dtype=dtype)
-        acts = sae.encode(x)
-        acc.add(x, sae.decode(acts), acts, truth)
+        if width != d_in:
+            x, target = sae.split(x)
+            acts = sae.encode(x)
+            acc.add(target, sae.predict(x, acts), acts, truth)
+        else:
+            acts = sae.encode(x)
+            acc.add(x, sae.decode(acts), acts, truth)
     return acc.result(sae.W_dec, planted)

@@ -31,7 +31,8 @@ import torch
 from torch import Tensor
 
 from sae_dist.data.harvest.contexts import batch_inputs, framing_from_examples, join_documents, make_contexts
-from sae_dist.data.harvest.sites import site_module_path
+from sae_dist.data.harvest.sites import INPUT_SITES, site_module_path
+from sae_dist.data.sources.paired import shard_pair
 from sae_dist.errors import UserError
 
 ENCODER_TYPES = ("bert", "roberta", "distilbert")  # sentence embeddings; every other model: causal LM
@@ -78,10 +79,17 @@ class ModelCheck:
         device = torch.device(device) if device is not None else _device_of(sae)
         self.model.to(device).eval()
         base = getattr(self.model, "base_model", self.model)  # site paths name modules of the base model
-        manifest = self.manifest
-        site = base.get_submodule(site_module_path(self.config, manifest["site"], int(manifest["layer"])))
+        manifest, layer = self.manifest, int(self.manifest["layer"])
+        # Paired shards (a transcoder's): its output replaces the target site's, computed from what
+        # the input site held in the same forward pass (the input's hook runs first).
+        pair = shard_pair(manifest)
         splice = _Splice(sae)
-        handle = site.register_forward_hook(splice)
+        handles = []
+        if pair:
+            reader = base.get_submodule(site_module_path(self.config, pair[0], layer))
+            handles.append(reader.register_forward_hook(splice.capture_input(pair[0] in INPUT_SITES)))
+        site = base.get_submodule(site_module_path(self.config, pair[1] if pair else manifest["site"], layer))
+        handles.append(site.register_forward_hook(splice))
         forward = _embed if self.kind == "sentence_cosine" else _losses
         try:
             if device not in self._plain:
@@ -89,12 +97,13 @@ class ModelCheck:
                                        _runs(self.model, self.texts, splice, device, forward, "zero"))
             spliced = _runs(self.model, self.texts, splice, device, forward, "sae")
         finally:
-            handle.remove()
+            for handle in handles:
+                handle.remove()
         clean, ablated = self._plain[device]
         result = (_sentence_cosine(clean, spliced, ablated, self.texts) if self.kind == "sentence_cosine"
                   else _ce_loss(clean, spliced, ablated))
         return {"kind": self.kind, **result, "texts": len(self.texts), "texts_from": self.texts_from,
-                "model": manifest["model"], "layer": int(manifest["layer"]), "site": manifest["site"]}
+                "model": manifest["model"], "layer": layer, "site": ":".join(pair) if pair else manifest["site"]}
 
 
 # ---------------------------------------------------------------- the splice
@@ -102,13 +111,21 @@ class ModelCheck:
 
 class _Splice:
     """A forward hook on the site: passes the output through (mode None), or replaces it at the
-    harvested positions by the SAE's reconstruction ("sae") or by zeros ("zero")."""
+    harvested positions by the SAE's reconstruction ("sae") or by zeros ("zero"). A transcoder's
+    output is its prediction from the input site's rows (`capture_input`'s hook)."""
 
     def __init__(self, sae: Any):
         self.sae = sae
         self.mode: str | None = None
         self.keep: Tensor | None = None  # [batch, positions] bool: the harvested positions
         self._dtype = _dtype_of(sae)
+        self.source: Tensor | None = None  # a transcoder's input, this forward pass's
+
+    def capture_input(self, reads_input: bool):
+        def hook(_module, inputs, output):
+            held = inputs[0] if reads_input else output
+            self.source = held[0] if isinstance(held, tuple) else held
+        return hook
 
     def __call__(self, _module, _inputs, output):
         if self.mode is None:
@@ -120,7 +137,11 @@ class _Splice:
         else:
             rows = hidden[self.keep]
             with torch.no_grad():
-                new = self.sae.decode(self.sae.encode(rows.to(self._dtype)))
+                if self.source is not None:  # a transcoder
+                    x = self.source[self.keep].to(self._dtype)
+                    new = self.sae.predict(x, self.sae.encode(x))
+                else:
+                    new = self.sae.decode(self.sae.encode(rows.to(self._dtype)))
             hidden[self.keep] = new.to(device=hidden.device, dtype=hidden.dtype)
         return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 

@@ -27,10 +27,16 @@ SAELENS_FORMAT_VERSION = "6.0.0"
 
 def saelens_architecture(sae: SparseAutoencoder) -> str:
     """How SAELens runs it at inference: batch-level top-k as a JumpReLU with the learned threshold,
-    per-sample top-k as TopK."""
+    per-sample top-k as TopK; a transcoder as SAELens' (skip_)transcoder, ReLU or JumpReLU (SAELens
+    has no TopK transcoder: the config refuses one)."""
     if sae.architecture in ("standard", "jumprelu"):
-        return sae.architecture
-    return "jumprelu" if sae.batch_level else "topk"
+        base = sae.architecture
+    else:
+        base = "jumprelu" if sae.batch_level else "topk"
+    if not sae.transcoder:
+        return base
+    kind = "skip_transcoder" if sae.skip else "transcoder"
+    return {"standard": kind, "jumprelu": f"jumprelu_{kind}"}[base]
 
 
 def export_saelens(sae: SparseAutoencoder, out_dir: Path, feature_density: torch.Tensor | None = None,
@@ -44,7 +50,7 @@ def export_saelens(sae: SparseAutoencoder, out_dir: Path, feature_density: torch
         "d_sae": sae.d_sae,
         "dtype": "float32",
         "device": "cpu",
-        "apply_b_dec_to_input": True,
+        "apply_b_dec_to_input": not sae.transcoder,  # a transcoder's input offset is folded into b_enc
         "normalize_activations": "none",
         "reshape_activations": "none",
         "metadata": {
@@ -58,6 +64,8 @@ def export_saelens(sae: SparseAutoencoder, out_dir: Path, feature_density: torch
     if sae.architecture == "matryoshka":
         cfg["metadata"]["matryoshka_widths"] = list(sae.matryoshka_widths)
         cfg["metadata"]["matryoshka_selection"] = "batch" if sae.batch_level else "sample"
+    if sae.transcoder:
+        cfg["d_out"] = sae.d_in
     if cfg["architecture"] == "topk":
         cfg["k"] = sae.k
         cfg["rescale_acts_by_decoder_norm"] = False
@@ -75,9 +83,14 @@ def load_sae(path: str | Path, device: str | torch.device = "cpu") -> SparseAuto
     from sae_dist.evaluate.load import load_sae as read_sae_folder
 
     read = read_sae_folder(path, device)
-    sae = SparseAutoencoder(read.d_in, read.d_sae, read.architecture, k=read.k or 1, device=device)
+    sae = SparseAutoencoder(read.d_in, read.d_sae, read.architecture, k=read.k or 1, device=device,
+                            transcoder=read.transcoder, skip=read.W_skip is not None)
     state = {"W_enc": read.W_enc, "b_enc": read.b_enc, "W_dec": read.W_dec, "b_dec": read.b_dec}
-    if not read.apply_b_dec_to_input:
+    if read.transcoder:
+        state["b_in"] = torch.zeros_like(read.b_dec)  # SAELens' transcoders read x as it is
+    if read.W_skip is not None:
+        state["W_skip"] = read.W_skip
+    if not read.apply_b_dec_to_input and not read.transcoder:
         # SAELens encodes x @ W_enc + b_enc; ours subtracts b_dec first, so fold it into b_enc.
         state["b_enc"] = state["b_enc"] + state["b_dec"] @ state["W_enc"]
     if read.rescale_acts_by_decoder_norm:

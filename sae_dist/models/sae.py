@@ -10,6 +10,13 @@ and are not absorbed into their children's latents. Its latents are chosen per s
 (`"batch"`): in one pass over heavily superposed planted features, batch selection gives the
 samples with the largest norms most of the batch's budget and trains far worse (docs/quality.md).
 
+A transcoder (Dunefsky et al. 2024; `transcoder=True`) predicts a target from an input instead of
+reconstructing it: its rows are the pair side by side, [x | y] (each d_in wide), the encoder reads x
+less a fixed offset `b_in` (x's mean, set with b_dec from the first batch, as an SAE's input is
+centred by b_dec; folded into b_enc at export, where SAELens' transcoders read x as it is), and
+the loss is y's squared error. A skip transcoder (Paulo, Shabalin and Belrose 2025; `skip=True`)
+adds a linear path, y_hat = decode(encode(x)) + x W_skip^T, W_skip starting at zero as SAELens'.
+
 Weights follow SAELens' layout (W_enc [d_in, d_sae], W_dec [d_sae, d_in]) so export is a copy.
 Decoder rows are kept at unit norm (`normalize_decoder`) and the part of their gradient that
 would change the norm is removed (`remove_parallel_gradient`); the trainer calls both.
@@ -92,6 +99,8 @@ class SparseAutoencoder(nn.Module):
         jumprelu_bandwidth: float = 0.001,
         matryoshka_widths: tuple[int, ...] | None = None,
         matryoshka_selection: str = "sample",
+        transcoder: bool = False,
+        skip: bool = False,
         seed: int | None = None,
         device: torch.device | str | None = None,
     ):
@@ -102,6 +111,9 @@ class SparseAutoencoder(nn.Module):
         self.auxk_k = auxk_k if auxk_k is not None else max(1, d_in // 2)
         self.bandwidth = jumprelu_bandwidth
         self.batch_level = batch_level(architecture, matryoshka_selection)
+        if skip and not transcoder:
+            raise ValueError("a skip path needs a transcoder")
+        self.transcoder, self.skip = transcoder, skip
         if architecture == "matryoshka":
             widths = tuple(matryoshka_widths or (d_sae,))
             if widths[-1] != d_sae or any(b <= a for a, b in zip(widths, widths[1:])) or widths[0] < 1:
@@ -119,6 +131,10 @@ class SparseAutoencoder(nn.Module):
         self.W_enc = nn.Parameter(w_dec.t().contiguous().to(device))
         self.b_enc = nn.Parameter(torch.zeros(d_sae, device=device))
         self.b_dec = nn.Parameter(torch.zeros(d_in, device=device))
+        if transcoder:
+            self.register_buffer("b_in", torch.zeros(d_in, device=device))  # the input's centre, not trained
+        if skip:
+            self.W_skip = nn.Parameter(torch.zeros(d_in, d_in, device=device))  # [d_out, d_in], SAELens' layout
         if architecture == "jumprelu":
             self.log_threshold = nn.Parameter(
                 torch.full((d_sae,), math.log(jumprelu_init_threshold), device=device))
@@ -127,9 +143,32 @@ class SparseAutoencoder(nn.Module):
             # exported as a JumpReLU threshold, since batch-level top-k needs a batch.
             self.register_buffer("topk_threshold", torch.zeros((), device=device))
 
+    # ---- rows: an SAE's are its inputs, a transcoder's [x | y] ----
+    @property
+    def row_width(self) -> int:
+        return 2 * self.d_in if self.transcoder else self.d_in
+
+    def split(self, rows: Tensor) -> tuple[Tensor, Tensor]:
+        """(what the encoder reads, what the output must match)."""
+        if self.transcoder:
+            return rows[..., :self.d_in], rows[..., self.d_in:]
+        return rows, rows
+
+    @property
+    def input_offset(self) -> Tensor:
+        return self.b_in if self.transcoder else self.b_dec
+
+    @torch.no_grad()
+    def set_offsets(self, mean_row: Tensor) -> None:
+        """b_dec (and a transcoder's b_in) at the data's mean row, before training."""
+        x, y = self.split(mean_row)
+        self.b_dec.copy_(y)
+        if self.transcoder:
+            self.b_in.copy_(x)
+
     # ---- encode / decode ----
     def pre_acts(self, x: Tensor) -> Tensor:
-        return (x - self.b_dec) @ self.W_enc + self.b_enc
+        return (x - self.input_offset) @ self.W_enc + self.b_enc
 
     @property
     def threshold(self) -> Tensor:
@@ -152,10 +191,18 @@ class SparseAutoencoder(nn.Module):
     def decode(self, acts: Tensor) -> Tensor:
         return acts @ self.W_dec + self.b_dec
 
+    def predict(self, x: Tensor, acts: Tensor) -> Tensor:
+        """The output for inputs x from their activations: decode, plus the skip path where there is one."""
+        return self.decode(acts) + self._skip_of(x)
+
+    def _skip_of(self, x: Tensor) -> Tensor | float:
+        return x @ self.W_skip.t() if self.skip else 0.0
+
     # ---- training forward ----
-    def forward(self, x: Tensor, dead_mask: Tensor | None = None) -> SaeOutput:
+    def forward(self, rows: Tensor, dead_mask: Tensor | None = None) -> SaeOutput:
+        x, target = self.split(rows)
         if self.architecture in TOPK_FAMILY:
-            return self._forward_sparse(x, dead_mask)
+            return self._forward_sparse(x, target, dead_mask)
         pre = self.pre_acts(x)
         if self.architecture == "standard":
             acts = pre.relu()
@@ -164,32 +211,32 @@ class SparseAutoencoder(nn.Module):
             threshold = self.log_threshold.exp()
             acts = _JumpReLU.apply(pre.relu(), threshold, self.bandwidth)
             sparsity = _Step.apply(pre.relu(), threshold, self.bandwidth).sum(-1).mean()
-        x_hat = acts @ self.W_dec + self.b_dec
+        x_hat = acts @ self.W_dec + self.b_dec + self._skip_of(x)
         active = acts > 0
-        mse = (x_hat - x).pow(2).sum(-1).mean()
+        mse = (x_hat - target).pow(2).sum(-1).mean()
         coef = self.l1_coefficient if self.architecture == "standard" else self.l0_coefficient
         return SaeOutput(x_hat=x_hat, loss=mse + coef * sparsity, mse=mse, sparsity_loss=sparsity,
                          auxk_loss=pre.new_zeros(()), prefix_mse=pre.new_zeros(()),
                          l0=active.sum(-1).to(pre.dtype).mean(),
                          fired=active.sum(0).to(pre.dtype))
 
-    def _forward_sparse(self, x: Tensor, dead_mask: Tensor | None) -> SaeOutput:
+    def _forward_sparse(self, x: Tensor, target: Tensor, dead_mask: Tensor | None) -> SaeOutput:
         """TopK / BatchTopK through sparse_ops: one dense product, everything else on the k latents."""
         num_dead = int(dead_mask.sum()) if dead_mask is not None and self.auxk_coefficient > 0 else 0
-        enc = sparse_encode(x, self.b_dec, self.W_enc, self.b_enc, self.k,
+        enc = sparse_encode(x, self.input_offset, self.W_enc, self.b_enc, self.k,
                             batch_level=self.batch_level,
                             dead_mask=dead_mask if num_dead else None, k_aux=min(self.auxk_k, num_dead))
-        x_hat = sparse_decode(enc.acts, self.W_dec, enc.pattern) + self.b_dec
+        x_hat = sparse_decode(enc.acts, self.W_dec, enc.pattern) + self.b_dec + self._skip_of(x)
         active = (enc.acts > 0).to(enc.acts.dtype)
         if self.batch_level and self.training:
             self._update_threshold(enc.acts.detach())
-        mse = (x_hat - x).pow(2).sum(-1).mean()
-        prefix_mse = self._prefix_mse(x, enc) if self.architecture == "matryoshka" else x_hat.new_zeros(())
+        mse = (x_hat - target).pow(2).sum(-1).mean()
+        prefix_mse = self._prefix_mse(x, target, enc) if self.architecture == "matryoshka" else x_hat.new_zeros(())
         auxk = x_hat.new_zeros(())
         if num_dead:
             # AuxK (Gao et al. 2024): predict the residual e = x - x_hat from the top dead latents,
             # normalised by the residual's variance, scaled down while fewer than auxk_k are dead.
-            residual = (x - x_hat).detach()
+            residual = (target - x_hat).detach()
             e_hat = sparse_decode(enc.aux_acts, self.W_dec, enc.aux_pattern)
             total_variance = (residual - residual.mean(0)).pow(2).sum().clamp_min(1e-12)
             auxk = min(num_dead / self.auxk_k, 1.0) * (e_hat - residual).pow(2).sum() / total_variance
@@ -198,15 +245,16 @@ class SparseAutoencoder(nn.Module):
                          l0=active.sum() / x.shape[0],
                          fired=enc.pattern.column_sums(active))
 
-    def _prefix_mse(self, x: Tensor, enc) -> Tensor:
+    def _prefix_mse(self, x: Tensor, target: Tensor, enc) -> Tensor:
         """Matryoshka: the summed squared errors of each inner prefix's reconstruction alone (the
         whole dictionary's is the plain `mse`). Each is the same sparse decode with the latents
         past the prefix given weight 0: k rows gathered per sample a level, no dense pass."""
         total = x.new_zeros(())
         latent = enc.pattern.col
+        offset = self.b_dec + self._skip_of(x)
         for width in self.matryoshka_widths[:-1]:
             inner = sparse_decode(enc.acts * (latent < width).to(enc.acts.dtype), self.W_dec, enc.pattern)
-            total = total + (inner + self.b_dec - x).pow(2).sum(-1).mean()
+            total = total + (inner + offset - target).pow(2).sum(-1).mean()
         return total
 
     @torch.no_grad()
@@ -232,8 +280,14 @@ class SparseAutoencoder(nn.Module):
         g -= parallel * self.W_dec
 
     def inference_state_dict(self) -> dict[str, Tensor]:
-        """Weights in SAELens' names; batch-level top-k and JumpReLU carry a per-latent `threshold`."""
+        """Weights in SAELens' names; batch-level top-k and JumpReLU carry a per-latent `threshold`,
+        a skip transcoder its W_skip. A transcoder's b_in is folded into b_enc (SAELens' transcoders
+        read x as it is): (x - b_in) W_enc + b_enc = x W_enc + (b_enc - b_in W_enc)."""
         out = {name: getattr(self, name).detach() for name in ("W_enc", "b_enc", "W_dec", "b_dec")}
+        if self.transcoder:
+            out["b_enc"] = out["b_enc"] - self.b_in @ out["W_enc"]
+        if self.skip:
+            out["W_skip"] = self.W_skip.detach()
         if self.architecture == "jumprelu" or self.batch_level:
             out["threshold"] = self.threshold.detach().clone()
         return out

@@ -204,7 +204,7 @@ def _run(job: Job) -> TrainResult:
             result = train_step(m.model, m.sae, m.opt, xs, m.state.dead, autocast, grad_norm=report,
                                 loss_scale=m.plan.loss_scale(m.group_rank(ctx.rank)), slowdown=slowdown)
             compute += result.forward_done - m_started
-            m.window.add(xs, result.outputs)
+            m.window.add([m.sae.split(x)[1] for x in xs], result.outputs)  # a transcoder is judged on y
             if report and ctx.rank == m.leader:
                 grad_norms[i] = result.grad_norm
         for m in job.members:

@@ -106,7 +106,8 @@ def build_sae(cfg: TrainConfig, device) -> SparseAutoencoder:
         auxk_k=cfg.resolved_auxk_k, jumprelu_init_threshold=cfg.jumprelu_init_threshold,
         jumprelu_bandwidth=cfg.jumprelu_bandwidth, seed=cfg.seed, device=device,
         matryoshka_widths=cfg.resolved_matryoshka_widths if cfg.architecture == "matryoshka" else None,
-        matryoshka_selection="batch" if cfg.batch_level else "sample")
+        matryoshka_selection="batch" if cfg.batch_level else "sample", transcoder=cfg.transcode is not None,
+        skip=cfg.skip)
 
 
 def group_plan(stream: BatchPlan, ranks: tuple[int, ...]) -> BatchPlan:
@@ -148,14 +149,15 @@ def split_sites(batches: list[torch.Tensor], n_sites: int) -> dict[int | None, l
 
 def init_b_dec(members: list[Member], first: dict[int | None, list[torch.Tensor]]) -> None:
     """b_dec at the mean of the first global batch of its site (all-reduced), so that the first
-    latents explain variation, not the offset; the batch is then trained on like any other."""
+    latents explain variation, not the offset (a transcoder's b_in too, at its input's mean); the
+    batch is then trained on like any other."""
     with torch.no_grad():
         for site, batches in first.items():
             local = torch.cat(batches)
             total = D.all_reduce_sum(torch.cat([local.sum(0), local.new_tensor([len(local)])]))
             for m in members:
                 if m.here and m.site == site:
-                    m.sae.b_dec.copy_(total[:-1] / total[-1])
+                    m.sae.set_offsets(total[:-1] / total[-1])
 
 
 def open_sweep_records(members: list[Member], ctx: D.DistContext, sweep_name: str, sweep_id: int | None,

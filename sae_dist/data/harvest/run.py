@@ -31,7 +31,7 @@ from sae_dist.data.harvest.contexts import (
     make_contexts,
     text_files,
 )
-from sae_dist.data.harvest.sites import site_module_path
+from sae_dist.data.harvest.sites import INPUT_SITES, site_module_path
 from sae_dist.data.shard_format import MANIFEST, SUFFIX, write_manifest, write_shard_file
 from sae_dist.errors import UserError
 
@@ -55,11 +55,20 @@ class HarvestSpec:
     shard_rows: int = 65536
     device: str = "auto"
     dtype: str = "float32"
+    transcode: tuple[str, str] | None = None  # (input site, output site): paired rows [x | y] for a transcoder
 
     def key(self, text_digest: str) -> dict:
         """What must match for a harvest to be resumed (not the batch size or the device)."""
-        return {"model": self.model, "layer": self.layer, "site": self.site, "context_length": self.context_length,
-                "max_tokens": self.max_tokens, "shard_rows": self.shard_rows, "dtype": self.dtype, "text": text_digest}
+        key = {"model": self.model, "layer": self.layer, "site": self.site, "context_length": self.context_length,
+               "max_tokens": self.max_tokens, "shard_rows": self.shard_rows, "dtype": self.dtype, "text": text_digest}
+        if self.transcode:
+            key["transcode"] = list(self.transcode)
+        return key
+
+    @property
+    def sites(self) -> list[tuple[int, str]]:
+        """The (layer, site) hooked: one, or a transcoder's input and output."""
+        return [(self.layer, s) for s in self.transcode] if self.transcode else [(self.layer, self.site)]
 
 
 @dataclass
@@ -105,7 +114,8 @@ def plan(spec: HarvestSpec, tokenizer, config) -> Plan:
     digest = hashlib.sha256()
     for f, d in zip(files, documents):
         digest.update(f.name.encode() + b"\0" + d.encode() + b"\0")
-    site_module_path(config, spec.site, spec.layer)  # a bad layer or site fails here
+    for layer, site in spec.sites:
+        site_module_path(config, site, layer)  # a bad layer or site fails here
     max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if max_positions and spec.context_length > max_positions:
         raise UserError(f"--context-length {spec.context_length}: the model takes at most {max_positions} tokens")
@@ -147,8 +157,9 @@ def harvest(spec: HarvestSpec, workers: int = 1, device_kind: str = "cpu") -> Ha
         raise UserError(f"shards {missing[:5]} were not written; run the same command again to finish them")
     entries = [{k: done[i][k] for k in ("file", "rows", "sha256")} for i in range(the_plan.n_shards)]
     store = _DTYPES[spec.dtype]
+    site = {"pair": list(spec.transcode)} if spec.transcode else {"site": spec.site}  # see data/sources/paired.py
     write_manifest(out, entries, _d_in_of(out / entries[0]["file"]), store, {
-        "model": spec.model, "model_type": config.model_type, "layer": spec.layer, "site": spec.site,
+        "model": spec.model, "model_type": config.model_type, "layer": spec.layer, **site,
         "context_length": spec.context_length, "special_tokens": "excluded", "text_sha256": the_plan.key["text"],
         "text_files": [str(f) for f in the_plan.files]})
     return HarvestResult(out, harvested, sum(e["rows"] for e in entries), seconds,
@@ -171,7 +182,11 @@ class SiteReader:
         self.captured: dict[int, torch.Tensor] = {}
 
         def hook_for(index: int):
-            def hook(_module, _inputs, output):
+            reads_input = self.sites[index][1] in INPUT_SITES
+
+            def hook(_module, inputs, output):
+                if reads_input:
+                    output = inputs[0]
                 self.captured[index] = output[0] if isinstance(output, tuple) else output
                 if len(self.captured) == len(modules):
                     raise _StopForward  # the layers after the deepest site are not needed
@@ -190,7 +205,7 @@ class SiteReader:
 
 def harvest_worker(spec: HarvestSpec, worker: int, workers: int, the_plan: Plan | None = None) -> int:
     """Write this worker's unfinished shards (index % workers == worker); the text tokens harvested."""
-    reader = SiteReader(spec, _device(spec.device))
+    reader = SiteReader(spec, _device(spec.device), spec.sites if spec.transcode else None)
     the_plan = the_plan or plan(spec, reader.tokenizer, reader.config)
     done = _finished_shards(the_plan.out, the_plan.n_shards)
     mine = [i for i in range(worker, the_plan.n_shards, workers) if i not in done]
@@ -201,6 +216,7 @@ def harvest_worker(spec: HarvestSpec, worker: int, workers: int, the_plan: Plan 
     try:
         for index, chunk in zip(mine, chunks):
             rows = reader.rows(chunk, spec.batch_size, _DTYPES[spec.dtype], progress)
+            rows = rows.reshape(rows.shape[0], -1)  # a transcoder's [rows, 2, d] side by side: [x | y]
             entry = _write_shard(the_plan.out, index, rows, len(done))
             entry["contexts"] = [index * per, index * per + len(chunk)]
             _write_json(the_plan.out / f"shard_{index:05d}.json", entry)  # marks the shard finished
@@ -218,6 +234,8 @@ def _run_workers(spec: HarvestSpec, workers: int, device_kind: str) -> int:
     args = [sys.executable, "-m", "sae_dist", "harvest", "--model", spec.model, "--layer", str(spec.layer),
             "--site", spec.site, "--text", *spec.texts, "--out", spec.out, "--context-length", str(spec.context_length),
             "--batch-size", str(spec.batch_size), "--shard-rows", str(spec.shard_rows), "--dtype", spec.dtype]
+    if spec.transcode:
+        args += ["--transcode", ":".join(spec.transcode)]
     if spec.max_tokens is not None:
         args += ["--max-tokens", str(spec.max_tokens)]
     procs = []

@@ -4,7 +4,10 @@ Sites, for layer L (0-based):
 - resid:    the residual stream after block L (the block's output; hidden_states[L + 1]);
 - attn_out: what block L's attention adds to the stream, before the residual sum (for BERT's
             post-LayerNorm blocks, the attention output projection, before its LayerNorm);
-- mlp_out:  what block L's MLP adds, likewise.
+- mlp_out:  what block L's MLP adds, likewise;
+- mlp_in:   what block L's MLP reads (after its LayerNorm where the block has one there): the
+            input of the module whose output is mlp_out, or of the MLP's first layer. With
+            mlp_out, the pair a transcoder learns (`INPUT_SITES` are hooked for their input).
 """
 
 from __future__ import annotations
@@ -16,18 +19,21 @@ from sae_dist.errors import UserError
 if TYPE_CHECKING:
     from sae_dist.contract.sweep import Sweep
 
-SITES = ("resid", "attn_out", "mlp_out")
+SITES = ("resid", "attn_out", "mlp_out", "mlp_in")
+INPUT_SITES = ("mlp_in",)  # hooked for what the module reads, not what it returns
 
 # model_type -> site -> module path in the base model (AutoModel), with {L} for the layer.
 _BERT = {"resid": "encoder.layer.{L}", "attn_out": "encoder.layer.{L}.attention.output.dense",
-         "mlp_out": "encoder.layer.{L}.output.dense"}
-_DECODER = {"resid": "layers.{L}", "attn_out": "layers.{L}.self_attn", "mlp_out": "layers.{L}.mlp"}
+         "mlp_out": "encoder.layer.{L}.output.dense", "mlp_in": "encoder.layer.{L}.intermediate"}
+_DECODER = {"resid": "layers.{L}", "attn_out": "layers.{L}.self_attn", "mlp_out": "layers.{L}.mlp",
+            "mlp_in": "layers.{L}.mlp"}
 MODULE_PATHS: dict[str, dict[str, str]] = {
     "bert": _BERT, "roberta": _BERT, "distilbert": {
         "resid": "transformer.layer.{L}", "attn_out": "transformer.layer.{L}.attention.out_lin",
-        "mlp_out": "transformer.layer.{L}.ffn.lin2"},
-    "gpt2": {"resid": "h.{L}", "attn_out": "h.{L}.attn", "mlp_out": "h.{L}.mlp"},
-    "gpt_neox": {"resid": "layers.{L}", "attn_out": "layers.{L}.attention", "mlp_out": "layers.{L}.mlp"},
+        "mlp_out": "transformer.layer.{L}.ffn.lin2", "mlp_in": "transformer.layer.{L}.ffn"},
+    "gpt2": {"resid": "h.{L}", "attn_out": "h.{L}.attn", "mlp_out": "h.{L}.mlp", "mlp_in": "h.{L}.mlp"},
+    "gpt_neox": {"resid": "layers.{L}", "attn_out": "layers.{L}.attention", "mlp_out": "layers.{L}.mlp",
+                 "mlp_in": "layers.{L}.mlp"},
     **{name: _DECODER for name in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
                                    "phi3", "olmo", "olmo2")},
 }
