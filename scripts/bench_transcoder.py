@@ -92,8 +92,8 @@ def main() -> int:
     print(f"goal: the transcoder's FVU below the SAE's at the same L0 (within 10%): "
           f"{'met' if plain['fvu'] < sae['fvu'] and same_l0 else 'NOT met'} "
           f"({plain['fvu']:.4f} at L0 {plain['l0']:.1f} vs {sae['fvu']:.4f} at L0 {sae['l0']:.1f})")
-    print(f"goal: the skip transcoder's FVU below the plain one's: {'met' if skip['fvu'] < plain['fvu'] else 'NOT met'} "
-          f"({skip['fvu']:.4f} vs {plain['fvu']:.4f})")
+    verdict = "met" if skip["fvu"] < plain["fvu"] else "NOT met"
+    print(f"goal: the skip transcoder's FVU below the plain one's: {verdict} ({skip['fvu']:.4f} vs {plain['fvu']:.4f})")
     return 0
 
 
