@@ -1,7 +1,7 @@
 """The real sae-lens, in one process for the whole session: importing sae_lens takes seconds, so
 the test modules that check our export, our loader and our metrics against it (tests/test_export.py,
 tests/test_evaluate.py, tests/test_sweep_eval.py, tests/test_planted_hierarchy.py,
-tests/test_core_metrics.py) each prepare a
+tests/test_core_metrics.py, tests/test_transcoder.py) each prepare a
 folder and a script, and one process runs every script."""
 
 from __future__ import annotations
@@ -38,9 +38,10 @@ def _preparers():
     from test_export import prepare_saelens as export_job
     from test_planted_hierarchy import prepare_saelens as synthetic_job
     from test_sweep_eval import prepare_saelens as sweep_job
+    from test_transcoder import prepare_saelens as transcoder_job
 
     return {"export": export_job, "evaluate": evaluate_job, "sweep": sweep_job, "synthetic": synthetic_job,
-            "core": core_job}
+            "core": core_job, "transcoder": transcoder_job}
 
 
 def saelens_folder(job: str, tmp_path_factory) -> Path:
