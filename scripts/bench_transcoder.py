@@ -38,8 +38,8 @@ KINDS = {  # name -> (shards, extra train flags)
 
 def run(argv: list[str], log: Path) -> None:
     log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as f:
-        done = subprocess.run([sys.executable, "-m", "sae_dist", *argv], stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+    with log.open("w") as f:  # stdout only: evaluate --json's is the JSON alone
+        done = subprocess.run([sys.executable, "-m", "sae_dist", *argv], stdout=f, cwd=ROOT)
     if done.returncode != 0:
         raise SystemExit(f"sae_dist {argv[0]} exited {done.returncode}; see {log}")
 
@@ -62,10 +62,11 @@ def train_and_evaluate(out: Path, kind: str) -> dict:
     if result.exists():
         return json.loads(result.read_text())
     shards = out / "data" / data
-    run(["train", "--no-db", "--devices", "cpu:1", "--source", "shards", "--shards-path", str(shards),
-         "--architecture", "batchtopk", *flags, "--d-sae", str(D_SAE), "--k", str(K), "--batch-size", str(BATCH),
-         "--steps", str(TRAIN_ROWS // BATCH), "--eval-rows", "0", "--checkpoint-every", "0",
-         "--out-dir", str(where)], out / "logs" / f"{where.name}.log")
+    if not (where / "sae" / "cfg.json").exists():
+        run(["train", "--no-db", "--devices", "cpu:1", "--source", "shards", "--shards-path", str(shards),
+             "--architecture", "batchtopk", *flags, "--d-sae", str(D_SAE), "--k", str(K), "--batch-size",
+             str(BATCH), "--steps", str(TRAIN_ROWS // BATCH), "--eval-rows", "0", "--checkpoint-every", "0",
+             "--out-dir", str(where)], out / "logs" / f"{where.name}.log")
     run(["evaluate", str(where / "sae"), "--shards", str(shards), "--rows", str(HELDOUT), "--json", "--no-db"],
         result)
     return json.loads(result.read_text())

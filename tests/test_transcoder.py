@@ -335,6 +335,10 @@ def test_harvested_pairs_are_the_mlps_input_and_output_and_train_a_transcoder(mi
     assert fvus[-1] < fvus[0], trained.stdout
     check = json.loads((tmp_path / "run" / "evaluation.json").read_text())["model_check"]
     assert check["kind"] == "sentence_cosine" and check["site"] == "mlp_in:mlp_out", check
+    # evaluate --json prints the JSON alone, though the model check logs its loading on the way
+    again = run_cli("evaluate", str(tmp_path / "run" / "sae"), "--shards", str(out), "--rows", "64", "--json",
+                    "--no-db")
+    assert again.returncode == 0 and json.loads(again.stdout)["model_check"]["site"] == "mlp_in:mlp_out", again
     straight = main_here("train", "--source", "model", "--model-path", minilm, "--model-layer", "3", "--text-path",
                          text, "--transcode", "mlp_in:mlp_out", "--steps", "10", "--out-dir", str(tmp_path / "m"),
                          *common)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import sys
 from pathlib import Path
 
 from sae_dist.errors import DataError
@@ -41,6 +43,8 @@ def make_planted(ns: argparse.Namespace) -> int:
 
 
 def evaluate(ns: argparse.Namespace) -> int:
+    if ns.json:  # stdout is the JSON alone: what is logged on the way (the model check's loading) goes to stderr
+        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr, force=True)
     if ns.rows is not None and ns.rows < 1:
         raise DataError(f"--rows {ns.rows}: at least one row is needed to evaluate")
     sae = load_sae(ns.sae_dir)
