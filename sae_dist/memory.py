@@ -74,7 +74,8 @@ def encoder_rows_at_once(batch_size: int, d_sae: int, device_type: str) -> int:
 
 def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = "topk", k: int = 32,
                     world_size: int = 1, param_bytes: int = 4, act_bytes: int = 4,
-                    device_type: str = "cuda", levels: int = 1, batch_level: bool | None = None) -> MemoryEstimate:
+                    device_type: str = "cuda", levels: int = 1, batch_level: bool | None = None,
+                    skip: bool = False) -> MemoryEstimate:
     """Peak bytes per device of one training step (fp32 weights, Adam, DDP with bucket views).
 
     Activations count the tensors of width d_sae alive at the peak. TopK / BatchTopK run through
@@ -101,7 +102,8 @@ def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = 
     encoder blocks) 4-9%, 0.3-0.7 times its temporaries. With MALLOC_MMAP_THRESHOLD_=1048576 the
     heap keeps nothing (within 3% without this part), at a 20% cost in speed.
     """
-    n_params = 2 * d_in * d_sae + d_sae + d_in + (d_sae if architecture == "jumprelu" else 0)
+    n_params = (2 * d_in * d_sae + d_sae + d_in + (d_sae if architecture == "jumprelu" else 0)
+                + (d_in * d_in if skip else 0))  # a skip transcoder's W_skip
     params = n_params * param_bytes
     grads = n_params * param_bytes
     optimizer = 2 * n_params * param_bytes  # Adam's two moments
@@ -151,7 +153,8 @@ def estimate_for_config(cfg, world_size: int, device_type: str | None = None) ->
     act_bytes = 2 if device_type != "cpu" and cfg.precision in ("auto", "bf16") else 4
     levels = len(cfg.resolved_matryoshka_widths) if cfg.architecture == "matryoshka" else 1
     return estimate_memory(cfg.d_in, cfg.resolved_d_sae, cfg.batch_size, cfg.architecture, cfg.k, world_size,
-                           act_bytes=act_bytes, device_type=device_type, levels=levels, batch_level=cfg.batch_level)
+                           act_bytes=act_bytes, device_type=device_type, levels=levels, batch_level=cfg.batch_level,
+                           skip=cfg.skip)
 
 
 class PeakMemory:

