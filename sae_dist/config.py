@@ -107,6 +107,9 @@ class TrainConfig:
                                           "with it (synthetic, with synthetic_children)")
     synthetic_magnitude_sigma: float = _f(0.0, "log-normal feature magnitudes exp(N(0, this)) (synthetic; "
                                                "0 = uniform in [0.5, 2])")
+    synthetic_correlation: float = _f(0.0, "correlated firing: features (parents, in a hierarchy) pair up, 0 with 1, "
+                                           "2 with 3..., and a firing one brings its partner with this chance "
+                                           "(synthetic; 0 = independent)")
     seed: int = _f(0, "random seed for initialisation and data")
     # --- optimisation ---
     batch_size: int = _f(4096, "samples per device per micro-batch; the global batch is this x devices x grad_accum")
@@ -292,8 +295,9 @@ class TrainConfig:
     def _validate_hierarchy_and_prefixes(self) -> None:
         """The planted hierarchy's settings and Matryoshka's prefixes (without d_sae: `validate`
         checks them against it once d_in is known)."""
-        if not 0.0 <= self.synthetic_child_prob <= 1.0:  # (also NaN)
-            raise ConfigError("synthetic_child_prob", f"must be between 0 and 1, got {self.synthetic_child_prob}")
+        for name in ("synthetic_child_prob", "synthetic_correlation"):
+            if not 0.0 <= getattr(self, name) <= 1.0:  # (also NaN)
+                raise ConfigError(name, f"must be between 0 and 1, got {getattr(self, name)}")
         if self.synthetic_children and self.synthetic_features < self.synthetic_children + 1:
             raise ConfigError("synthetic_features", f"{self.synthetic_features} features cannot hold one parent "
                                                     f"with {self.synthetic_children} children")

@@ -47,6 +47,7 @@ from sae_dist.train.metrics import find_stragglers
     ({"synthetic_children": 1.5}, "synthetic_children", "whole number"),
     ({"synthetic_children": 4, "synthetic_features": 3}, "synthetic_features", "cannot hold one parent with 4"),
     ({"synthetic_magnitude_sigma": -0.5}, "synthetic_magnitude_sigma", "non-negative"),
+    ({"synthetic_correlation": 1.5}, "synthetic_correlation", "must be between 0 and 1, got 1.5"),
 ])
 def test_bad_values_name_the_field(values, field, words):
     with pytest.raises(ConfigError) as e:

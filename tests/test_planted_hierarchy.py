@@ -38,6 +38,34 @@ def test_a_child_fires_only_with_its_parent_and_as_often_as_said():
     assert (a[present] > 0).all() and a[present].max() > 2.5  # log-normal: heavier-tailed than [0.5, 2]
 
 
+@pytest.mark.parametrize("children", [0, 2])
+def test_correlated_features_fire_with_their_partner_as_often_as_said(children):
+    """Partners (0-1, 2-3, ...; of the parents in a hierarchy) fire together far above chance, the
+    presence the evaluation weighs by matches the rows, the codes are the rows' own, and a source
+    without correlation is the stream it always was."""
+    kw = dict(d_in=48, n_features=33 if not children else 30, active=2.0, power_law=0.3, noise=0.0, seed=5,
+              rank=0, world_size=1, batch_size=1, children=children, child_prob=0.5)
+    source = SyntheticSource(**kw, correlation=0.7)
+    a = coefficients(source, 20_000)
+    present = a > 1e-6
+    parents = source.parents
+    pairs = parents // 2
+    first, second = present[:, 0:2 * pairs:2].double(), present[:, 1:2 * pairs:2].double()
+    # Given a feature fires, its partner does at least as often as the correlation says (more where
+    # the partner was drawn too), and far more often than it fires at all.
+    given = (first * second).mean(0) / first.mean(0)
+    assert (given > 0.65).all() and (given > second.mean(0) + 0.2).all(), (given, second.mean(0))
+    assert torch.allclose(present.double().mean(0), presence_frequencies(source).double(), atol=0.02)
+    codes = source.codes(0, 500)
+    assert torch.allclose(codes @ source.dictionary, source.samples(0, 500), atol=1e-5)
+    plain = SyntheticSource(**kw)
+    before = SyntheticSource(**kw, correlation=0.0)
+    assert torch.equal(plain.samples(64, 200), before.samples(64, 200))
+    if children:  # children still fire only with their parent
+        parent_of = torch.arange(parents).repeat_interleave(children)
+        assert not (present[:, parents:] & ~present[:, parent_of]).any()
+
+
 def test_flat_features_and_features_that_do_not_divide_evenly():
     flat = SyntheticSource(d_in=8, n_features=30, active=2.0, power_law=0.5, noise=0.0, seed=1, rank=0,
                            world_size=1, batch_size=1)
@@ -70,11 +98,20 @@ def test_make_planted_writes_a_hierarchy(cli, tmp_path):
     assert planted.settings | {"parents": 8, "children": 2, "child_prob": 0.9, "magnitude_sigma": 0.3} \
         == planted.settings
     assert planted.dictionary.shape == (24, 16)
+    code, out, err = cli("make-planted", str(tmp_path / "c"), "--rows", "300", "--d-in", "16", "--features", "24",
+                         "--correlation", "0.4")
+    assert code == 0, err
+    correlated = load_planted(tmp_path / "c")
+    assert correlated.settings["correlation"] == 0.4
+    truth = SyntheticSource(d_in=16, n_features=24, active=4.0, power_law=0.5, noise=0.01, seed=0, rank=0,
+                            world_size=1, batch_size=1, correlation=0.4)
+    assert torch.equal(correlated.truth(10, 20), truth.codes(10, 20))  # the ground truth evaluate judges by
 
 
 @pytest.mark.parametrize("flag, value, words", [("--children", "-1", "children -1: must be 0 or a positive"),
                                                 ("--child-prob", "1.5", "child-prob 1.5: must be between 0 and 1"),
                                                 ("--magnitude-sigma", "-0.1", "magnitude-sigma -0.1: must be 0"),
+                                                ("--correlation", "1.2", "correlation 1.2: must be between 0 and 1"),
                                                 ("--children", "40", "features 24: too few for one parent")])
 def test_make_planted_refuses_a_bad_hierarchy_in_one_line(cli, tmp_path, flag, value, words):
     code, out, err = cli("make-planted", str(tmp_path / "h"), "--rows", "10", "--d-in", "4", "--features", "24",

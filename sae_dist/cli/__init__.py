@@ -149,6 +149,9 @@ def _add_evaluate_parsers(sub) -> None:
                     help="the chance that a firing parent brings one of its children (default 0.5)")
     mp.add_argument("--magnitude-sigma", type=float, metavar="S",
                     help="log-normal magnitudes exp(N(0, S)) (default 0: uniform in [0.5, 2])")
+    mp.add_argument("--correlation", type=float, metavar="R",
+                    help="correlated firing: features (parents) pair up, 0-1, 2-3..., and a firing one brings its "
+                         "partner with chance R (default 0)")
     mp.add_argument("--rows-per-shard", type=int, default=65536, metavar="R",
                     help="rows per shard file (default 65536)")
 

@@ -25,7 +25,7 @@ def planted_defaults() -> dict[str, float | int]:
             "active": defaults["synthetic_active"], "power_law": defaults["synthetic_power_law"],
             "noise": defaults["synthetic_noise"], "seed": defaults["seed"],
             "children": defaults["synthetic_children"], "child_prob": defaults["synthetic_child_prob"],
-            "magnitude_sigma": defaults["synthetic_magnitude_sigma"]}
+            "magnitude_sigma": defaults["synthetic_magnitude_sigma"], "correlation": defaults["synthetic_correlation"]}
 
 
 def make_planted(ns: argparse.Namespace) -> int:

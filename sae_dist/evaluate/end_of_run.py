@@ -99,7 +99,8 @@ def planted_for(cfg) -> Planted | None:
         return planted_from_settings(cfg.d_in, cfg.synthetic_features, cfg.synthetic_active,
                                      cfg.synthetic_power_law, cfg.synthetic_noise, cfg.seed,
                                      children=cfg.synthetic_children, child_prob=cfg.synthetic_child_prob,
-                                     magnitude_sigma=cfg.synthetic_magnitude_sigma)
+                                     magnitude_sigma=cfg.synthetic_magnitude_sigma,
+                                     correlation=cfg.synthetic_correlation)
     if cfg.source == "shards":
         return load_planted(cfg.shards_path)
     return None

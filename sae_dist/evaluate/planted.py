@@ -37,8 +37,15 @@ def presence_frequencies(source: SyntheticSource) -> Tensor:
     is always kept, each other slot with probability active / max_active. So parent i is absent
     with probability (1 - p_i) * (1 - p_i * q)^(max_active - 1). A kept slot of parent i brings
     each of its c children with probability child_prob / c: the same formula with p_i * child_prob / c.
+    With correlation r, a kept slot of i's partner j also brings i with probability r: a slot gives
+    i with probability p_i + r p_j (the two events are disjoint).
     """
     p = source.probs.double()
+    drawn = p  # a partner brought along brings no children
+    if source.correlation:
+        partner = torch.arange(len(p)) ^ 1
+        paired = partner < len(p)
+        p = p + source.correlation * torch.where(paired, p[partner.clamp_max(len(p) - 1)], torch.zeros_like(p))
     m = source.max_active
     q = min(1.0, source.active / m)
 
@@ -47,19 +54,19 @@ def presence_frequencies(source: SyntheticSource) -> Tensor:
 
     if not source.children:
         return present(p).float()
-    child = (p * source.child_prob / source.children).repeat_interleave(source.children)
+    child = (drawn * source.child_prob / source.children).repeat_interleave(source.children)
     return torch.cat([present(p), present(child)]).float()
 
 
 def planted_from_settings(d_in: int, features: int, active: float, power_law: float, noise: float,
                           seed: int, children: int = 0, child_prob: float = 0.5,
-                          magnitude_sigma: float = 0.0) -> Planted:
+                          magnitude_sigma: float = 0.0, correlation: float = 0.0) -> Planted:
     """The Planted of the synthetic source with these settings (what `--source synthetic` plants).
     A hierarchy's settings say so ("children", "parents"): the evaluation then reports its parents
     and children apart."""
     source = SyntheticSource(d_in=d_in, n_features=features, active=active, power_law=power_law, noise=noise,
                              seed=seed, rank=0, world_size=1, batch_size=1, children=children,
-                             child_prob=child_prob, magnitude_sigma=magnitude_sigma)
+                             child_prob=child_prob, magnitude_sigma=magnitude_sigma, correlation=correlation)
     settings = {"d_in": d_in, "features": features, "active": active, "power_law": power_law,
                 "noise": noise, "seed": seed}
     if children:
@@ -67,12 +74,15 @@ def planted_from_settings(d_in: int, features: int, active: float, power_law: fl
                         features=source.n_features)
     if magnitude_sigma:
         settings["magnitude_sigma"] = magnitude_sigma
+    if correlation:
+        settings["correlation"] = correlation
     return Planted(dictionary=source.dictionary.clone(), frequencies=presence_frequencies(source),
                    settings=settings, truth=source.codes)
 
 
 def _check_settings(rows: int, d_in: int, features: int, active: float, power_law: float, noise: float,
-                    rows_per_shard: int, children: int, child_prob: float, magnitude_sigma: float) -> None:
+                    rows_per_shard: int, children: int, child_prob: float, magnitude_sigma: float,
+                    correlation: float = 0.0) -> None:
     for name, value in (("rows", rows), ("d_in", d_in), ("features", features), ("rows_per_shard", rows_per_shard)):
         if not isinstance(value, int) or value < 1:
             raise UserError(f"{name.replace('_', '-')} {value}: must be a positive integer")
@@ -90,16 +100,19 @@ def _check_settings(rows: int, d_in: int, features: int, active: float, power_la
         raise UserError(f"child-prob {child_prob}: must be between 0 and 1")
     if not magnitude_sigma >= 0:
         raise UserError(f"magnitude-sigma {magnitude_sigma}: must be 0 or more")
+    if not 0 <= correlation <= 1:
+        raise UserError(f"correlation {correlation}: must be between 0 and 1")
 
 
 def write_planted_shards(out_dir: str | os.PathLike, rows: int, d_in: int, features: int, active: float = 4.0,
                          power_law: float = 0.5, noise: float = 0.01, seed: int = 0,
                          rows_per_shard: int = 65536, children: int = 0, child_prob: float = 0.5,
-                         magnitude_sigma: float = 0.0) -> Path:
+                         magnitude_sigma: float = 0.0, correlation: float = 0.0) -> Path:
     """Write `rows` synthetic rows as shards in `out_dir`, with their planted dictionary; returns out_dir."""
     _check_settings(rows, d_in, features, active, power_law, noise, rows_per_shard, children, child_prob,
-                    magnitude_sigma)
-    hierarchy = {"children": children, "child_prob": child_prob, "magnitude_sigma": magnitude_sigma}
+                    magnitude_sigma, correlation)
+    hierarchy = {"children": children, "child_prob": child_prob, "magnitude_sigma": magnitude_sigma,
+                 "correlation": correlation}
     out = Path(out_dir)
     if out.exists() and (any(out.glob("*" + SUFFIX)) or (out / MANIFEST).exists()):
         raise DataError(f"{out} already holds shards; write to a new directory, or delete the old shards "
@@ -164,7 +177,8 @@ def _truth_of(settings: dict[str, Any]):
                                  power_law=settings["power_law"], noise=settings["noise"], seed=settings["seed"],
                                  rank=0, world_size=1, batch_size=1, children=settings.get("children", 0),
                                  child_prob=settings.get("child_prob", 0.5),
-                                 magnitude_sigma=settings.get("magnitude_sigma", 0.0))
+                                 magnitude_sigma=settings.get("magnitude_sigma", 0.0),
+                                 correlation=settings.get("correlation", 0.0))
     except (KeyError, TypeError, ValueError):
         return None
     return source.codes

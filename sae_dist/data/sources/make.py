@@ -28,7 +28,8 @@ def make_source(cfg: TrainConfig, ctx: D.DistContext) -> ActivationSource:
             d_in=cfg.d_in or SYNTHETIC_D_IN, n_features=cfg.synthetic_features, active=cfg.synthetic_active,
             power_law=cfg.synthetic_power_law, noise=cfg.synthetic_noise, seed=cfg.seed,
             rank=ctx.rank, world_size=ctx.world_size, batch_size=cfg.batch_size, children=cfg.synthetic_children,
-            child_prob=cfg.synthetic_child_prob, magnitude_sigma=cfg.synthetic_magnitude_sigma)
+            child_prob=cfg.synthetic_child_prob, magnitude_sigma=cfg.synthetic_magnitude_sigma,
+            correlation=cfg.synthetic_correlation)
     from sae_dist.data.sources.paired import PairedSource, input_width
 
     pair = cfg.transcode_sites

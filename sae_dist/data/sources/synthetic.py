@@ -8,7 +8,9 @@ its first P = F // (children + 1) features are parents, drawn as above, and each
 features of its own (parent p's are P + p * children + j), each a random direction. A child
 fires only with its parent: each time the parent fires, one of its children (uniformly) fires
 too with probability `child_prob`. This is the data on which a TopK SAE absorbs a parent into
-its children's latents. Magnitudes are uniform in [0.5, 2], or with `magnitude_sigma` > 0
+its children's latents. With `correlation` > 0 features fire together: the features (the parents,
+in a hierarchy) pair up, 0 with 1, 2 with 3, ..., and each time one fires its partner fires too
+with that probability (with a magnitude of its own). Magnitudes are uniform in [0.5, 2], or with `magnitude_sigma` > 0
 log-normal, exp(N(0, sigma)), heavy-tailed as real activations are. The data is a
 pure function of (seed, global sample index): a step takes the next G samples of one infinite
 stream (G = the global batch), cut into micro-batches and, within each, into the ranks' shares
@@ -31,8 +33,8 @@ CHUNK = 64  # samples generated per seeded chunk: the unit of determinism
 class SyntheticSource:
     def __init__(self, d_in: int, n_features: int, active: float, power_law: float, noise: float,
                  seed: int, rank: int, world_size: int, batch_size: int, children: int = 0,
-                 child_prob: float = 0.5, magnitude_sigma: float = 0.0):
-        self.noise, self.seed = noise, seed
+                 child_prob: float = 0.5, magnitude_sigma: float = 0.0, correlation: float = 0.0):
+        self.noise, self.seed, self.correlation = noise, seed, correlation
         self.rank, self.world_size, self.batch_size = rank, world_size, batch_size
         self.children, self.child_prob, self.magnitude_sigma = children, child_prob, magnitude_sigma
         # Parents (all features when flat), then each parent's children.
@@ -116,6 +118,11 @@ class SyntheticSource:
             child = self.parents + feats * self.children + torch.randint(self.children, (CHUNK, m), generator=gen)
             fires = keep & (torch.rand(CHUNK, m, generator=gen) < self.child_prob)
             slots.append((child, self._magnitudes(gen, (CHUNK, m)) * fires))
+        if self.correlation:  # (drawn after the others: data without it is the same stream as before)
+            partner = feats ^ 1
+            paired = partner < self.parents  # an odd count leaves the last feature without a partner
+            brings = keep & paired & (torch.rand(CHUNK, m, generator=gen) < self.correlation)
+            slots.append((torch.where(paired, partner, feats), self._magnitudes(gen, (CHUNK, m)) * brings))
         if codes:  # a feature drawn in two slots of a row adds up, as in the row itself
             out = torch.zeros(CHUNK, self.n_features)
             for index_, weight in slots:
