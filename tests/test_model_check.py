@@ -98,6 +98,28 @@ def test_ce_loss_score_of_identity_and_zero(gpt2_shards):
     zero = model_check(Zero(), gpt2_shards, max_texts=8)
     assert zero["ce_loss_score"] == pytest.approx(0.0, abs=1e-5)
     assert zero["ce_clean"] == pytest.approx(identity["ce_clean"])
+    # SAEBench's KL scores: nothing lost by the identity, all of the ablation's by zeros
+    assert identity["kl_div_with_sae"] == pytest.approx(0.0, abs=1e-6) and identity["kl_div_with_ablation"] > 1e-3
+    assert identity["kl_div_score"] == pytest.approx(1.0, abs=1e-5)
+    assert zero["kl_div_score"] == pytest.approx(0.0, abs=1e-5)
+    assert zero["kl_div_with_ablation"] == pytest.approx(identity["kl_div_with_ablation"])
+
+
+def test_kl_sum_is_saelens_kl_over_the_real_positions():
+    """kl_sum against SAELens' `_kl` written out (torch's kl_div of the new log-probabilities
+    against the clean probabilities, summed over the vocabulary), on fixed logits, padding left out;
+    and the score by SAELens' formula."""
+    from sae_dist.evaluate.model_check import kl_scores, kl_sum
+
+    g = torch.Generator().manual_seed(2)
+    clean, new = torch.randn(2, 5, 11, generator=g) * 3, torch.randn(2, 5, 11, generator=g) * 3
+    attention = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    theirs = torch.nn.functional.kl_div(torch.log_softmax(new, -1), torch.softmax(clean, -1), reduction="none").sum(-1)
+    total, positions = kl_sum(clean, new, attention)
+    assert positions == 8 and total == pytest.approx(float(theirs[attention.bool()].sum()), rel=1e-5)
+    scores = kl_scores([(0, 0, 0.3, 2), (0, 0, 0.5, 2)], [(0, 0, 4.0, 2), (0, 0, 2.0, 2)])
+    assert scores["kl_div_with_sae"] == pytest.approx(0.2) and scores["kl_div_with_ablation"] == pytest.approx(1.5)
+    assert scores["kl_div_score"] == pytest.approx((1.5 - 0.2) / 1.5)
 
 
 @pytest.mark.slow

@@ -10,7 +10,10 @@ how much of the model's output survives, next to a zero-ablation of the site for
   the splice and without; likewise with the site zero-ablated;
 - a causal LM: next-token cross-entropy clean, spliced and ablated, and SAELens' ce_loss_score
   = (CE_ablated - CE_spliced) / (CE_ablated - CE_clean): 1 when the splice loses nothing, 0 when
-  it is as bad as ablating the site.
+  it is as bad as ablating the site; and SAEBench's KL scores: the mean over positions of
+  KL(clean next-token distribution || spliced one), likewise ablated, and kl_div_score =
+  (KL_ablated - KL_spliced) / KL_ablated (SAELens' `_kl` and formula). A spliced or ablated batch
+  runs the clean model again beside it, since the clean distributions are too large to keep.
 
 Texts come from the harvest's own text source, cut into contexts exactly as the harvest cut them;
 contexts after the harvested ones are used when the harvest stopped early (--max-tokens), so the
@@ -92,10 +95,11 @@ class ModelCheck:
         handles.append(site.register_forward_hook(splice))
         forward = _embed if self.kind == "sentence_cosine" else _losses
         try:
+            kl = self.kind == "ce_loss_score"
             if device not in self._plain:
                 self._plain[device] = (_runs(self.model, self.texts, splice, device, forward, None),
-                                       _runs(self.model, self.texts, splice, device, forward, "zero"))
-            spliced = _runs(self.model, self.texts, splice, device, forward, "sae")
+                                       _runs(self.model, self.texts, splice, device, forward, "zero", kl))
+            spliced = _runs(self.model, self.texts, splice, device, forward, "sae", kl)
         finally:
             for handle in handles:
                 handle.remove()
@@ -146,18 +150,34 @@ class _Splice:
         return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
 
-def _runs(model, contexts, splice: _Splice, device, forward, mode: str | None) -> list:
+def _runs(model, contexts, splice: _Splice, device, forward, mode: str | None, kl: bool = False) -> list:
     """forward(batch outputs) for each batch, with the splice in `mode`: None (clean), "sae" or
-    "zero" (ablated)."""
+    "zero" (ablated); with `kl`, each result also carries the summed KL divergence of the clean
+    run's next-token distributions from this run's (the clean batch run again beside it)."""
     out = []
     for start in range(0, len(contexts), BATCH):
         batch = contexts[start:start + BATCH]
         ids, attention, splice.keep = batch_inputs(batch, device)
-        splice.mode = mode
         with torch.inference_mode():
-            out.append(forward(model(input_ids=ids, attention_mask=attention), ids, attention))
+            clean = None
+            if kl:
+                splice.mode = None
+                clean = model(input_ids=ids, attention_mask=attention).logits
+            splice.mode = mode
+            output = model(input_ids=ids, attention_mask=attention)
+            result = forward(output, ids, attention)
+            out.append((*result, *kl_sum(clean, output.logits, attention)) if kl else result)
     splice.mode = None
     return out
+
+
+def kl_sum(clean_logits: Tensor, new_logits: Tensor, attention: Tensor) -> tuple[float, int]:
+    """(sum over the real positions of KL(softmax(clean) || softmax(new)), as SAELens' `_kl`; the
+    number of those positions)."""
+    real = attention.bool()
+    log_new = torch.nn.functional.log_softmax(new_logits[real].float(), dim=-1)
+    log_clean = torch.nn.functional.log_softmax(clean_logits[real].float(), dim=-1)
+    return float((log_clean.exp() * (log_clean - log_new)).sum()), int(real.sum())
 
 
 def _embed(output, _ids, attention) -> Tensor:
@@ -181,13 +201,23 @@ def _sentence_cosine(clean: list, spliced: list, ablated: list, contexts) -> dic
             "tokens": sum(sum(c.harvest) for c in contexts)}
 
 
-def _ce_loss(*runs: list) -> dict:
-    tokens = sum(n for _, n in runs[0])
-    clean, spliced, ablated = (sum(ce for ce, _ in run) / max(tokens, 1) for run in runs)
+def _ce_loss(clean_run: list, spliced_run: list, ablated_run: list) -> dict:
+    tokens = sum(r[1] for r in clean_run)
+    clean, spliced, ablated = (sum(r[0] for r in run) / max(tokens, 1) for run in (clean_run, spliced_run, ablated_run))
     gap = ablated - clean
     score = (ablated - spliced) / gap if gap != 0 else float("nan")  # SAELens' ce_loss_score
     return {"ce_clean": clean, "ce_spliced": spliced, "ce_ablated": ablated,
-            "ce_loss_score": None if math.isnan(score) else score, "tokens": tokens}
+            "ce_loss_score": None if math.isnan(score) else score, "tokens": tokens,
+            **kl_scores(spliced_run, ablated_run)}
+
+
+def kl_scores(spliced_run: list, ablated_run: list) -> dict:
+    """SAEBench's KL figures from runs whose results end with (summed KL, positions): the mean KL
+    with the splice and with the ablation, and kl_div_score = (KL_ablated - KL_spliced) / KL_ablated."""
+    positions = sum(r[3] for r in spliced_run)
+    with_sae, with_ablation = (sum(r[2] for r in run) / max(positions, 1) for run in (spliced_run, ablated_run))
+    score = (with_ablation - with_sae) / with_ablation if with_ablation > 0 else None
+    return {"kl_div_with_sae": with_sae, "kl_div_with_ablation": with_ablation, "kl_div_score": score}
 
 
 # ---------------------------------------------------------------- the harvest's model and text
