@@ -98,11 +98,13 @@ def test_a_ce_loss_check_and_an_unavailable_one(state_home):
     engine = get_engine()
     run_id = add_run(engine, "lm-run", "COMPLETED", [10], 10)
     check = {"kind": "ce_loss_score", "ce_clean": 3.2, "ce_spliced": 3.5, "ce_ablated": 9.2, "ce_loss_score": 0.95,
+             "kl_div_with_sae": 0.1, "kl_div_with_ablation": 4.0, "kl_div_score": 0.975,
              "tokens": 2000, "texts": 16, "texts_from": "harvested", "model": "gpt2", "layer": 6, "site": "resid"}
     record_evaluation(engine, evaluation(model_check=check), "/sae", "/acts", run_id=run_id)
     at = open_runs(run_id)
     cards = shown(at)
     assert (cards["CE loss score"], cards["CE clean"], cards["CE site zeroed"]) == ("0.95", "3.2", "9.2")
+    assert (cards["KL div score"], cards["KL spliced"], cards["KL site zeroed"]) == ("0.975", "0.1", "4")
     assert "harvested text (none was left unused)" in captions(at)
     assert "On 4,096 last rows of the shards (python -m sae_dist evaluate)" in captions(at)
     assert "Mean best cosine" not in cards  # not planted: no recovery cards

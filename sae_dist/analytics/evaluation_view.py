@@ -146,6 +146,14 @@ def model_check_cards(check: dict[str, Any] | None) -> list[Card]:
             Card("CE clean", fmt_number(_get(check, "ce_clean"), 4), "Next-token cross-entropy (nats) of the model."),
             Card("CE spliced", fmt_number(_get(check, "ce_spliced"), 4), "With the SAE's reconstruction at the site."),
             Card("CE site zeroed", fmt_number(_get(check, "ce_ablated"), 4), "With the site's output zeroed."),
+            *([Card("KL div score", fmt_number(_get(check, "kl_div_score"), 4),
+                    "(KL zeroed − KL spliced) / KL zeroed, SAEBench's: KL is the mean over positions of "
+                    "KL(clean next-token distribution ‖ the other); 1 when the splice changes nothing."),
+               Card("KL spliced", fmt_number(_get(check, "kl_div_with_sae"), 4),
+                    "Mean KL (nats) of the clean model's next-token distribution from the spliced one's."),
+               Card("KL site zeroed", fmt_number(_get(check, "kl_div_with_ablation"), 4),
+                    "The same with the site's output zeroed.")]
+              if "kl_div_score" in check else []),  # checks stored before the KL scores have none
         ]
     return []
 
