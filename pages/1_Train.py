@@ -206,6 +206,16 @@ def draw_device_rows(table: list[dict], widths: list[float]) -> list[str]:
     return selected
 
 
+def draw_matryoshka_fields() -> tuple[str, str]:
+    """Matryoshka's own fields: the prefixes' widths (blank: the default) and how latents are chosen."""
+    error_slot("matryoshka_widths")
+    widths = st.text_input("Prefix widths", key="tr_matryoshka_widths", placeholder="default",
+                           help=HELP["matryoshka_widths"])
+    selection = st.segmented_control("Latents chosen per", MATRYOSHKA_SELECTIONS, required=True,
+                                     key="tr_matryoshka_selection", help=HELP["matryoshka_selection"])
+    return widths, selection
+
+
 def draw_form() -> dict:
     """The SAE form's widgets (drawn below the devices, read first: the devices depend on it): the
     fields train_form.form_config reads, the sweep's texts (None: no sweep) and architectures, the
@@ -241,12 +251,7 @@ def draw_form() -> dict:
             error_slot("l0_coefficient")
             l0 = st.number_input("L0 coefficient", key="tr_l0", step=0.005, format="%.4f",
                                  help=HELP["l0_coefficient"])
-        if architecture == "matryoshka":
-            error_slot("matryoshka_widths")
-            prefix_widths = st.text_input("Prefix widths", key="tr_matryoshka_widths", placeholder="default",
-                                          help=HELP["matryoshka_widths"])
-            selection = st.segmented_control("Latents chosen per", MATRYOSHKA_SELECTIONS, required=True,
-                                             key="tr_matryoshka_selection", help=HELP["matryoshka_selection"])
+        prefix_widths, selection = draw_matryoshka_fields() if architecture == "matryoshka" else (None, None)
         error_slot("precision")
         precision = st.segmented_control("Precision", PRECISIONS, key="tr_precision", required=True,
                                          help=HELP["precision"])
@@ -282,8 +287,7 @@ def draw_form() -> dict:
               "d_sae": d_sae if width_by == "d_sae" else None,
               "expansion_factor": expansion if width_by != "d_sae" else None,
               "k": k if architecture in TOPK_FAMILY else None,
-              "matryoshka_widths": prefix_widths if architecture == "matryoshka" else None,
-              "matryoshka_selection": selection if architecture == "matryoshka" else None,
+              "matryoshka_widths": prefix_widths, "matryoshka_selection": selection,
               "l1_coefficient": l1 if architecture == "standard" else None,
               "l0_coefficient": l0 if architecture not in (*TOPK_FAMILY, "standard") else None}
     return {"fields": fields, "sweep_texts": sweep_texts, "swept_architectures": swept_archs,

@@ -36,7 +36,7 @@ SYNTHETIC_EVERYTHING = TrainConfig(
     l0_coefficient=1e-5, jumprelu_init_threshold=0.002, jumprelu_bandwidth=0.1 + 0.2, auxk_coefficient=0.0,
     auxk_k=7, dead_after_samples=1000, model_layer=2, model_site="mlp_out", context_length=64,
     synthetic_features=100, synthetic_active=2.5, synthetic_power_law=0.0, synthetic_noise=1e-5, seed=7,
-    synthetic_children=3, synthetic_child_prob=0.25, synthetic_magnitude_sigma=0.5,
+    synthetic_children=3, synthetic_child_prob=0.25, synthetic_magnitude_sigma=0.5, synthetic_correlation=0.3,
     batch_size=512, lr=1e-5, lr_warmup_steps=0, lr_decay_fraction=1.0, steps=10, precision="bf16",
     grad_accum=2, ddp_bucket_mb=12.5, ddp_compress="bf16", balance="speed", rebalance=False,
     on_rank_loss="fail", devices="cpu:3", name="-starts-with-dash", out_dir="-/a dir", log_every=1,

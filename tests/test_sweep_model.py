@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import LENGTH_FREE_SCHEDULE, main_here, run_cli
-from test_harvest import minilm, text  # noqa: F401 (fixtures: the tiny model and its text)
+from test_harvest import text  # noqa: F401 (a fixture: the text; the model's is conftest's)
 from test_sweep_train import ok, rel_diff, weights
 
 pytestmark = pytest.mark.slow  # every test here reads runs trained by the module fixture

@@ -320,3 +320,13 @@ def test_harvested_pairs_are_the_mlps_input_and_output_and_train_a_transcoder(mi
                          *common)
     assert straight.returncode == 0, straight.stderr[-2000:]
     assert load_sae(tmp_path / "m" / "sae").transcoder
+
+
+def test_a_transcoders_sweep_cannot_vary_its_sites(minilm, text, tmp_path):
+    """The source hooks the two sites --transcode names at one layer: a sweep over the layer or the
+    site would train every SAE on those anyway, so it is refused before anything starts."""
+    one_line(main_here("train", "--no-db", "--devices", "cpu:1", "--source", "model", "--model-path", minilm,
+                       "--text-path", text, "--architecture", "batchtopk", "--transcode", "mlp_in:mlp_out",
+                       "--sweep", "model_layer=2,3", "--steps", "2", "--out-dir", str(tmp_path / "r")),
+             "model_layer and model_site cannot vary in its sweep")
+    assert not (tmp_path / "r").exists()

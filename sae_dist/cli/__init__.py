@@ -384,5 +384,6 @@ def _placement(sweep, cfg: TrainConfig, model_config=None):
     if model_config is not None:
         from sae_dist.data.sources.model import launcher_memory
 
-        source = launcher_memory(cfg, model_config, len(model_sites(sweep)), cfg.batch_size * ranks * cfg.grad_accum)
+        n_sites = 2 if cfg.transcode else len(model_sites(sweep))  # a transcoder's input and output
+        source = launcher_memory(cfg, model_config, n_sites, cfg.batch_size * ranks * cfg.grad_accum)
     return place_sweep(sweep, kind, job_devices(kind, ranks), source)

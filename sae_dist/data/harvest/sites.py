@@ -74,6 +74,10 @@ def check_trainable(sweep: Sweep, model_config: Any = None) -> Any:
     if not sites:
         return None
     from sae_dist.contract.sweep import SweepError
+
+    if sweep.points[0].config.transcode and ({"model_layer", "model_site"} & set(sweep.keys)):
+        raise SweepError("a transcoder reads the two sites --transcode names at one layer: model_layer and "
+                         "model_site cannot vary in its sweep (sweep the layer as a job array)")
     from sae_dist.data.harvest.run import load_tokenizer
 
     cfg = sweep.points[0].config
