@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import main_here, run_cli
+from conftest import LENGTH_FREE_SCHEDULE, main_here, run_cli
 from sae_dist.data.shard_format import write_shards
 from sae_dist.data.sources.shards import open_shards
 from sae_dist.models.export import export_saelens, load_sae
@@ -330,3 +330,21 @@ def test_a_transcoders_sweep_cannot_vary_its_sites(minilm, text, tmp_path):
                        "--sweep", "model_layer=2,3", "--steps", "2", "--out-dir", str(tmp_path / "r")),
              "model_layer and model_site cannot vary in its sweep")
     assert not (tmp_path / "r").exists()
+
+
+def test_a_skip_transcoder_resumes_exactly(tmp_path):
+    """10 steps, then 10 more with --resume, give the weights of 20 straight (a schedule that does
+    not depend on the run's length): W_skip, the fixed input offset b_in and the stream of pairs
+    are all in the checkpoint."""
+    from test_train import final_weights, rel_diff
+
+    shard_set(tmp_path / "p", pairs(3000, seed=4), pair=["input", "target"])
+    common = ("train", "--no-db", "--devices", "cpu:1", "--source", "shards", "--shards-path", str(tmp_path / "p"),
+              "--transcode", "input:target", "--skip", "--architecture", "batchtopk", "--d-sae", str(D_SAE), "--k",
+              str(K), "--batch-size", "64", "--eval-rows", "0", "--checkpoint-every", "10", *LENGTH_FREE_SCHEDULE)
+    for steps, run, extra in (("20", "straight", ()), ("10", "split", ()), ("20", "split", ("--resume",))):
+        done = main_here(*common, "--steps", steps, "--out-dir", str(tmp_path / run), *extra)
+        assert done.returncode == 0, done.stderr[-2000:]
+    straight, split = final_weights(tmp_path / "straight"), final_weights(tmp_path / "split")
+    assert {"W_skip", "b_in"} <= set(straight) and bool(straight["b_in"].abs().sum() > 0)
+    assert rel_diff(split, straight) < 1e-6
