@@ -28,7 +28,7 @@ from sae_dist.config import (
     config_fields,
 )
 from sae_dist.contract.sweep_argv import SWEEP_KEY, CheckedTrain
-from sae_dist.data.shard_format import read_layout  # the shards' headers, without torch
+from sae_dist.data.shard_format import input_width, read_layout  # the shards' headers, without torch
 from sae_dist.defaults import describe_resolved
 from sae_dist.errors import UserError
 from sae_dist.paths import default_run_name, run_dir_for
@@ -93,7 +93,8 @@ def use_recommended() -> None:
 
 @st.cache_data(ttl=30, show_spinner=False, max_entries=16)
 def shards_d_in(path: str) -> int:
-    return read_layout(path).d_in
+    """The shards' width; a transcoder's paired shards are refused here, as the trainer would refuse them."""
+    return input_width(read_layout(path), None)
 
 
 def run_dir_taken(config) -> Path | None:

@@ -331,7 +331,7 @@ def _with_source_d_in(cfg: TrainConfig, model_config=None) -> TrainConfig:
     size (its config only, `model_config` where already read; the layer, site and text checked
     too), or synthetic's."""
     if cfg.source == "shards":
-        from sae_dist.data.sources.paired import input_width
+        from sae_dist.data.shard_format import input_width
         from sae_dist.data.sources.shards import open_shards
 
         # raises on a width mismatch, or shards that do not suit the config (pairs, or one site's rows)

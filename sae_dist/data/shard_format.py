@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from sae_dist.errors import DataError
+from sae_dist.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     import torch
@@ -372,3 +372,34 @@ def _verify_checksums(manifest_path: Path, manifest: dict, files: list[Path]) ->
         if actual != expected:
             raise DataError(f"{path}: checksum mismatch (sha256 {actual[:16]}..., manifest says "
                             f"{expected[:16]}...); the file is corrupt or was replaced: {REDO}")
+
+
+# ---- a transcoder's paired rows [input | target] (sae_dist.data.sources.paired) ----
+
+PAIR_KEY = "pair"  # manifest.json: [input site, output site]
+
+
+def shard_pair(manifest: dict[str, Any]) -> tuple[str, str] | None:
+    pair = manifest.get(PAIR_KEY)
+    return (str(pair[0]), str(pair[1])) if isinstance(pair, list) and len(pair) == 2 else None
+
+
+def input_width(layout, transcode: tuple[str, str] | None) -> int:
+    """The SAE's d_in from a shard set's row width, once the set suits the config: a transcoder
+    reads shards that pair its two sites, an SAE reads one site's."""
+    pair = shard_pair(layout.manifest)
+    where = layout.directory
+    if transcode is None:
+        if pair is not None:
+            raise ConfigError("transcode", f"{where} holds pairs ({pair[0]}:{pair[1]}) for a transcoder; add "
+                                           f"--transcode {pair[0]}:{pair[1]} to train one")
+        return layout.d_in
+    if pair is None:
+        raise ConfigError("transcode", f"{where} holds one site's rows, not pairs: harvest with --transcode "
+                                       f"{':'.join(transcode)}, or join an input set and a target set with "
+                                       f"pair-shards")
+    if pair != tuple(transcode):
+        raise ConfigError("transcode", f"{where} pairs {pair[0]}:{pair[1]}, not {':'.join(transcode)}")
+    if layout.d_in % 2:
+        raise DataError(f"{where}: paired rows are [input | target] of equal widths, but these are {layout.d_in} wide")
+    return layout.d_in // 2

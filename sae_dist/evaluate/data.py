@@ -38,7 +38,7 @@ def heldout_batches(shards_dir: str | os.PathLike, rows: int = DEFAULT_ROWS, bat
     _check_rows(rows)
     ds = open_shards(shards_dir)
     if d_in is not None and ds.d_in != d_in:
-        from sae_dist.data.sources.paired import shard_pair
+        from sae_dist.data.shard_format import shard_pair
 
         if shard_pair(ds.manifest) or ds.d_in == 2 * d_in:
             raise DataError(f"{ds.directory} holds rows of width {ds.d_in}"

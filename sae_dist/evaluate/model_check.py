@@ -35,7 +35,7 @@ from torch import Tensor
 
 from sae_dist.data.harvest.contexts import batch_inputs, framing_from_examples, join_documents, make_contexts
 from sae_dist.data.harvest.sites import INPUT_SITES, site_module_path
-from sae_dist.data.sources.paired import shard_pair
+from sae_dist.data.shard_format import shard_pair
 from sae_dist.errors import UserError
 
 ENCODER_TYPES = ("bert", "roberta", "distilbert")  # sentence embeddings; every other model: causal LM

@@ -30,7 +30,8 @@ def make_source(cfg: TrainConfig, ctx: D.DistContext) -> ActivationSource:
             rank=ctx.rank, world_size=ctx.world_size, batch_size=cfg.batch_size, children=cfg.synthetic_children,
             child_prob=cfg.synthetic_child_prob, magnitude_sigma=cfg.synthetic_magnitude_sigma,
             correlation=cfg.synthetic_correlation)
-    from sae_dist.data.sources.paired import PairedSource, input_width
+    from sae_dist.data.shard_format import input_width
+    from sae_dist.data.sources.paired import PairedSource
 
     pair = cfg.transcode_sites
     if cfg.source == "model":

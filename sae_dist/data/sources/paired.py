@@ -1,10 +1,10 @@
 """A transcoder's rows: its input and its target side by side, [x | y], each d_in wide.
 
 Paired shards hold such rows as written (`harvest --transcode IN:OUT`, `pair-shards`), their
-manifest naming the pair ("pair": [IN, OUT]); the model source hooks both sites in one forward
-pass and gives [rows, 2, d_in], laid flat here. Either way every part of the trainer that moves
-rows (the shuffle, the ranks' shares, the held-out tail) moves whole pairs, and the SAE splits
-them (sae_dist.models.sae)."""
+manifest naming the pair ("pair": [IN, OUT]; read without torch by sae_dist.data.shard_format);
+the model source hooks both sites in one forward pass and gives [rows, 2, d_in], laid flat here.
+Either way every part of the trainer that moves rows (the shuffle, the ranks' shares, the held-out
+tail) moves whole pairs, and the SAE splits them (sae_dist.models.sae)."""
 
 from __future__ import annotations
 
@@ -14,35 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sae_dist.errors import ConfigError, DataError
-
-PAIR_KEY = "pair"  # manifest.json: [input site, output site]
-
-
-def shard_pair(manifest: dict[str, Any]) -> tuple[str, str] | None:
-    pair = manifest.get(PAIR_KEY)
-    return (str(pair[0]), str(pair[1])) if isinstance(pair, list) and len(pair) == 2 else None
-
-
-def input_width(layout, transcode: tuple[str, str] | None) -> int:
-    """The SAE's d_in from a shard set's row width, once the set suits the config: a transcoder
-    reads shards that pair its two sites, an SAE reads one site's."""
-    pair = shard_pair(layout.manifest)
-    where = layout.directory
-    if transcode is None:
-        if pair is not None:
-            raise ConfigError("transcode", f"{where} holds pairs ({pair[0]}:{pair[1]}) for a transcoder; add "
-                                           f"--transcode {pair[0]}:{pair[1]} to train one")
-        return layout.d_in
-    if pair is None:
-        raise ConfigError("transcode", f"{where} holds one site's rows, not pairs: harvest with --transcode "
-                                       f"{':'.join(transcode)}, or join an input set and a target set with "
-                                       f"pair-shards")
-    if pair != tuple(transcode):
-        raise ConfigError("transcode", f"{where} pairs {pair[0]}:{pair[1]}, not {':'.join(transcode)}")
-    if layout.d_in % 2:
-        raise DataError(f"{where}: paired rows are [input | target] of equal widths, but these are {layout.d_in} wide")
-    return layout.d_in // 2
+from sae_dist.data.shard_format import PAIR_KEY, shard_pair
+from sae_dist.errors import DataError
 
 
 class PairedSource:
