@@ -263,6 +263,10 @@ def test_shards_source_reads_d_in_from_the_shards(tmp_path):
     assert any("directory of the activation shards" in e for e in field_errors(at))
     at.text_input(key="tr_shards_path").set_value(str(tmp_path / "nowhere")).run()
     assert any("does not exist" in e for e in field_errors(at))
+    write_shards(tmp_path / "pairs", [torch.randn(64, 96)], {"pair": ["mlp_in", "mlp_out"]})
+    at.text_input(key="tr_shards_path").set_value(str(tmp_path / "pairs")).run()  # a transcoder's, not an SAE's
+    assert any("holds pairs (mlp_in:mlp_out) for a transcoder" in e for e in field_errors(at))
+    assert at.button(key="tr_submit").disabled
     at.text_input(key="tr_shards_path").set_value(str(tmp_path / "acts")).run()
     assert not at.error
     assert [n.value for n in at.number_input if n.label == "d_in (from the shards)"] == [48]
