@@ -84,10 +84,12 @@ SETS = [
 ]
 
 
-def run(argv: list[str], log: Path, **kw) -> None:
+def run(argv: list[str], log: Path, stdout_only: bool = False, **kw) -> None:
+    """argv with its output in `log`; `stdout_only` (evaluate --json: the log is the JSON) leaves
+    stderr, where the model check says it is loading, to the terminal."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as f:
-        done = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, **kw)
+        done = subprocess.run(argv, stdout=f, stderr=None if stdout_only else subprocess.STDOUT, **kw)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv[:4])} ... exited {done.returncode}; see {log}")
 
@@ -164,7 +166,7 @@ def train(trainer: str, ds: DataSet, shards: Path, out: Path, peers: Path, peer_
 def evaluate(sae_dir: Path, shards: Path, out: Path, label: str) -> dict:
     log = out / "logs" / f"{label}-eval.json"
     run(sae_dist("evaluate", str(sae_dir), "--shards", str(shards), "--rows", str(HELDOUT), "--json", "--no-db"),
-        log, cwd=ROOT)
+        log, stdout_only=True, cwd=ROOT)
     return json.loads(log.read_text())
 
 
