@@ -28,7 +28,7 @@ from sae_dist.config import (
     config_fields,
 )
 from sae_dist.contract.sweep_argv import SWEEP_KEY, CheckedTrain
-from sae_dist.data.shard_format import input_width, read_layout  # the shards' headers, without torch
+from sae_dist.data.shard_format import input_width, read_layout, shard_pair  # the shards' headers, no torch
 from sae_dist.defaults import describe_resolved
 from sae_dist.errors import UserError
 from sae_dist.paths import default_run_name, run_dir_for
@@ -55,6 +55,7 @@ FORM_DEFAULTS = {
     "tr_checkpoint_every": DEFAULT["checkpoint_every"], "tr_balance": DEFAULT["balance"],
     "tr_rebalance": DEFAULT["rebalance"], "tr_on_rank_loss": DEFAULT["on_rank_loss"],
     "tr_name": "", "tr_priority": 0, "tr_time": "", "tr_matryoshka_widths": "", "tr_matryoshka_selection": "sample",
+    "tr_skip": DEFAULT["skip"],
     "tr_auto": True,  # preselect the recommended devices until the user ticks one
     "tr_sweep": False, "tr_sw_architecture": [], "tr_sw_k": "", "tr_sw_expansion_factor": "", "tr_sw_lr": "",
 }
@@ -92,9 +93,12 @@ def use_recommended() -> None:
 
 
 @st.cache_data(ttl=30, show_spinner=False, max_entries=16)
-def shards_d_in(path: str) -> int:
-    """The shards' width; a transcoder's paired shards are refused here, as the trainer would refuse them."""
-    return input_width(read_layout(path), None)
+def shards_d_in(path: str) -> tuple[int, tuple[str, str] | None]:
+    """The SAE's d_in from the shards' headers, and the pair (input site, output site) when they are
+    a transcoder's paired shards (harvest --transcode, pair-shards): then the form trains one."""
+    layout = read_layout(path)
+    pair = shard_pair(layout.manifest)
+    return input_width(layout, pair), pair
 
 
 def run_dir_taken(config) -> Path | None:
@@ -148,8 +152,8 @@ def draw_data_fields() -> dict:
     st.markdown("**Data and optimisation**")
     error_slot("source")
     source = st.segmented_control("Source", PAGE_SOURCES, key="tr_source", required=True, help=HELP["source"])
-    d_in = None
-    shards_path = None
+    d_in = shards_path = pair = transcode = None
+    skip = False
     if source == "shards":
         error_slot("shards_path")
         typed = st.text_input("Shards directory", key="tr_shards_path", help=HELP["shards_path"],
@@ -158,13 +162,19 @@ def draw_data_fields() -> dict:
             path = Path(typed.strip()).expanduser()
             shards_path = str(path if path.is_absolute() else (APP_ROOT / path).resolve())
             try:
-                d_in = shards_d_in(shards_path)
+                d_in, pair = shards_d_in(shards_path)
             except UserError as error:
                 errors["shards_path"] = str(error)
         else:
             errors["shards_path"] = "the directory of the activation shards (safetensors files)"
         st.number_input("d_in (from the shards)", value=d_in, disabled=True,
                         help="The width of the shards' activations, read from their headers")
+        if pair:
+            error_slot("transcode")
+            st.caption(f"These shards pair {pair[0]} with {pair[1]}: this trains a **transcoder** predicting "
+                       f"{pair[1]} from {pair[0]} (BatchTopK, JumpReLU or standard; SAELens has no TopK one).")
+            transcode = f"{pair[0]}:{pair[1]}"
+            skip = st.toggle("Skip path", key="tr_skip", help=HELP["skip"])
     else:
         error_slot("d_in")
         d_in = st.number_input("d_in", key="tr_d_in", step=64,
@@ -178,7 +188,7 @@ def draw_data_fields() -> dict:
     error_slot("steps")
     steps = st.number_input("Steps", key="tr_steps", step=100, help=HELP["steps"])
     return {"source": source, "d_in": d_in, "shards_path": shards_path, "batch_size": batch,
-            "grad_accum": grad_accum, "lr_text": lr_text, "steps": steps}
+            "grad_accum": grad_accum, "lr_text": lr_text, "steps": steps, "transcode": transcode, "skip": skip}
 
 
 def draw_device_rows(table: list[dict], widths: list[float]) -> list[str]:

@@ -263,10 +263,6 @@ def test_shards_source_reads_d_in_from_the_shards(tmp_path):
     assert any("directory of the activation shards" in e for e in field_errors(at))
     at.text_input(key="tr_shards_path").set_value(str(tmp_path / "nowhere")).run()
     assert any("does not exist" in e for e in field_errors(at))
-    write_shards(tmp_path / "pairs", [torch.randn(64, 96)], {"pair": ["mlp_in", "mlp_out"]})
-    at.text_input(key="tr_shards_path").set_value(str(tmp_path / "pairs")).run()  # a transcoder's, not an SAE's
-    assert any("holds pairs (mlp_in:mlp_out) for a transcoder" in e for e in field_errors(at))
-    assert at.button(key="tr_submit").disabled
     at.text_input(key="tr_shards_path").set_value(str(tmp_path / "acts")).run()
     assert not at.error
     assert [n.value for n in at.number_input if n.label == "d_in (from the shards)"] == [48]
@@ -390,3 +386,24 @@ def test_matryoshka_shows_its_prefix_widths_checked_above_the_field():
     assert selection.value == "sample" and list(selection.options) == ["sample", "batch"]
     selection.set_value("batch").run()
     assert not at.exception and not field_errors(at)
+
+
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
+def test_paired_shards_queue_a_transcoder(tmp_path):
+    """A transcoder's paired shards (harvest --transcode, pair-shards) make the form a transcoder's:
+    d_in is the input's width, the pair is said, TopK is refused with the trainer's own line (SAELens
+    has no TopK transcoder), and BatchTopK with a skip path queues."""
+    write_shards(tmp_path / "pairs", [torch.randn(64, 96)], {"pair": ["mlp_in", "mlp_out"]})
+    at = train_page()
+    at.segmented_control(key="tr_source").set_value("shards").run()
+    at.text_input(key="tr_shards_path").set_value(str(tmp_path / "pairs")).run()
+    assert [n.value for n in at.number_input if n.label == "d_in (from the shards)"] == [48]
+    assert any("pair mlp_in with mlp_out" in c.value for c in at.caption)
+    assert any("a topk transcoder (each sample's top k) has no SAELens class" in e for e in field_errors(at))
+    assert at.button(key="tr_submit").disabled
+    at.segmented_control(key="tr_architecture").set_value("batchtopk").run()
+    at.toggle(key="tr_skip").set_value(True).run()
+    assert not field_errors(at)
+    pick(at, ["virtual-0"]).button(key="tr_submit").click().run()
+    config = json.loads(list_jobs(get_engine())[0].train_config_json)
+    assert (config["transcode"], config["skip"], config["d_in"]) == ("mlp_in:mlp_out", True, 48)

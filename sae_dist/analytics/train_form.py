@@ -210,9 +210,11 @@ def form_config(fields: dict[str, Any], sweep_texts: dict[str, str] | None,
     values = {key: fields[key] for key in ("architecture", "source", "batch_size", "grad_accum", "steps",
                                            "precision", "checkpoint_every", "balance", "rebalance",
                                            "on_rank_loss")}
-    for key in ("d_in", "shards_path"):
+    for key in ("d_in", "shards_path", "transcode"):
         if fields.get(key) is not None:
             values[key] = fields[key]
+    if fields.get("transcode") and fields.get("skip"):
+        values["skip"] = True
     width = "d_sae" if fields["width_by"] == "d_sae" else "expansion_factor"
     values[width] = fields[width]
     sparsity = ("k" if fields["architecture"] in TOPK_FAMILY
