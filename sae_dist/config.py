@@ -66,7 +66,7 @@ class TrainConfig:
     k: int = _f(32, "active latents per sample (topk; batchtopk and matryoshka: on average)")
     matryoshka_widths: str | None = _f(
         None, "matryoshka: the nested prefixes' widths, increasing, the last d_sae (e.g. 256,1024,4096); "
-              "default d_sae/8, d_sae/2, d_sae")
+              "default d_sae/4, d_sae")
     matryoshka_selection: str | None = _f(
         None, "matryoshka: which latents fire, each sample's k largest (sample, as TopK) or the batch's k x batch "
               "largest (batch, as BatchTopK and the paper); default sample, which trains far better in one pass "
@@ -172,8 +172,8 @@ class TrainConfig:
         global_batch = self.batch_size * self.grad_accum * world_size
         assert self.d_in is not None, "d_in is set from the source before resolving"
         return self._unchecked(
-            lr=(self.lr if self.lr is not None
-                else float(f"{default_lr(global_batch, self.resolved_d_sae, self.k, self.d_in):.3g}")),
+            lr=self.lr if self.lr is not None else float(
+                f"{default_lr(global_batch, self.resolved_d_sae, self.k, self.d_in, self.architecture):.3g}"),
             lr_warmup_steps=(self.lr_warmup_steps if self.lr_warmup_steps is not None
                              else default_warmup_steps(self.steps)),
             lr_decay_fraction=self.lr_decay_fraction if self.lr_decay_fraction is not None else DECAY_FRACTION,

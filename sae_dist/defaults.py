@@ -19,21 +19,23 @@ DEAD_AFTER_FRACTION = 0.1  # of the run's samples
 DEAD_AFTER_MAX = 10_000_000  # the usual window of long runs (sparsify, OpenAI)
 
 
-def default_lr(global_batch: int, d_sae: int, k: int, d_in: int) -> float:
+# Matryoshka at twice the rule's lr, with prefixes d_sae/4 and d_sae: ahead of the other settings
+# on both seeds of a planted hierarchy, and then on the benchmark's hierarchies, at an FVU within
+# 10% of TopK's on its flat sets and MiniLM (docs/quality.md, "Matryoshka prefixes", 2026-11-27).
+MATRYOSHKA_LR_FACTOR = 2.0
+MATRYOSHKA_FRACTIONS = (4, 1)  # d_sae // each
+
+
+def default_lr(global_batch: int, d_sae: int, k: int, d_in: int, architecture: str = "topk") -> float:
     """Adam learning rate for a TopK-family SAE of this shape trained with this global batch."""
     del global_batch, d_sae, k  # too few swept shapes to fit these terms (docs/quality.md)
-    return LR_AT_REFERENCE * (d_in / 256) ** LR_D_IN_EXPONENT
-
-
-# Matryoshka's nested prefixes as fractions of d_sae, from a sweep of five choices on a flat and a
-# hierarchical planted set (docs/quality.md, 2026-11-27): d_sae/8, d_sae/2, d_sae had the best
-# FVU and MCC on both, by a few percent.
-MATRYOSHKA_FRACTIONS = (8, 2, 1)  # d_sae // each
+    factor = MATRYOSHKA_LR_FACTOR if architecture == "matryoshka" else 1.0
+    return factor * LR_AT_REFERENCE * (d_in / 256) ** LR_D_IN_EXPONENT
 
 
 def default_matryoshka_widths(d_sae: int) -> tuple[int, ...]:
-    """The prefixes' widths when none are given: d_sae/8, d_sae/2, d_sae (a prefix of fewer than
-    one latent left out)."""
+    """The prefixes' widths when none are given: d_sae/4, d_sae (a prefix of fewer than one latent
+    left out)."""
     return tuple(sorted({d_sae // f for f in MATRYOSHKA_FRACTIONS if d_sae // f >= 1}))
 
 

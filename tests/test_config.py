@@ -66,11 +66,11 @@ def test_defaults_and_resolution():
 
 
 def test_matryoshka_widths_default_and_given():
-    """Blank: d_sae/8, d_sae/2, d_sae (the ones under 1 latent left out); given as a flag's text or
-    a TOML list, checked against d_sae once d_in is known."""
+    """Blank: d_sae/4, d_sae (one under 1 latent left out); given as a flag's text or a TOML list,
+    checked against d_sae once d_in is known."""
     cfg = TrainConfig(architecture="matryoshka").with_d_in(512)
-    assert cfg.resolved_matryoshka_widths == (512, 2048, 4096)
-    assert TrainConfig(architecture="matryoshka", d_in=2, d_sae=4, k=1).resolved_matryoshka_widths == (2, 4)
+    assert cfg.resolved_matryoshka_widths == (1024, 4096)
+    assert TrainConfig(architecture="matryoshka", d_in=2, d_sae=3, k=1).resolved_matryoshka_widths == (3,)
     given = build_config({"architecture": "matryoshka_batchtopk", "d_in": 8, "d_sae": 64,
                           "matryoshka_widths": [16, 32, 64]})  # SAELens' name, a TOML list
     assert given.architecture == "matryoshka" and given.resolved_matryoshka_widths == (16, 32, 64)

@@ -17,6 +17,13 @@ def test_the_lr_rule_falls_with_the_square_root_of_d_in(d_in, lr):
     assert default_lr(8192, 65536, 128, d_in) == default_lr(256, 1024, 8, d_in)
 
 
+def test_matryoshka_learns_at_twice_the_rule():
+    assert default_lr(1024, 4096, 16, 256, "matryoshka") == pytest.approx(3.6e-3)
+    assert default_lr(1024, 4096, 16, 256, "batchtopk") == default_lr(1024, 4096, 16, 256) == pytest.approx(1.8e-3)
+    assert TrainConfig(architecture="matryoshka", d_in=256, steps=100).resolved(1).lr == 3.6e-3
+    assert TrainConfig(architecture="matryoshka", d_in=256, steps=100, lr=1e-3).resolved(1).lr == 1e-3
+
+
 @pytest.mark.parametrize("steps,warmup", [(10, 0), (100, 5), (1024, 51), (20_000, 1000), (1_000_000, 1000)])
 def test_warmup_is_5_percent_of_the_steps_at_most_1000(steps, warmup):
     assert default_warmup_steps(steps) == warmup
