@@ -1,5 +1,5 @@
-"""The sparse autoencoder: TopK, BatchTopK, Matryoshka BatchTopK, standard (ReLU + L1) and JumpReLU
-in one module.
+"""The sparse autoencoder: TopK, BatchTopK, Matryoshka, standard (ReLU + L1) and JumpReLU in one
+module, each also as a transcoder.
 
 Matryoshka (Bussmann, Nabeshima, Karvonen and Nanda, ICML 2025) is a TopK-family SAE whose loss
 adds, for each nested prefix of the dictionary (`matryoshka_widths`, the last the whole of it), the
@@ -226,12 +226,14 @@ class SparseAutoencoder(nn.Module):
         enc = sparse_encode(x, self.input_offset, self.W_enc, self.b_enc, self.k,
                             batch_level=self.batch_level,
                             dead_mask=dead_mask if num_dead else None, k_aux=min(self.auxk_k, num_dead))
-        x_hat = sparse_decode(enc.acts, self.W_dec, enc.pattern) + self.b_dec + self._skip_of(x)
+        skip = self._skip_of(x)  # once a step: the prefixes' reconstructions share it
+        x_hat = sparse_decode(enc.acts, self.W_dec, enc.pattern) + self.b_dec + skip
         active = (enc.acts > 0).to(enc.acts.dtype)
         if self.batch_level and self.training:
             self._update_threshold(enc.acts.detach())
         mse = (x_hat - target).pow(2).sum(-1).mean()
-        prefix_mse = self._prefix_mse(x, target, enc) if self.architecture == "matryoshka" else x_hat.new_zeros(())
+        prefix_mse = (self._prefix_mse(enc, target - self.b_dec - skip) if self.architecture == "matryoshka"
+                      else x_hat.new_zeros(()))
         auxk = x_hat.new_zeros(())
         if num_dead:
             # AuxK (Gao et al. 2024): predict the residual e = x - x_hat from the top dead latents,
@@ -245,16 +247,16 @@ class SparseAutoencoder(nn.Module):
                          l0=active.sum() / x.shape[0],
                          fired=enc.pattern.column_sums(active))
 
-    def _prefix_mse(self, x: Tensor, target: Tensor, enc) -> Tensor:
+    def _prefix_mse(self, enc, goal: Tensor) -> Tensor:
         """Matryoshka: the summed squared errors of each inner prefix's reconstruction alone (the
-        whole dictionary's is the plain `mse`). Each is the same sparse decode with the latents
-        past the prefix given weight 0: k rows gathered per sample a level, no dense pass."""
-        total = x.new_zeros(())
+        whole dictionary's is the plain `mse`), against `goal`, what the latents must add to b_dec
+        (and a skip path) to reach the target. Each is the same sparse decode with the latents past
+        the prefix given weight 0: k rows gathered per sample a level, no dense pass."""
+        total = goal.new_zeros(())
         latent = enc.pattern.col
-        offset = self.b_dec + self._skip_of(x)
         for width in self.matryoshka_widths[:-1]:
             inner = sparse_decode(enc.acts * (latent < width).to(enc.acts.dtype), self.W_dec, enc.pattern)
-            total = total + (inner + offset - target).pow(2).sum(-1).mean()
+            total = total + (inner - goal).pow(2).sum(-1).mean()
         return total
 
     @torch.no_grad()
