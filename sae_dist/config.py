@@ -208,8 +208,13 @@ class TrainConfig:
         return parse_transcode(self.transcode, model_sites=False) if self.transcode else None
 
     @property
+    def model_sites(self) -> list[tuple[int, str]]:
+        """The (layer, site) the model source hooks: model_site, or a transcoder's input and output."""
+        return [(self.model_layer, site) for site in (self.transcode_sites or (self.model_site,))]
+
+    @property
     def batch_level(self) -> bool:
-        return batch_level(self.architecture, self.matryoshka_selection or "sample")
+        return batch_level(self.architecture, self.matryoshka_selection)
 
     @property
     def resolved_auxk_k(self) -> int:

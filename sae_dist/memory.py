@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sae_dist.config import TOPK_FAMILY
+from sae_dist.config import batch_level as is_batch_level  # (the argument's name is batch_level)
 from sae_dist.format import fmt_bytes
 
 MIB = 2**20
@@ -111,7 +112,7 @@ def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = 
     # largest bucket in flight, bounded by its bucket cap (25 MiB by default).
     ddp_buckets = min(25 * 2**20, n_params * param_bytes) if world_size > 1 else 0
     # The step's temporaries, as (bytes of one, how many): what is alive at the step's peak.
-    batch_level = architecture == "batchtopk" if batch_level is None else batch_level
+    batch_level = is_batch_level(architecture) if batch_level is None else batch_level
     if architecture in TOPK_FAMILY and device_type != "cpu":
         # A GPU's peak is the larger of the forward's and the backward's (measured on an H200 in
         # bf16, d_in/d_sae 768/24576, 2048/32768, 4096/65536, batch 4096: the estimate came within

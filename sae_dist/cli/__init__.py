@@ -339,8 +339,7 @@ def _with_source_d_in(cfg: TrainConfig, model_config=None) -> TrainConfig:
     if cfg.source == "model":
         from sae_dist.data.sources.model import check_model_sites
 
-        sites = [(cfg.model_layer, site) for site in (cfg.transcode_sites or (cfg.model_site,))]
-        return cfg.with_d_in(check_model_sites(cfg.model_path, sites, cfg.text_path, model_config))
+        return cfg.with_d_in(check_model_sites(cfg.model_path, cfg.model_sites, cfg.text_path, model_config))
     return cfg.with_d_in(cfg.d_in or SYNTHETIC_D_IN)
 
 

@@ -40,9 +40,10 @@ def heldout_batches(shards_dir: str | os.PathLike, rows: int = DEFAULT_ROWS, bat
     if d_in is not None and ds.d_in != d_in:
         from sae_dist.data.shard_format import shard_pair
 
-        if shard_pair(ds.manifest) or ds.d_in == 2 * d_in:
+        paired = shard_pair(ds.manifest) is not None
+        if paired or ds.d_in == 2 * d_in:
             raise DataError(f"{ds.directory} holds rows of width {ds.d_in}"
-                            f"{' (pairs for a transcoder)' if shard_pair(ds.manifest) else ''}, but the SAE reads "
+                            f"{' (pairs for a transcoder)' if paired else ''}, but the SAE reads "
                             f"{d_in} wide rows: evaluate an SAE on one site's shards, a transcoder on its pairs")
         raise DataError(f"{ds.directory} holds activations of width {ds.d_in}, but the SAE reads d_in={d_in}: "
                         f"evaluate it on shards of its own activation site")

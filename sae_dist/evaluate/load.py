@@ -24,6 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor
 
+from sae_dist.data.sources.paired import PairedRows
 from sae_dist.errors import UserError
 
 CFG = "cfg.json"
@@ -35,7 +36,7 @@ TRANSCODERS = {"transcoder": ("standard", False), "skip_transcoder": ("standard"
 
 
 @dataclass
-class LoadedSae:
+class LoadedSae(PairedRows):
     """An SAE read from disk: float32 tensors on CPU (or `device`), SAELens' encode and decode."""
 
     path: Path
@@ -53,13 +54,6 @@ class LoadedSae:
     cfg: dict[str, Any] = field(default_factory=dict)
     transcoder: bool = False  # rows [x | y]: predicts y from x
     W_skip: Tensor | None = None  # [d_out, d_in], a skip transcoder's
-
-    @property
-    def row_width(self) -> int:
-        return 2 * self.d_in if self.transcoder else self.d_in
-
-    def split(self, rows: Tensor) -> tuple[Tensor, Tensor]:
-        return (rows[..., :self.d_in], rows[..., self.d_in:]) if self.transcoder else (rows, rows)
 
     @torch.no_grad()
     def predict(self, x: Tensor, acts: Tensor) -> Tensor:

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from sae_dist.config import TOPK_FAMILY, batch_level
+from sae_dist.data.sources.paired import PairedRows
 from sae_dist.models.sparse_ops import sparse_decode, sparse_encode
 
 INIT_SALT = 0x5AE_D157  # added to the seed of the weights' initialisation (see __init__)
@@ -83,7 +84,7 @@ class _Step(torch.autograd.Function):
         return torch.zeros_like(x), (-(1.0 / eps) * near * grad).sum(0), None
 
 
-class SparseAutoencoder(nn.Module):
+class SparseAutoencoder(PairedRows, nn.Module):
     def __init__(
         self,
         d_in: int,
@@ -143,17 +144,7 @@ class SparseAutoencoder(nn.Module):
             # exported as a JumpReLU threshold, since batch-level top-k needs a batch.
             self.register_buffer("topk_threshold", torch.zeros((), device=device))
 
-    # ---- rows: an SAE's are its inputs, a transcoder's [x | y] ----
-    @property
-    def row_width(self) -> int:
-        return 2 * self.d_in if self.transcoder else self.d_in
-
-    def split(self, rows: Tensor) -> tuple[Tensor, Tensor]:
-        """(what the encoder reads, what the output must match)."""
-        if self.transcoder:
-            return rows[..., :self.d_in], rows[..., self.d_in:]
-        return rows, rows
-
+    # ---- rows: an SAE's are its inputs, a transcoder's [x | y] (row_width, split: PairedRows) ----
     @property
     def input_offset(self) -> Tensor:
         return self.b_in if self.transcoder else self.b_dec

@@ -106,7 +106,7 @@ def build_sae(cfg: TrainConfig, device) -> SparseAutoencoder:
         auxk_k=cfg.resolved_auxk_k, jumprelu_init_threshold=cfg.jumprelu_init_threshold,
         jumprelu_bandwidth=cfg.jumprelu_bandwidth, seed=cfg.seed, device=device,
         matryoshka_widths=cfg.resolved_matryoshka_widths if cfg.architecture == "matryoshka" else None,
-        matryoshka_selection="batch" if cfg.batch_level else "sample", transcoder=cfg.transcode is not None,
+        matryoshka_selection=cfg.matryoshka_selection or "sample", transcoder=cfg.transcode is not None,
         skip=cfg.skip)
 
 

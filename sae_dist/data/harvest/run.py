@@ -205,7 +205,7 @@ class SiteReader:
 
 def harvest_worker(spec: HarvestSpec, worker: int, workers: int, the_plan: Plan | None = None) -> int:
     """Write this worker's unfinished shards (index % workers == worker); the text tokens harvested."""
-    reader = SiteReader(spec, _device(spec.device), spec.sites if spec.transcode else None)
+    reader = SiteReader(spec, _device(spec.device), spec.sites)
     the_plan = the_plan or plan(spec, reader.tokenizer, reader.config)
     done = _finished_shards(the_plan.out, the_plan.n_shards)
     mine = [i for i in range(worker, the_plan.n_shards, workers) if i not in done]

@@ -40,13 +40,13 @@ def make_source(cfg: TrainConfig, ctx: D.DistContext) -> ActivationSource:
         source = ModelSource(cfg.model_path, cfg.model_layer, cfg.model_site, cfg.text_path, cfg.context_length,
                              cfg.batch_size, cfg.seed, ctx.rank, ctx.world_size, ctx.device,
                              global_batch=cfg.batch_size * ctx.world_size * cfg.grad_accum,
-                             sites=[(cfg.model_layer, site) for site in pair] if pair else None)
-        return PairedSource(source, flatten=True) if pair else source
+                             sites=cfg.model_sites if pair else None)
+        return PairedSource(source, source.d_in) if pair else source
     from sae_dist.data.sources.shards import ShardStream, open_shards
 
     # One stream over all the data, the same on every rank; each reads its slice of a step.
     dataset = open_shards(cfg.shards_path)
-    input_width(dataset, pair)  # the shards suit the config: pairs for a transcoder, one site for an SAE
+    d_in = input_width(dataset, pair)  # the shards suit the config: pairs for a transcoder, one site for an SAE
     stream = ShardStream(dataset, rank=0, world_size=1, batch_size=cfg.batch_size * ctx.world_size * cfg.grad_accum,
                          seed=cfg.seed, holdout_rows=heldout_rows_of(cfg.eval_rows, dataset.total_rows))
-    return PairedSource(stream, flatten=False) if pair else stream
+    return PairedSource(stream, d_in) if pair else stream

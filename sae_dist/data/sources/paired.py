@@ -18,22 +18,41 @@ from sae_dist.data.shard_format import PAIR_KEY, shard_pair
 from sae_dist.errors import DataError
 
 
+class PairedRows:
+    """How an SAE or a transcoder (an object with `d_in` and `transcoder`) reads a row: an SAE's row
+    is its input and its target alike; a transcoder's is [x | y]. Shared by the trained module
+    (sae_dist.models.sae) and an SAE read from disk (sae_dist.evaluate.load)."""
+
+    d_in: int
+    transcoder: bool
+
+    @property
+    def row_width(self) -> int:
+        return 2 * self.d_in if self.transcoder else self.d_in
+
+    def split(self, rows: Tensor) -> tuple[Tensor, Tensor]:
+        """(what the encoder reads, what the output must match)."""
+        if self.transcoder:
+            return rows[..., :self.d_in], rows[..., self.d_in:]
+        return rows, rows
+
+
 class PairedSource:
-    """A source of [x | y] rows as the trainer sees it: d_in is the input's width; the model
-    source's [rows, 2, d_in] come out flat (`flatten`). It offers no `sites`: its rows are one
-    stream of pairs, not sites for a sweep's SAEs to take apart."""
+    """A source of [x | y] rows as the trainer sees it: `d_in` is the input's width, and the model
+    source's [rows, 2, d_in] come out flat (paired shards' rows are flat already). It offers no
+    `sites`: its rows are one stream of pairs, not sites for a sweep's SAEs to take apart."""
 
     sites: tuple = ()
 
-    def __init__(self, inner, flatten: bool):
-        self.inner, self.flatten = inner, flatten
-        self.d_in = inner.d_in if flatten else inner.d_in // 2
+    def __init__(self, inner, d_in: int):
+        self.inner, self.d_in = inner, d_in
 
     def __getattr__(self, name: str) -> Any:  # the stream's position, memory, planted features...
         return getattr(self.inner, name)
 
-    def _flat(self, rows: Tensor) -> Tensor:
-        return rows.reshape(rows.shape[0], -1) if self.flatten else rows
+    @staticmethod
+    def _flat(rows: Tensor) -> Tensor:
+        return rows.reshape(rows.shape[0], -1)
 
     def next_batches(self, plan, rank: int, device=None, dtype: torch.dtype = torch.float32) -> list[Tensor]:
         return [self._flat(x) for x in self.inner.next_batches(plan, rank, device, dtype)]
