@@ -216,6 +216,13 @@ def test_pair_shards_joins_row_for_row_and_refuses_what_does_not_pair(tmp_path):
              "is paired already")
     one_line(main_here("pair-shards", str(tmp_path / "in"), str(tmp_path / "out"), "--out", str(tmp_path / "p")),
              "already holds shards")  # nothing already stored is lost
+    one_line(main_here("pair-shards", str(tmp_path / "in"), str(tmp_path / "out"), "--out", str(tmp_path / "q"),
+                       "--rows-per-shard", "0"), "--rows-per-shard 0: must be positive")
+    one_line(main_here("pair-shards", str(tmp_path / "in"), str(tmp_path / "out"), "--out", str(tmp_path / "q"),
+                       "--names", "same:same"), "give two different sites as IN:OUT")
+    # harvest --transcode is read before any model is loaded: a bad pair is one line
+    one_line(main_here("harvest", "--model", str(tmp_path / "no-model"), "--layer", "3", "--text", str(tmp_path),
+                       "--out", str(tmp_path / "q"), "--transcode", "mlp_in"), "give two different sites as IN:OUT")
     assert not (tmp_path / "q").exists() and torch.equal(
         torch.cat([load_file(str(f))["activations"] for f in open_shards(tmp_path / "p").files]), rows)
 
