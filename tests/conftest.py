@@ -27,6 +27,9 @@ REPO = Path(__file__).resolve().parents[1]
 # seconds (tests/test_train.py's planted TopK run: over 300 s beside two CPU hogs, 8 s quiet).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault(THREADS_PER_RANK_ENV, "1")
+# Every process the tests start imports this checkout's packages (a daemon started from a tmp
+# directory would otherwise import whichever checkout the virtualenv's editable install names).
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
 
 pytest_plugins = ["time_limit", "file_order"]  # the guard on one test's time; the heaviest files first
 
