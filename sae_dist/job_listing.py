@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 COLUMNS = ("id", "name", "user", "kind", "state", "reason", "priority", "gpus", "held", "exclusive",
            "cancel_requested", "requeue_count", "time_limit_s", "devices_json", "gpu_ids_json",
            "submitted_at", "started_at", "ended_at", "exit_code", "signal", "stdout_path",
-           "stderr_path", "workdir", "train_config_json", "array_job_id", "array_task_id", "array_max_running")
+           "stderr_path", "workdir", "train_config_json", "array_job_id", "array_task_id", "array_max_running",
+           "snapshot_commit")
 """The columns of `jobs` a listing reads."""
 
 ORDERS = {"id": '"id"', "newest": '"id" DESC', "last_ended": '"ended_at" DESC, "id" DESC'}

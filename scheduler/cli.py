@@ -81,6 +81,9 @@ def _add_submit(sub) -> None:
     s.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment (repeatable)")
     s.add_argument("-o", "--output", help="stdout file; %%j = job id, %%x = job name, %%A/%%a = array id/task id")
     s.add_argument("-e", "--error", help="stderr file (default: with stdout)")
+    s.add_argument("--snapshot", action="store_true",
+                   help="run a copy of the git checkout as it is now (commits, uncommitted changes and new "
+                        "files git does not ignore), not as it is when the job starts; kept until the job ends")
     s.add_argument("--json", action="store_true")
     s.add_argument("--cluster", choices=["slurm"],
                    help="run it on a SLURM cluster through sbatch instead of on this machine's devices")
@@ -365,9 +368,20 @@ def cmd_submit(args) -> int:
         if overrides is not None:
             raise UserError("--cluster slurm: [[array]] tables are for this machine's queue; "
                             "give SLURM a plain --array")
+        if args.snapshot:
+            raise UserError("--snapshot: for this machine's queue; a cluster job runs the files its script names")
         return _submit_to_cluster(args, job_spec, array)
     if args.nodes is not None or args.gpus_per_node is not None or args.cpu:
         raise UserError("--nodes, --gpus-per-node and --cpu are for --cluster slurm")
+    if not args.snapshot:
+        return _submit_here(job_spec, array, overrides, args.json)
+    from scheduler.snapshot import taken
+
+    with taken(job_spec.workdir) as job_spec.snapshot:  # the copy is removed if storing the job fails
+        return _submit_here(job_spec, array, overrides, args.json)
+
+
+def _submit_here(job_spec, array, overrides, as_json: bool) -> int:
     from scheduler.quick_submit import submit_quick
 
     # On this machine's devices; starts a daemon if none runs.
@@ -379,7 +393,9 @@ def cmd_submit(args) -> int:
     answer = {"job_id": job_id, "state": SUBMITTED_STATE}
     if array is not None:
         answer.update(array=str(array), tasks=len(array.task_ids))
-    print(json.dumps(answer) if args.json else f"Submitted batch job {job_id}")  # SLURM's words, array or not
+    if job_spec.snapshot is not None:
+        answer["snapshot_commit"] = job_spec.snapshot.commit
+    print(json.dumps(answer) if as_json else f"Submitted batch job {job_id}")  # SLURM's words, array or not
     return 0
 
 
@@ -442,6 +458,7 @@ def _job_row(job, now: float) -> dict[str, Any]:
         "kind": job.kind, "held": job.held, "exclusive": job.exclusive,
         "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
         "array_max_running": job.array_max_running, "saes": _sweep_saes(job),
+        "snapshot_commit": job.snapshot_commit,
     }
 
 

@@ -38,6 +38,7 @@ from scheduler.faults import Fault, apply_faults, device_faults, recheck_interva
 from scheduler.final_state import replay_final_state
 from scheduler.health import HealthChecker, record_lost
 from scheduler.policy import DeviceView, JobView, plan
+from scheduler.snapshot import release_snapshots
 from scheduler.storage_errors import storage_problem
 
 log = logging.getLogger(__name__)
@@ -248,6 +249,7 @@ class Daemon:
         self.queue.update((r.id, (_job_view(r), r.reason)) for r in rows if r.state == "PENDING" and not r.held)
         self.seq = seq
         if full:  # the views live long: spare the cycle collector walking them every pass
+            release_snapshots(self.engine)  # those of jobs that ended with no supervisor to see to it
             gc.collect()
             gc.freeze()
         if seq - self.forgotten >= FORGET_EVERY:

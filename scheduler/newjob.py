@@ -40,6 +40,8 @@ class NewJob:
     stdout: str | None = None
     stderr: str | None = None
     array_max_running: int | None = None  # a job array's %N (its tasks share this NewJob or differ by config)
+    snapshot_commit: str | None = None  # submit --snapshot: the commit queued, and the copy it runs in
+    snapshot_dir: str | None = None
 
 
 def new_job(spec: JobSpec, devices: list[tuple[int, str]]) -> NewJob:
@@ -51,7 +53,9 @@ def new_job(spec: JobSpec, devices: list[tuple[int, str]]) -> NewJob:
         train_config=spec.train_config, gpu_ids=uuids, mem_per_gpu=spec.mem_per_gpu,
         priority=spec.priority, time_limit_s=spec.time_limit_s, begin_at=spec.begin_at,
         dependencies=tuple(spec.dependencies), held=spec.held, requeue=spec.requeue,
-        exclusive=spec.exclusive, env=spec.env, stdout=spec.stdout, stderr=spec.stderr)
+        exclusive=spec.exclusive, env=spec.env, stdout=spec.stdout, stderr=spec.stderr,
+        snapshot_commit=spec.snapshot.commit if spec.snapshot else None,
+        snapshot_dir=spec.snapshot.workdir if spec.snapshot else None)
 
 
 def job_row(job: NewJob, now: datetime) -> dict:
@@ -68,6 +72,7 @@ def job_row(job: NewJob, now: datetime) -> dict:
         "cancel_requested": False, "submitted_at": now,
         # An array's tasks: their task id (array_submit.task_rows) and array id (known once stored).
         "array_job_id": None, "array_task_id": None, "array_max_running": job.array_max_running,
+        "snapshot_commit": job.snapshot_commit, "snapshot_dir": job.snapshot_dir,
     }
 
 

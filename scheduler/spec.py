@@ -28,6 +28,7 @@ from sae_dist.errors import UserError
 
 if TYPE_CHECKING:
     from sae_dist.config import TrainConfig
+    from scheduler.snapshot import Snapshot
 
 KINDS = ("command", "train")
 DEPENDENCY_KINDS = ("afterok", "afterany", "afternotok")
@@ -316,6 +317,7 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)  # extra environment, on top of the daemon's
     stdout: str | None = None  # pattern with %j/%x; relative to workdir; None: the log directory
     stderr: str | None = None  # same; None: into the stdout file (as SLURM)
+    snapshot: Snapshot | None = None  # submit --snapshot: the copy of the checkout it runs (taken after validation)
 
     def __post_init__(self) -> None:
         self.validate()

@@ -296,6 +296,13 @@ def requeue(engine: Engine, job_id: int) -> str:
         return "requeued"
 
 
+def live_snapshot_dirs(engine: Engine) -> list[str]:
+    """The snapshot copies (submit --snapshot) that pending and running jobs name: kept on disk."""
+    with engine.connect() as conn:
+        return list(conn.execute(select(JOBS.c.snapshot_dir).distinct().where(
+            and_(JOBS.c.snapshot_dir.is_not(None), JOBS.c.state.not_in(list(FINAL_JOB_STATES))))).scalars())
+
+
 def last_change(conn: Connection) -> int:
     """The newest job change's sequence number (database triggers write one per change that may
     let a pending job start): one indexed read tells whether anything changed."""

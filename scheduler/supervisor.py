@@ -35,6 +35,8 @@ from sae_dist.paths import state_home
 from scheduler import procs
 from scheduler.devices import VIRTUAL_PREFIX, usable_cores, virtual_count, virtual_device_threads
 from scheduler.final_state import FinalState, record_until_stored
+from scheduler.snapshot import SNAPSHOT_ENV, SUBMIT_DIR_ENV, release_snapshots
+from scheduler.snapshot import root_of as snapshot_root
 from scheduler.storage_errors import storage_problem
 from scheduler.store import array_tasks, claim_supervision, get_job, record_process
 
@@ -70,8 +72,18 @@ def job_environment(job, devices: list[str], base: dict[str, str],
         env[MASTER_PORT_ENV] = str(job.port)
     if kind == "cpu" and devices and THREADS_PER_RANK_ENV not in base:  # the operator's own setting wins
         env[THREADS_PER_RANK_ENV] = str(virtual_device_threads(usable_cores(), virtual_count()))
+    if job.snapshot_dir:  # submit --snapshot: Python imports the queued copy first
+        root = str(snapshot_root(job.snapshot_dir))
+        env.update({SNAPSHOT_ENV: root, SUBMIT_DIR_ENV: job.workdir,
+                    "PYTHONPATH": os.pathsep.join(p for p in (root, base.get("PYTHONPATH")) if p)})
     env.update(json.loads(job.env_json or "{}"))
     return env
+
+
+def job_cwd(job) -> str:
+    """Where it runs: a snapshot's command job in its copy of the working directory; a training
+    job (its settings were stored at submit, relative paths and all) where it was submitted."""
+    return job.snapshot_dir if job.snapshot_dir and job.kind != "train" else job.workdir
 
 
 def job_argv(job, devices: list[str]) -> list[str]:
@@ -171,7 +183,7 @@ def supervise(job_id: int) -> int:
         err_path.parent.mkdir(parents=True, exist_ok=True)
         stdout = open(out_path, "ab")
         stderr = stdout if err_path == out_path else open(err_path, "ab")
-        proc = subprocess.Popen(job_argv(job, devices), cwd=job.workdir,
+        proc = subprocess.Popen(job_argv(job, devices), cwd=job_cwd(job),
                                 env=job_environment(job, devices, dict(os.environ), array_tasks(engine, job)),
                                 stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, start_new_session=True)
     except (OSError, ValueError) as e:  # program not found, workdir gone, bad pattern...
@@ -211,6 +223,8 @@ def supervise(job_id: int) -> int:
     record_until_stored(engine, job_id, FinalState(state, code, sig, reason, _now(), cancelled=cancelled,
                                                           started_at=job.started_at.isoformat()))
     _poke_daemon()
+    if job.snapshot_dir:
+        release_snapshots(engine)  # its copy goes, unless another job still needs it or it wrote there
     return 0
 
 

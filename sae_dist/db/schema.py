@@ -340,6 +340,10 @@ class Job(Base, table=True):
     array_job_id: int | None = Field(default=None, index=True)
     array_task_id: int | None = None
     array_max_running: int | None = None
+    # `submit --snapshot`: the commit it was queued at (<sha>, or <sha>+uncommitted) and the copy of
+    # its working directory it runs in (scheduler.snapshot). None for other jobs.
+    snapshot_commit: str | None = None
+    snapshot_dir: str | None = None
 
 
 class ClusterJob(Base, table=True):
