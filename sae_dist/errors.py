@@ -32,9 +32,10 @@ class TrainingStopped(BaseException):
     records its run as STOPPED, and exits 128 + the signal without a traceback. A BaseException,
     so that no `except Exception` on the way swallows it."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, checkpoint_step: int | None = None):
         import signal
 
         self.signum = signum
+        self.checkpoint_step = checkpoint_step  # the step a stop during training checkpointed
         self.signame = signal.Signals(signum).name
         super().__init__(f"stopped by {self.signame}")

@@ -156,6 +156,29 @@ def test_resume_reaches_the_same_weights(tmp_path, source, devices, architecture
     assert [m.step for m in step_metrics(engine, run.id)] == list(range(2, 13, 2))
 
 
+def test_a_stop_during_training_checkpoints_and_resumes_exactly(tmp_path):
+    """A SIGTERM to one rank mid-run (a preemption, a cancel): every rank stops at the next report
+    with one checkpoint of that step, the run is STOPPED saying so, and --resume ends equal to an
+    uninterrupted run (1e-5). Rank 1 signals itself after step 5; reports come every 2 steps."""
+    args = [*SMALL, "--checkpoint-every", "0", "--log-every", "2", *LENGTH_FREE_SCHEDULE]
+    ok(main_here("train", *args, "--devices", "cpu:1", "--batch-size", "128", "--steps", "12",
+                 "--out-dir", str(tmp_path / "straight")))
+    split = [*args, "--devices", "cpu:2", "--batch-size", "64", "--steps", "12", "--out-dir", str(tmp_path / "split")]
+    stopped = run_cli("train", *split, env={"SAE_DIST_TEST_TERM_RANK_AT": "1:5"})
+    assert stopped.returncode != 0, stopped.stdout
+    assert [c.name for c in list_checkpoints(tmp_path / "split")] == ["step_00000006"]
+
+    from sae_dist.db import get_engine
+    from sae_dist.db.runs import find_run_by_dir
+
+    run = find_run_by_dir(get_engine(), str((tmp_path / "split").resolve()))
+    assert run.status == "STOPPED" and "checkpoint at step 6" in run.error, run.error
+    out = ok(run_cli("train", *split, "--resume"))
+    assert "resumed from" in out.stdout
+    diff = rel_diff(final_weights(tmp_path / "split"), final_weights(tmp_path / "straight"))
+    assert diff < 1e-5, f"relative weight difference {diff:.2e}"
+
+
 def test_sigkill_leaves_only_whole_checkpoints(tmp_path):
     """A crash mid-run: the latest checkpoint is complete and resuming from it finishes the run."""
     run_dir = tmp_path / "run"

@@ -51,6 +51,9 @@ SLOW_RANKS_ENV = "SAE_DIST_TEST_SLOW_RANKS"  # "1:3" makes rank 1's compute 3x s
 # Test-only, a stand-in for a device that dies mid-run: "2:15" makes rank 2 SIGKILL itself right
 # after step 15. Name the last rank: a run restarted without it has no such rank, so it fires once.
 KILL_RANK_AT_ENV = "SAE_DIST_TEST_KILL_RANK_AT"
+# Test-only, a stand-in for a preemption reaching one rank: "0:5" makes rank 0 SIGTERM itself after
+# step 5 (the others learn of it at the next report, and all stop there, checkpointed).
+TERM_RANK_AT_ENV = "SAE_DIST_TEST_TERM_RANK_AT"
 # Test-only: "0.1" scales a benchmark's fixed waits (the quiet measured before each point, the
 # ceiling's processes' common start) by 0.1: the tests check what is recorded, not its quality.
 BENCH_WAIT_SCALE_ENV = "SAE_DIST_TEST_BENCH_WAIT_SCALE"

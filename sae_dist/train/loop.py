@@ -34,7 +34,13 @@ import torch
 
 from sae_dist import distributed as D
 from sae_dist.config import TrainConfig
-from sae_dist.contract import KILL_RANK_AT_ENV, RESTART_NOTE_ENV, THREADS_PER_RANK_ENV, rank_values
+from sae_dist.contract import (
+    KILL_RANK_AT_ENV,
+    RESTART_NOTE_ENV,
+    TERM_RANK_AT_ENV,
+    THREADS_PER_RANK_ENV,
+    rank_values,
+)
 from sae_dist.contract.sweep import Sweep
 from sae_dist.data.harvest.sites import check_trainable
 from sae_dist.data.sources.make import make_source, source_in_words
@@ -91,7 +97,7 @@ class Job:
     placement: Placement | None = None
     members: list[Member] = field(default_factory=list)
     slowdown: float = 1.0  # test knob: this rank's compute slowed by this factor
-    kill_at: int | None = None  # test knob: the step after which this rank SIGKILLs itself
+    kill_at: tuple[int, signal.Signals] | None = None  # test knob: (step, signal) this rank sends itself
 
     @property
     def records(self) -> list[RunRecord]:
@@ -154,7 +160,9 @@ def _train(cfg: TrainConfig, sweep: Sweep | None, ctx: D.DistContext) -> TrainRe
     except BaseException as e:
         # A peer's error caused by its own stop is a stop too.
         stop = e if isinstance(e, TrainingStopped) else TrainingStopped(received_stop[0]) if received_stop else None
-        why = (f"stopped by {stop.signame} (a cancel, a time limit or Ctrl-C)" if stop
+        why = (f"stopped by {stop.signame} (a cancel, a preemption, a time limit or Ctrl-C)"
+               + (f"; checkpoint at step {stop.checkpoint_step}: --resume goes on from it"
+                  if stop.checkpoint_step is not None else "") if stop
                else f"{type(e).__name__}: {e}"[:2000])
         status = "STOPPED" if stop else "FAILED"
         for r in job.records:
@@ -182,6 +190,7 @@ def _run(job: Job) -> TrainResult:
     started, first_step, limited_reported = time.perf_counter(), step, None
     lead: WindowReport | None = None  # the last report's (its peak memory is the run's)
 
+    deferred_stop.append(True)  # from here a signal stops the run at its next report, checkpointed
     while step < cfg.steps:
         step += 1
         at_checkpoint = bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps
@@ -209,8 +218,8 @@ def _run(job: Job) -> TrainResult:
                 grad_norms[i] = result.grad_norm
         for m in job.members:
             m.window.end_step(t0, compute)
-        if step == kill_at:  # test-only: a device that dies mid-run, for real
-            os.kill(os.getpid(), signal.SIGKILL)
+        if kill_at and step == kill_at[0]:  # test-only: a device that dies, or a preemption, for real
+            os.kill(os.getpid(), kill_at[1])
         if not report:
             continue
 
@@ -233,10 +242,30 @@ def _run(job: Job) -> TrainResult:
             limited_reported = limited
         if at_checkpoint:
             write_checkpoint(cfg, ctx, job.members, job.source, stream, step, job.run_dir)
+        if step < cfg.steps and stop_agreed(ctx):
+            _stop_with_checkpoint(job, stream, step, at_checkpoint)
         for m in job.members:
             m.window.started = time.perf_counter()  # the checkpoint's time is not the next window's
 
+    deferred_stop.clear()  # the evaluation and export: a signal stops them at once
     return _finish(job, stream, step, lead.peak_bytes if lead else None, estimate)
+
+
+def stop_agreed(ctx: D.DistContext) -> bool:
+    """Whether any rank was signalled: every rank asks at the same step (a report), so all stop
+    there together, each with its part of one checkpoint."""
+    asked = torch.tensor([float(bool(received_stop))], device=ctx.device)
+    return bool(D.all_reduce_sum(asked).item() > 0)
+
+
+def _stop_with_checkpoint(job: Job, stream: Stream, step: int, written: bool) -> None:
+    """A stop asked for during the steps (a cancel, a preemption, a time limit's warning, Ctrl-C):
+    the step's checkpoint, so `--resume` goes on from here exactly as if nothing had happened."""
+    if not written:
+        write_checkpoint(job.cfg, job.ctx, job.members, job.source, stream, step, job.run_dir)
+    if job.ctx.is_main:
+        log.info("stopping at step %d: checkpoint written; --resume goes on from it", step)
+    raise TrainingStopped(received_stop[0] if received_stop else signal.SIGTERM, checkpoint_step=step)
 
 
 def _start(job: Job, slowdown: float, estimate: MemoryEstimate) -> tuple[int, Stream, list[torch.Tensor] | None]:
@@ -503,21 +532,29 @@ def set_threads(ctx: D.DistContext) -> None:
     torch.set_num_threads(int(per_rank) if per_rank else max(1, (os.cpu_count() or 1) // local_world))
 
 
-def kill_step_for_tests(rank: int) -> int | None:
-    """The step after which this rank SIGKILLs itself, from $SAE_DIST_TEST_KILL_RANK_AT
-    ("rank:step"); None when unset or naming another rank."""
-    steps = rank_values(KILL_RANK_AT_ENV, os.environ.get(KILL_RANK_AT_ENV, "").strip(), int, 1,
-                        "2:15 (rank 2 SIGKILLs itself after step 15)")
-    return steps.get(rank)
+def kill_step_for_tests(rank: int) -> tuple[int, signal.Signals] | None:
+    """(the step after which this rank signals itself, the signal): SIGKILL from
+    $SAE_DIST_TEST_KILL_RANK_AT, SIGTERM from $SAE_DIST_TEST_TERM_RANK_AT ("rank:step"); None
+    when neither names this rank."""
+    for env, sig in ((KILL_RANK_AT_ENV, signal.SIGKILL), (TERM_RANK_AT_ENV, signal.SIGTERM)):
+        steps = rank_values(env, os.environ.get(env, "").strip(), int, 1,
+                            f"2:15 (rank 2 sends itself {sig.name} after step 15)")
+        if rank in steps:
+            return steps[rank], sig
+    return None
 
 
 received_stop: list[int] = []  # signals seen: a peer's error caused by its own stop is a stop too
+# While it holds True (the training steps), a signal asks for a stop at the next report, with a
+# checkpoint; elsewhere (start, evaluation, export) it stops at once.
+deferred_stop: list[bool] = []
 
 
 @contextmanager
 def stop_on_signals():
-    """SIGTERM / SIGINT raise TrainingStopped in the training loop (main thread only), so that
-    rank 0 records why its run ended instead of leaving it RUNNING."""
+    """SIGTERM / SIGINT raise TrainingStopped (main thread only), so that rank 0 records why its
+    run ended instead of leaving it RUNNING: at once outside the steps, at the next report with a
+    checkpoint during them (`deferred_stop`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -527,11 +564,14 @@ def stop_on_signals():
         # must not interrupt the first one's last database write.
         if not received_stop:
             received_stop.append(signum)
-            raise TrainingStopped(signum)
+            if not deferred_stop:
+                raise TrainingStopped(signum)
 
+    received_stop.clear()  # one run's (a process may train more than once: the tests do)
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        deferred_stop.clear()
