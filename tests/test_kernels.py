@@ -72,10 +72,13 @@ def test_a_build_is_named_by_its_source_and_torch_so_checkouts_never_rebuild_eac
     assert same == build_name("topk_cpu", b"int f();", "2.13.0+cpu") and same.startswith("sae_dist_topk_cpu_")
     assert build_name("topk_cpu", b"int f(); // changed", "2.13.0+cpu") != same
     assert build_name("topk_cpu", b"int f();", "2.11.0+cu130") != same
+    # Two virtualenvs of one torch: the build names each one's headers, so each has its own.
+    assert build_name("topk_cpu", b"int f();", "2.13.0+cpu", "/a/.venv/torch") != \
+        build_name("topk_cpu", b"int f();", "2.13.0+cpu", "/b/.venv/torch")
     import torch
 
     source = (REPO / "sae_dist" / "models" / "kernels" / "topk_cpu.cpp").read_bytes()
-    assert module_name("topk_cpu") == build_name("topk_cpu", source, torch.__version__)
+    assert module_name("topk_cpu") == build_name("topk_cpu", source, torch.__version__, os.path.dirname(torch.__file__))
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@
 has a stock-PyTorch fallback for when they cannot be built (no compiler, SAE_DIST_NO_KERNELS=1),
 so a missing compiler costs speed, never a run.
 
-A build is named by its source and torch's version (`sae_dist_topk_cpu_<hash>`): torch's cache is
+A build is named by its source and torch's version and place (`sae_dist_topk_cpu_<hash>`): torch's cache is
 per user, not per checkout, so under one name two checkouts (or one before and after an update)
 rebuilt it in turn, each at some job's start, behind torch's build lock (40 s to minutes at "step
 0"). It is built from a copy of its source in its build directory too (a build names its source's
@@ -28,10 +28,12 @@ _HERE = Path(__file__).resolve().parent
 _loaded: dict[str, object] = {}
 
 
-def build_name(name: str, source: bytes, torch_version: str) -> str:
+def build_name(name: str, source: bytes, torch_version: str, torch_dir: str = "") -> str:
     """The extension's name in torch's cache: the kernel's, and a digest of its source and the torch
-    it is built against (pure)."""
-    digest = hashlib.sha256(source + b"\0" + torch_version.encode()).hexdigest()[:12]
+    it is built against, its version and where it is installed (pure). The build's command names
+    torch's headers and libraries by that path: two virtualenvs of one torch version under one
+    name rebuilt the kernel in turn, each at a job's start (measured: 20-80 s each, alternating)."""
+    digest = hashlib.sha256(source + b"\0" + torch_version.encode() + b"\0" + torch_dir.encode()).hexdigest()[:12]
     return f"sae_dist_{name}_{digest}"
 
 
@@ -39,7 +41,8 @@ def module_name(name: str) -> str:
     """`build_name` of the kernel `name` here, for the torch installed."""
     import torch
 
-    return build_name(name, (_HERE / f"{name}.cpp").read_bytes(), torch.__version__)
+    return build_name(name, (_HERE / f"{name}.cpp").read_bytes(), torch.__version__,
+                      os.path.dirname(torch.__file__))
 
 
 def cpu_topk():
