@@ -77,6 +77,12 @@ def _add_submit(sub) -> None:
                    help="SLURM's --exclusive: the job gets the whole machine. It starts once every device is "
                         "free and no other job runs, holds every device while it runs (nothing else starts), "
                         f"and runs on --gpus N of them (default: all; {NUM_GPUS_ENV}=N); not with --gpu-ids")
+    s.add_argument("--preemptible", action="store_true",
+                   help="a job of higher --priority may take its devices: SIGTERM, --grace-time, SIGKILL, then it "
+                        "is requeued (a training checkpoints at its next report and resumes from it)")
+    s.add_argument("--grace-time", metavar="SECONDS", type=float,
+                   help="with --preemptible: seconds from SIGTERM to SIGKILL when preempted (default 60, "
+                        "SLURM's GraceTime)")
     s.add_argument("-D", "--chdir", help="working directory (default: the current one)")
     s.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment (repeatable)")
     s.add_argument("-o", "--output", help="stdout file; %%j = job id, %%x = job name, %%A/%%a = array id/task id")
@@ -121,6 +127,8 @@ def _add_info(sub) -> None:
 def _add_acct(sub) -> None:
     a = sub.add_parser("acct", help="finished and running jobs with their usage (sacct)")
     a.add_argument("-j", "--jobs", help="only these jobs: 3,5 (an array's id: its tasks; 12_7: one task)")
+    a.add_argument("-D", "--duplicates", action="store_true",
+                   help="also each job's earlier runs (requeued: PREEMPTED, or after a failure), as sacct -D")
     a.add_argument("--json", action="store_true")
 
 
@@ -355,6 +363,7 @@ def cmd_submit(args) -> int:
         begin_at=_parsed("--begin", S.parse_begin, args.begin, now) if args.begin is not None else None,
         dependencies=S.parse_dependency(args.dependency) if args.dependency is not None else [],
         held=args.hold, requeue=args.requeue, exclusive=args.exclusive,
+        preemptible=args.preemptible, preempt_grace_s=args.grace_time,
         workdir=os.path.abspath(args.chdir or os.getcwd()),
         env=S.parse_env(args.env), stdout=args.output, stderr=args.error)
     from scheduler.newjob import check_dependencies_found
@@ -458,7 +467,9 @@ def _job_row(job, now: float) -> dict[str, Any]:
         "kind": job.kind, "held": job.held, "exclusive": job.exclusive,
         "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
         "array_max_running": job.array_max_running, "saes": _sweep_saes(job),
-        "snapshot_commit": job.snapshot_commit,
+        "snapshot_commit": job.snapshot_commit, "preemptible": job.preemptible,
+        # Its earlier runs, requeued after a preemption or a failure (SLURM's sacct -D), oldest first.
+        "attempts": json.loads(job.attempts_json) if job.attempts_json else [],
     }
 
 
@@ -690,11 +701,25 @@ def cmd_acct(args) -> int:
     for r in rows:
         r["label"] = task_label(r["job_id"], r["array_job_id"], r["array_task_id"])
         r["name"] = _table_name(r)
+    if args.duplicates:
+        rows = [row for r in rows for row in [*_attempt_rows(r), r]]
     _print_table(rows, [("label", "JOBID"), ("name", "NAME"), ("state", "STATE"), ("exit", "EXITCODE"),
                         ("start", "START"), ("end", "END"), ("elapsed", "ELAPSED"), ("gpus", "GPUS"),
                         ("util", "UTIL mean/peak"), ("mem", "PEAK MEM"), ("wh", "ENERGY Wh"),
                         ("reason", "REASON")])
     return 0
+
+
+def _attempt_rows(row: dict) -> list[dict]:
+    """A job's earlier runs as acct rows of their own (its id and name; their state, times, exit)."""
+    out = []
+    for a in row.get("attempts") or []:
+        start, end = (datetime.fromisoformat(a[k]) if a.get(k) else None for k in ("started_at", "ended_at"))
+        out.append({"label": row["label"], "name": row["name"], "state": a["state"], "reason": a.get("reason"),
+                    "exit": f"{a.get('exit_code') or 0}:{a.get('signal') or 0}", "start": _iso(start), "end": _iso(end),
+                    "elapsed": _duration((end - start).total_seconds()) if start and end else None,
+                    "gpus": len(a.get("devices") or [])})
+    return out
 
 
 def cmd_recommend(args) -> int:

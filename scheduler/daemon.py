@@ -39,6 +39,7 @@ from scheduler.final_state import replay_final_state
 from scheduler.health import HealthChecker, record_lost
 from scheduler.policy import DeviceView, JobView, plan
 from scheduler.snapshot import release_snapshots
+from scheduler.spec import grace_time
 from scheduler.storage_errors import storage_problem
 
 log = logging.getLogger(__name__)
@@ -210,6 +211,9 @@ class Daemon:
         decision = plan(pending, [_job_view(j, held.get(j.id, ())) for j in running], views,
                         {**finished, **{d: "UNKNOWN" for d in deps - set(dep_states)}}, now, live_ids=live)
         changed = {i: r for i, r in decision.reasons.items() if self.queue[i][1] != r}
+        if decision.preempt:  # their supervisors see the mark within a poll and stop them (grace, requeue)
+            for job_id in store.request_preemptions(self.engine, decision.preempt):
+                log.info("preempting job %d for job %d", job_id, decision.preempt[job_id])
         started = store.start_jobs(self.engine, decision.starts, changed, holds=decision.holds)
         self.queue.update((i, (self.queue[i][0], r)) for i, r in changed.items())
         for job_id, _, _ in started:
@@ -489,7 +493,9 @@ def _job_view(job, held: Iterable[str] = ()) -> JobView:
         dependencies=tuple((k, int(i)) for k, i in json.loads(job.dependencies_json)),
         started_at=job.started_at.timestamp() if job.started_at else None,
         devices=runs_on + tuple(sorted(u for u in set(held) if u not in runs_on)),
-        exclusive=bool(job.exclusive), array_id=job.array_job_id, array_limit=job.array_max_running)
+        exclusive=bool(job.exclusive), array_id=job.array_job_id, array_limit=job.array_max_running,
+        preemptible=bool(job.preemptible), grace_s=grace_time(job.preempt_grace_s),
+        leaving=job.preempted_by is not None)
 
 
 def main() -> int:

@@ -30,6 +30,13 @@ free and available and no other job of ours runs, 0-device jobs included (virtua
 the CPU; real GPUs share the host's CPUs and PCIe). While one runs nothing else starts. An
 exclusive head reserves every device and needs every job gone, so a job behind it starts now
 only if its time limit ends it by the shadow time, whatever devices it asks for.
+
+Preemption (SLURM's PreemptMode=REQUEUE by priority): a head that does not fit now takes the
+devices of running preemptible jobs of lower priority when that makes it fit: the fewest of them,
+lowest priority first, the most recently started first among equals (the least work is redone).
+They are asked to leave (SIGTERM, their grace time, SIGKILL; then requeued); until they have, the
+head keeps its reason and reserves their devices from now plus the longest grace, so nothing
+else takes them. Jobs already leaving count as gone: a pass never asks more of them.
 """
 
 from __future__ import annotations
@@ -77,6 +84,9 @@ class JobView:
     exclusive: bool = False  # holds the whole machine while it runs; uses `gpus` of its devices
     array_id: int | None = None  # a task of this job array
     array_limit: int | None = None  # its array's %N: at most this many of its tasks run at once
+    preemptible: bool = False  # a job of higher priority may take its devices (it is requeued)
+    grace_s: float = 60.0  # a preemption's SIGTERM-to-SIGKILL time (SLURM's GraceTime)
+    leaving: bool = False  # running jobs only: a preemption of it is under way
 
     def __post_init__(self) -> None:
         # Checked here so every helper can trust the shape (e.g. no duplicate uuids to double-book).
@@ -122,6 +132,8 @@ class Plan:
     reservation: Reservation | None = None  # the head's, for `queue` to show an expected start
     # Exclusive jobs started: every device each holds (a superset of its devices in `starts`).
     holds: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    # Running preemptible jobs to requeue now, each with the job it makes room for (the head).
+    preempt: dict[int, int] = field(default_factory=dict)
 
 
 def order_key(job: JobView) -> tuple[int, float, int]:
@@ -296,6 +308,58 @@ def backfill_pick(job: JobView, free: list[DeviceView], reservation: Reservation
     return pick_devices(job, [d for d in free if d.uuid not in reserved])
 
 
+def preemption_victims(head: JobView, active: list[JobView], devices: list[DeviceView]) -> tuple[int, ...] | None:
+    """The running jobs `head` must preempt to start (none new: () when those already leaving
+    make room), or None when preempting every job it may would still not let it start."""
+    leaving = [j for j in active if j.leaving]
+    candidates = sorted((j for j in active if j.preemptible and not j.leaving and j.priority < head.priority),
+                        key=lambda j: (j.priority, -(j.started_at or 0.0), -j.id))
+    if head.exclusive:  # it needs every job gone: all must be preemptible, or on their way out
+        others = [j for j in active if not j.leaving]
+        return tuple(j.id for j in others) if len(others) == len(candidates) and \
+            _fits_without(head, leaving + others, devices) else None
+    chosen: list[JobView] = []
+    for job in [None, *candidates]:  # first with only the leaving jobs gone, then one more at a time
+        if job is not None:
+            chosen.append(job)
+        if _fits_without(head, leaving + chosen, devices):
+            break
+    else:
+        return None
+    for job in list(reversed(chosen)):  # keep none that is not needed
+        rest = [j for j in chosen if j is not job]
+        if _fits_without(head, leaving + rest, devices):
+            chosen = rest
+    return tuple(j.id for j in chosen)
+
+
+def _fits_without(head: JobView, gone: list[JobView], devices: list[DeviceView]) -> bool:
+    return pick_devices(head, _freed(devices, gone)) is not None
+
+
+def _freed(devices: list[DeviceView], gone: list[JobView]) -> list[DeviceView]:
+    """The devices as they will be once `gone` have left (their memory then unknown)."""
+    released = {u for j in gone for u in j.devices}
+    return [replace(d, free=True, free_memory=None) if d.uuid in released and not d.unavailable else d
+            for d in devices]
+
+
+def preemption_reservation(head: JobView, active: list[JobView], victims: tuple[int, ...],
+                           devices: list[DeviceView], now: float) -> Reservation:
+    """Where the head starts once its victims (and the jobs already leaving) are gone: their
+    devices, from now plus the longest grace among them."""
+    gone = [j for j in active if j.leaving or j.id in victims]
+    when = now + max((j.grace_s for j in gone), default=0.0)
+    if head.exclusive:
+        return Reservation(head.id, when, tuple(d.uuid for d in sorted(devices, key=lambda d: d.index)), True)
+    return Reservation(head.id, when, pick_devices(head, _freed(devices, gone)) or ())
+
+
+def preempting(job_ids: Iterable[int]) -> str:
+    """Why a head waits while jobs it preempts leave."""
+    return f"{RESOURCES}, Preempting:{','.join(str(i) for i in sorted(job_ids))}"
+
+
 def shape(job: JobView) -> tuple:
     """What a pending job's start decision depends on, past its eligibility and the head's id."""
     return (job.gpus, job.gpu_ids, job.mem_per_gpu, job.time_limit_s, job.exclusive)
@@ -340,7 +404,8 @@ def plan(pending: list[JobView], running: list[JobView], devices: list[DeviceVie
             fates.clear()
             if len(walk.starts) > before[0] and job.array_id is not None:
                 array_active[job.array_id] += 1
-    return Plan(starts=walk.starts, reasons=reasons, reservation=walk.reservation, holds=walk.holds)
+    return Plan(starts=walk.starts, reasons=reasons, reservation=walk.reservation, holds=walk.holds,
+                preempt=walk.preempt)
 
 
 class _Walk:
@@ -353,6 +418,7 @@ class _Walk:
         self.taken: set[str] = set()
         self.active = list(running)  # running jobs plus those this plan starts, for the shadow time
         self.reservation: Reservation | None = None
+        self.preempt: dict[int, int] = {}
 
     def current_devices(self) -> list[DeviceView]:
         return [replace(d, free=False) if d.uuid in self.taken else d for d in self.devices]
@@ -370,6 +436,17 @@ class _Walk:
             return waits_for_jobs(j.id for j in self.active)
         return RESOURCES
 
+    def preempt_for(self, head: JobView, now_devices: list[DeviceView]) -> bool:
+        """Make room for the head by preemption when it can (and take its reservation)."""
+        victims = preemption_victims(head, self.active, now_devices)
+        gone = [j.id for j in self.active if j.leaving] + list(victims or ())
+        if victims is None or not gone:
+            return False
+        self.preempt.update((v, head.id) for v in victims)
+        self.reasons[head.id] = preempting(gone)
+        self.reservation = preemption_reservation(head, self.active, victims, now_devices, self.now)
+        return True
+
     def decide(self, job: JobView) -> None:
         """Start `job` now, or give its reason (and take the reservation if it is the head)."""
         now, reasons, reservation = self.now, self.reasons, self.reservation
@@ -380,6 +457,8 @@ class _Walk:
             return
         holder = next((j for j in self.active if j.exclusive), None)
         if holder is not None:  # the machine is someone's alone: nothing starts beside it
+            if reservation is None and self.preempt_for(job, now_devices):
+                return
             reasons[job.id] = exclusive_job_runs(holder.id)
             if reservation is None:
                 self.reservation = self.reserve(job, now_devices)
@@ -402,8 +481,9 @@ class _Walk:
             self.taken.update(held)
             self.active.append(replace(job, started_at=now, devices=held))
         elif reservation is None:
-            reasons[job.id] = self.waiting(job, now_devices)
-            self.reservation = self.reserve(job, now_devices)
+            if not self.preempt_for(job, now_devices):
+                reasons[job.id] = self.waiting(job, now_devices)
+                self.reservation = self.reserve(job, now_devices)
         elif fits is not None:
             reasons[job.id] = PRIORITY  # would fit, but would delay the head
         else:

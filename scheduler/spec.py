@@ -39,7 +39,7 @@ FLAGS: dict[str, str] = {
     "gpus": "--gpus", "gpu_ids": "--gpu-ids", "mem_per_gpu": "--mem-per-gpu", "priority": "--priority",
     "time_limit_s": "--time", "begin_at": "--begin", "dependencies": "--dependency", "held": "--hold",
     "requeue": "--requeue", "exclusive": "--exclusive", "workdir": "--chdir", "env": "--env",
-    "stdout": "--output", "stderr": "--error",
+    "stdout": "--output", "stderr": "--error", "preemptible": "--preemptible", "preempt_grace_s": "--grace-time",
 }
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -59,6 +59,14 @@ MAX_NAME_CHARS = 256
 # The longest time limit taken (SLURM's own limits are a site's choice; a year is past any
 # job's need, and a larger number is a typo). Beyond it: UNLIMITED.
 MAX_TIME_LIMIT_S = 365 * 86400
+# A preemption's SIGTERM-to-SIGKILL time: SLURM's GraceTime default, and the most taken.
+DEFAULT_GRACE_S = 60.0
+MAX_GRACE_S = 86400.0
+
+
+def grace_time(stored: float | None) -> float:
+    """A preemptible job's grace time as stored (None: the default)."""
+    return DEFAULT_GRACE_S if stored is None else stored
 # %x in a file name is cut to this many bytes: a file name component may be at most 255,
 # and the pattern may add its own text (or a second %x) around it.
 MAX_NAME_IN_PATH_BYTES = 100
@@ -318,6 +326,8 @@ class JobSpec:
     stdout: str | None = None  # pattern with %j/%x; relative to workdir; None: the log directory
     stderr: str | None = None  # same; None: into the stdout file (as SLURM)
     snapshot: Snapshot | None = None  # submit --snapshot: the copy of the checkout it runs (taken after validation)
+    preemptible: bool = False  # a job of higher priority may take its devices: SIGTERM, grace, requeue
+    preempt_grace_s: float | None = None  # its SIGTERM-to-SIGKILL time when preempted (None: 60 s)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -444,9 +454,22 @@ class JobSpec:
             if (kind, job_id) not in deps:
                 deps.append((kind, job_id))
         self.dependencies = deps
-        for name in ("held", "requeue"):
+        for name in ("held", "requeue", "preemptible"):
             if not isinstance(getattr(self, name), bool):
                 raise _err(FLAGS[name], f"must be true or false, got {getattr(self, name)!r}")
+        self._check_grace()
+
+    def _check_grace(self) -> None:
+        g = self.preempt_grace_s
+        if g is None:
+            return
+        if not self.preemptible:
+            raise _err("--grace-time", "is a preemptible job's; add --preemptible or drop it")
+        if isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g) or g < 0:
+            raise _err("--grace-time", f"must be seconds, 0 or more, got {g!r}")
+        if g > MAX_GRACE_S:
+            raise _err("--grace-time", f"{g:g} s is over a day; a preempted job gives its devices back sooner")
+        self.preempt_grace_s = float(g)
 
     def _check_environment(self) -> None:
         wd = self.workdir

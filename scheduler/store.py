@@ -18,7 +18,7 @@ from sqlalchemy import and_, func, insert, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from sae_dist.db import FINAL_JOB_STATES, Allocation, Job, immediate_transaction, utcnow
-from sae_dist.db.schema import JobChange
+from sae_dist.db.schema import PREEMPTED, JobChange
 from sae_dist.errors import UserError
 from scheduler.array_submit import task_rows
 from scheduler.arrays import array_state
@@ -183,6 +183,10 @@ def record_process(engine: Engine, job_id: int, **fields) -> None:
         conn.execute(update(JOBS).where(JOBS.c.id == job_id).values(**fields))
 
 
+def _iso(when: datetime | None) -> str | None:
+    return when.isoformat() if when is not None else None
+
+
 def finish_job(engine: Engine, job_id: int, state: str, exit_code: int | None = None, signal: int | None = None,
                reason: str | None = None, now: datetime | None = None) -> str:
     """End a RUNNING job and free its devices, atomically. Returns the state it was left in.
@@ -192,17 +196,21 @@ def finish_job(engine: Engine, job_id: int, state: str, exit_code: int | None = 
     """
     now = now or utcnow()
     with immediate_transaction(engine) as conn:
-        row = conn.execute(select(JOBS.c.state, JOBS.c.requeue_on_failure, JOBS.c.cancel_requested)
+        row = conn.execute(select(JOBS.c.state, JOBS.c.requeue_on_failure, JOBS.c.cancel_requested,
+                                  JOBS.c.started_at, JOBS.c.devices_json, JOBS.c.attempts_json)
                            .where(JOBS.c.id == job_id)).first()
         if row is None or row.state != "RUNNING":
             return row.state if row else "UNKNOWN"
-        requeue = row.requeue_on_failure and state in ("FAILED", "NODE_FAIL", "OUT_OF_MEMORY") \
+        requeue = (state == PREEMPTED or row.requeue_on_failure and state in ("FAILED", "NODE_FAIL", "OUT_OF_MEMORY")) \
             and not row.cancel_requested
         values = {"exit_code": exit_code, "signal": signal, "ended_at": now, "port": None, "pid": None,
-                  "pgid": None, "supervisor_pid": None}
+                  "pgid": None, "supervisor_pid": None, "preempted_by": None}
         if requeue:
-            values.update(state="PENDING", reason=f"Requeued after {state}", started_at=None,
-                          requeue_count=JOBS.c.requeue_count + 1)
+            attempt = {"state": state, "reason": reason, "started_at": _iso(row.started_at), "ended_at": _iso(now),
+                       "exit_code": exit_code, "signal": signal, "devices": json.loads(row.devices_json or "[]")}
+            values.update(state="PENDING", reason=reason if state == PREEMPTED else f"Requeued after {state}",
+                          started_at=None, requeue_count=JOBS.c.requeue_count + 1,
+                          attempts_json=json.dumps([*json.loads(row.attempts_json or "[]"), attempt]))
         else:
             values.update(state=state, reason=reason)
         conn.execute(update(JOBS).where(JOBS.c.id == job_id).values(**values))
@@ -296,6 +304,20 @@ def requeue(engine: Engine, job_id: int) -> str:
         return "requeued"
 
 
+def request_preemptions(engine: Engine, preempt: dict[int, int]) -> list[int]:
+    """Mark each running job of `preempt` (job -> the job it makes room for) as being preempted,
+    once: its supervisor sees the mark, stops it and requeues it. Returns those marked now."""
+    marked = []
+    with immediate_transaction(engine) as conn:
+        for job_id, by in sorted(preempt.items()):
+            done = conn.execute(update(JOBS).where(and_(
+                JOBS.c.id == job_id, JOBS.c.state == "RUNNING", JOBS.c.preempted_by.is_(None),
+                JOBS.c.preemptible.is_(True))).values(preempted_by=by, reason=f"Preempted by job {by}"))
+            if done.rowcount:
+                marked.append(job_id)
+    return marked
+
+
 def live_snapshot_dirs(engine: Engine) -> list[str]:
     """The snapshot copies (submit --snapshot) that pending and running jobs name: kept on disk."""
     with engine.connect() as conn:
@@ -330,7 +352,7 @@ def running_jobs(conn: Connection) -> list[Job]:
 QUEUE_COLUMNS = [JOBS.c[c] for c in (
     "id", "state", "held", "reason", "priority", "submitted_at", "gpus", "gpu_ids_json", "mem_per_gpu",
     "time_limit_s", "begin_at", "dependencies_json", "started_at", "devices_json", "exclusive",
-    "array_job_id", "array_max_running")]
+    "array_job_id", "array_max_running", "preemptible", "preempt_grace_s", "preempted_by")]
 
 
 def queue_rows(conn: Connection, ids: Iterable[int] | None = None) -> list:

@@ -29,14 +29,16 @@ from sae_dist.contract import (
     VIRTUAL_DEVICES_ENV,
     device_channels,
 )
-from sae_dist.contract.sweep_argv import stored_job_flags
+from sae_dist.contract.sweep_argv import SWEEP_KEY, stored_job_flags
 from sae_dist.db import get_engine
+from sae_dist.db.schema import PREEMPTED
 from sae_dist.paths import state_home
 from scheduler import procs
 from scheduler.devices import VIRTUAL_PREFIX, usable_cores, virtual_count, virtual_device_threads
 from scheduler.final_state import FinalState, record_until_stored
 from scheduler.snapshot import SNAPSHOT_ENV, SUBMIT_DIR_ENV, release_snapshots
 from scheduler.snapshot import root_of as snapshot_root
+from scheduler.spec import grace_time
 from scheduler.storage_errors import storage_problem
 from scheduler.store import array_tasks, claim_supervision, get_job, record_process
 
@@ -86,12 +88,37 @@ def job_cwd(job) -> str:
     return job.snapshot_dir if job.snapshot_dir and job.kind != "train" else job.workdir
 
 
-def job_argv(job, devices: list[str]) -> list[str]:
+def job_argv(job, devices: list[str], resume_from: str | None = None) -> list[str]:
+    """The job's command; a training that ran before (requeued) and left a checkpoint in
+    `resume_from`, its run directory, goes on from it."""
     if job.kind == "train":  # its config was validated at submit: the stored dict is trusted
         devices_flag = device_channels(devices, _device_kind(devices))[1]
+        resume = ["--out-dir", resume_from, "--resume"] if resume_from else []
         return [sys.executable, "-m", "sae_dist", "train",
-                *stored_job_flags(json.loads(job.train_config_json), devices_flag)]
+                *stored_job_flags(json.loads(job.train_config_json), devices_flag), *resume]
     return json.loads(job.argv_json)
+
+
+def checkpointed_run_dir(engine, job) -> str | None:
+    """A requeued training's run directory when its earlier run left a checkpoint there (the
+    trainer records each run, or sweep, with the job that ran it), else None."""
+    if job.kind != "train" or not job.requeue_count:
+        return None
+    from sqlalchemy import select
+
+    from sae_dist.db.schema import Sweep, TrainingRun
+    from sae_dist.train.checkpoint import latest_checkpoint
+
+    table = Sweep if SWEEP_KEY in json.loads(job.train_config_json) else TrainingRun
+    try:
+        with engine.connect() as conn:
+            run_dir = conn.execute(select(table.run_dir).where(table.job_id == job.id)
+                                   .order_by(table.id.desc()).limit(1)).scalar()
+    except Exception as e:
+        if storage_problem(e) is None:
+            raise
+        return None  # unreadable now: it starts afresh, and says so if its run directory is taken
+    return run_dir if run_dir and latest_checkpoint(Path(run_dir)) is not None else None
 
 
 def _device_kind(devices: list[str]) -> str:
@@ -183,7 +210,7 @@ def supervise(job_id: int) -> int:
         err_path.parent.mkdir(parents=True, exist_ok=True)
         stdout = open(out_path, "ab")
         stderr = stdout if err_path == out_path else open(err_path, "ab")
-        proc = subprocess.Popen(job_argv(job, devices), cwd=job_cwd(job),
+        proc = subprocess.Popen(job_argv(job, devices, checkpointed_run_dir(engine, job)), cwd=job_cwd(job),
                                 env=job_environment(job, devices, dict(os.environ), array_tasks(engine, job)),
                                 stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, start_new_session=True)
     except (OSError, ValueError) as e:  # program not found, workdir gone, bad pattern...
@@ -198,19 +225,23 @@ def supervise(job_id: int) -> int:
 
     deadline = job.started_at.timestamp() + job.time_limit_s if job.time_limit_s else None
     cancelled = timed_out = by_user = False
+    preempted_by = None
     while proc.poll() is None:
         if not stop:
             time.sleep(POLL_S)  # a signal is seen at the latest when this ends
         recorded = recorded or _record_process(engine, job_id, process)
-        by_user = _cancel_requested(engine, job_id)
+        by_user, preempter = _stop_requests(engine, job_id)
         cancel = bool(stop) or by_user
-        late = not cancel and deadline is not None and time.time() >= deadline
-        if cancel or late:
+        preempt = not cancel and preempter is not None
+        late = not (cancel or preempt) and deadline is not None and time.time() >= deadline
+        if cancel or preempt or late:
             ended_first = proc.poll() is not None  # it ended on its own as the cancel came
             if not ended_first:
-                procs.terminate_tree(proc.pid, proc.pid, KILL_GRACE_S)
+                # A preempted job gets its grace time to checkpoint (SLURM's GraceTime).
+                procs.terminate_tree(proc.pid, proc.pid, grace_time(job.preempt_grace_s) if preempt else KILL_GRACE_S)
                 proc.wait()
             cancelled, timed_out = took_effect(cancel, ended_first), took_effect(late, ended_first)
+            preempted_by = preempter if took_effect(preempt, ended_first) else None
             break
     # Whatever the job left behind (re-parented to us) goes too: its devices are about to be freed.
     leftovers = procs.descendants(os.getpid())
@@ -219,6 +250,8 @@ def supervise(job_id: int) -> int:
     tail = _tail(err_path)
     state, code, sig = classify_exit(proc.returncode, cancelled, timed_out, tail)
     reason = end_reason(state, tail, by_user, stop[0] if stop else None)
+    if preempted_by is not None:  # requeued by finish_job; the run itself ends PREEMPTED, as SLURM's
+        state, reason = PREEMPTED, f"Preempted by job {preempted_by}"
     # Kept on disk first, then recorded, retried while the database refuses: never lost.
     record_until_stored(engine, job_id, FinalState(state, code, sig, reason, _now(), cancelled=cancelled,
                                                           started_at=job.started_at.isoformat()))
@@ -245,19 +278,21 @@ def _record_process(engine, job_id: int, process: dict) -> bool:
         return False
 
 
-def _cancel_requested(engine, job_id: int) -> bool:
+def _stop_requests(engine, job_id: int) -> tuple[bool, int | None]:
+    """(a cancel was asked, the job a preemption of it makes room for, or None)."""
     from sqlalchemy import select
 
     from scheduler.store import JOBS
 
     try:
         with engine.connect() as conn:
-            return bool(conn.execute(select(JOBS.c.cancel_requested).where(JOBS.c.id == job_id)).scalar())
+            row = conn.execute(select(JOBS.c.cancel_requested, JOBS.c.preempted_by).where(JOBS.c.id == job_id)).first()
+            return (bool(row.cancel_requested), row.preempted_by) if row else (False, None)
     except Exception as e:
         if storage_problem(e) is None:
             raise
         engine.dispose()  # unreadable for now: the job runs on; asked again next poll
-        return False
+        return False, None
 
 
 def _tail(path: Path, size: int = 4096) -> str:

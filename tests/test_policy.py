@@ -594,3 +594,56 @@ def test_an_array_without_a_limit_fills_every_free_device():
     tasks = [JobView(i, submitted_at=float(i), array_id=1) for i in range(1, 6)]
     p = plan(tasks, [], devices, {}, now=0.0)
     assert [job for job, _ in p.starts] == [1, 2, 3]
+
+
+# --- preemption ----------------------------------------------------------------------------
+
+def test_a_higher_priority_head_preempts_the_fewest_lowest_priority_jobs():
+    from scheduler.policy import preempting
+
+    jobs = [running(1, (0,), started_at=1.0, preemptible=True, priority=-5),
+            running(2, (1,), started_at=2.0, preemptible=True, priority=-5),  # newer: less work redone
+            running(3, (2,), started_at=0.0, preemptible=True, priority=-9),  # lowest priority first
+            running(4, (3,), started_at=0.0)]  # not preemptible
+    p = run([job(10, gpus=2, priority=1)], [dev(i, free=False) for i in range(4)], jobs)
+    assert p.preempt == {3: 10, 2: 10} and p.starts == []
+    assert p.reasons[10] == preempting([2, 3]) == "Resources, Preempting:2,3"
+    assert p.reservation == Reservation(10, 10.0 + 60.0, uuids(1, 2))
+
+
+def test_no_preemption_of_equal_priority_unpreemptible_or_when_it_would_not_help():
+    devices = [dev(0, free=False), dev(1, free=False)]
+    equal = [running(1, (0,), preemptible=True), running(2, (1,), preemptible=True)]
+    assert run([job(10)], devices, equal).preempt == {}  # same priority: it waits its turn
+    plain = [running(1, (0,), priority=-1), running(2, (1,), priority=-1)]
+    assert run([job(10)], devices, plain).preempt == {}
+    one = [running(1, (0,), preemptible=True, priority=-1), running(2, (1,))]
+    assert run([job(10, gpus=2)], devices, one).preempt == {}  # job 2 keeps device 1: no use taking 0
+    p = run([job(10, gpus=2)], devices, one)
+    assert p.reasons[10] == RESOURCES
+
+
+def test_jobs_already_leaving_are_not_asked_again_and_hold_the_head_reservation():
+    devices = [dev(0, free=False), dev(1, free=False)]
+    jobs = [running(1, (0,), preemptible=True, priority=-1, leaving=True, grace_s=5.0),
+            running(2, (1,), preemptible=True, priority=-1)]
+    p = run([job(10), job(11, time_limit_s=1000.0)], devices, jobs)
+    assert p.preempt == {} and p.reasons[10] == "Resources, Preempting:1"
+    assert p.reservation == Reservation(10, 15.0, uuids(0))
+    assert p.reasons[11] == RESOURCES  # device 0 is promised to job 10, device 1 busy
+
+
+def test_an_exclusive_head_preempts_every_job_or_none():
+    devices = [dev(0, free=False), dev(1, free=False), dev(2)]
+    all_preemptible = [running(1, (0,), preemptible=True, priority=-1), running(2, (1,), preemptible=True, priority=-1)]
+    p = run([job(10, exclusive=True, gpus=1)], devices, all_preemptible)
+    assert p.preempt == {1: 10, 2: 10} and p.reservation.exclusive
+    mixed = [all_preemptible[0], running(2, (1,))]
+    assert run([job(10, exclusive=True, gpus=1)], devices, mixed).preempt == {}
+
+
+def test_a_preemptible_exclusive_job_is_preempted_by_a_higher_priority_one():
+    devices = [dev(0, free=False), dev(1, free=False)]
+    holder = [running(1, (0, 1), preemptible=True, priority=-1, exclusive=True, gpus=1)]
+    p = run([job(10)], devices, holder)
+    assert p.preempt == {1: 10}

@@ -54,6 +54,9 @@ KILL_RANK_AT_ENV = "SAE_DIST_TEST_KILL_RANK_AT"
 # Test-only, a stand-in for a preemption reaching one rank: "0:5" makes rank 0 SIGTERM itself after
 # step 5 (the others learn of it at the next report, and all stop there, checkpointed).
 TERM_RANK_AT_ENV = "SAE_DIST_TEST_TERM_RANK_AT"
+# Test-only, a run that cannot end before it is stopped: "0:4" makes rank 0 wait after step 4
+# until a signal reaches it (a preemption test then needs no race with the run's end).
+PAUSE_RANK_AT_ENV = "SAE_DIST_TEST_PAUSE_RANK_AT"
 # Test-only: "0.1" scales a benchmark's fixed waits (the quiet measured before each point, the
 # ceiling's processes' common start) by 0.1: the tests check what is recorded, not its quality.
 BENCH_WAIT_SCALE_ENV = "SAE_DIST_TEST_BENCH_WAIT_SCALE"

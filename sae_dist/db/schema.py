@@ -266,6 +266,11 @@ PENDING_REASONS: frozenset[str] = frozenset({HELD, BEGIN_TIME, DEPENDENCY, DEPEN
 # SLURM's Resources, the detail says who is in the way.
 EXCLUSIVE_JOB = "ExclusiveJob"
 RUNNING_JOBS = "RunningJobs"
+# A head making room by preemption: "Resources, Preempting:<ids>" (those jobs are being requeued).
+PREEMPTING = "Preempting"
+# What a preempted job's run ends as (SLURM's); it is requeued at once, so the state is kept only in
+# the job's earlier runs (`attempts_json`, `acct -D`), never as the job's own.
+PREEMPTED = "PREEMPTED"
 
 REASON_WORDS = {
     RESOURCES: "waiting for enough free devices",
@@ -280,6 +285,7 @@ REASON_WORDS = {
 REASON_DETAIL_WORDS = {
     RUNNING_JOBS: "it runs alone (exclusive) and waits for job{s} {ids} to end",
     EXCLUSIVE_JOB: "exclusive job {ids} holds the whole machine",
+    PREEMPTING: "job{s} {ids} of lower priority make room for it (preempted: requeued)",
 }
 """The details after a code, in words ({s}: a plural's s, {ids}: the job ids)."""
 
@@ -344,6 +350,14 @@ class Job(Base, table=True):
     # its working directory it runs in (scheduler.snapshot). None for other jobs.
     snapshot_commit: str | None = None
     snapshot_dir: str | None = None
+    # Preemption (SLURM's PreemptMode=REQUEUE): a job of higher priority may take a preemptible job's
+    # devices; it gets SIGTERM, `preempt_grace_s` (None: 60 s), SIGKILL, and is requeued.
+    preemptible: bool = Field(default=False, sa_column_kwargs={"server_default": sa_false()})
+    preempt_grace_s: float | None = None
+    preempted_by: int | None = None  # while a preemption of it is under way: the job it makes room for
+    # Its earlier runs (requeued after a preemption or a failure): JSON list of {state, reason,
+    # started_at, ended_at, exit_code, signal, devices}, oldest first (`acct -D`, SLURM's duplicates).
+    attempts_json: str | None = None
 
 
 class ClusterJob(Base, table=True):

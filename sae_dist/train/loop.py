@@ -36,6 +36,7 @@ from sae_dist import distributed as D
 from sae_dist.config import TrainConfig
 from sae_dist.contract import (
     KILL_RANK_AT_ENV,
+    PAUSE_RANK_AT_ENV,
     RESTART_NOTE_ENV,
     TERM_RANK_AT_ENV,
     THREADS_PER_RANK_ENV,
@@ -97,7 +98,7 @@ class Job:
     placement: Placement | None = None
     members: list[Member] = field(default_factory=list)
     slowdown: float = 1.0  # test knob: this rank's compute slowed by this factor
-    kill_at: tuple[int, signal.Signals] | None = None  # test knob: (step, signal) this rank sends itself
+    kill_at: tuple[int, signal.Signals | None] | None = None  # test knob: (step, signal it sends itself)
 
     @property
     def records(self) -> list[RunRecord]:
@@ -219,7 +220,7 @@ def _run(job: Job) -> TrainResult:
         for m in job.members:
             m.window.end_step(t0, compute)
         if kill_at and step == kill_at[0]:  # test-only: a device that dies, or a preemption, for real
-            os.kill(os.getpid(), kill_at[1])
+            os.kill(os.getpid(), kill_at[1]) if kill_at[1] else _wait_for_a_signal()
         if not report:
             continue
 
@@ -532,16 +533,21 @@ def set_threads(ctx: D.DistContext) -> None:
     torch.set_num_threads(int(per_rank) if per_rank else max(1, (os.cpu_count() or 1) // local_world))
 
 
-def kill_step_for_tests(rank: int) -> tuple[int, signal.Signals] | None:
-    """(the step after which this rank signals itself, the signal): SIGKILL from
-    $SAE_DIST_TEST_KILL_RANK_AT, SIGTERM from $SAE_DIST_TEST_TERM_RANK_AT ("rank:step"); None
-    when neither names this rank."""
-    for env, sig in ((KILL_RANK_AT_ENV, signal.SIGKILL), (TERM_RANK_AT_ENV, signal.SIGTERM)):
+def kill_step_for_tests(rank: int) -> tuple[int, signal.Signals | None] | None:
+    """(the step after which this rank acts, the signal it sends itself): SIGKILL from
+    $SAE_DIST_TEST_KILL_RANK_AT, SIGTERM from $SAE_DIST_TEST_TERM_RANK_AT, None (it waits until
+    a signal reaches it) from $SAE_DIST_TEST_PAUSE_RANK_AT ("rank:step"); None when none names it."""
+    for env, sig in ((KILL_RANK_AT_ENV, signal.SIGKILL), (TERM_RANK_AT_ENV, signal.SIGTERM), (PAUSE_RANK_AT_ENV, None)):
         steps = rank_values(env, os.environ.get(env, "").strip(), int, 1,
-                            f"2:15 (rank 2 sends itself {sig.name} after step 15)")
+                            f"2:15 (rank 2 {sig.name if sig else 'waits for a signal'} after step 15)")
         if rank in steps:
             return steps[rank], sig
     return None
+
+
+def _wait_for_a_signal() -> None:
+    while not received_stop:
+        time.sleep(0.05)
 
 
 received_stop: list[int] = []  # signals seen: a peer's error caused by its own stop is a stop too
