@@ -119,6 +119,19 @@ def read_allocations(engine=None) -> dict[int, list[str]]:
     return held
 
 
+def job_counts(engine=None) -> dict[tuple[str, str | None], int]:
+    """How many jobs there are of each state, a pending job's also by its reason's code (the
+    reason up to its first comma: "Resources, ExclusiveJob:3" counts as Resources; None while
+    the daemon gave none), keyed (state, code); a job in any other state is keyed (state, None)."""
+    sql = ('SELECT "state", CASE WHEN "state" = \'PENDING\' THEN "reason" END AS "why", count(*) '
+           'FROM "jobs" GROUP BY "state", "why"')
+    counts: dict[tuple[str, str | None], int] = {}
+    for state, why, n in query(sql, {}, engine):
+        key = (state, why.split(",", 1)[0].strip() if why else None)
+        counts[key] = counts.get(key, 0) + n
+    return counts
+
+
 def has_cluster_jobs() -> bool | None:
     """Whether any job was handed to a SLURM cluster (so `queue` must ask SLURM); None: unknown."""
     path = sqlite_file()

@@ -1,8 +1,8 @@
 """`python -m scheduler ...` (or `sae-sched ...`): SLURM's habits without SLURM.
 
 submit / queue / cancel / hold / release / requeue / info / acct / recommend / export-sbatch /
-daemon. Every listing takes --json. A mistake is one line on stderr and exit code 2. Starts fast:
-nothing here imports torch, Streamlit or Altair.
+daemon / metrics. Every listing takes --json. A mistake is one line on stderr and exit code 2.
+Starts fast: nothing here imports torch, Streamlit or Altair.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 COMMAND_NAMES = ("submit", "queue", "cancel", "hold", "release", "requeue", "info", "acct", "recommend",
-                 "export-sbatch", "daemon")
+                 "export-sbatch", "daemon", "metrics")
 
 
 def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -156,10 +156,18 @@ def _add_daemon(sub) -> None:
                      help="stop the running daemon (SIGTERM); running jobs carry on, the queue waits")
 
 
+def _add_metrics(sub) -> None:
+    m = sub.add_parser("metrics", help="serve the devices and the queue to Prometheus (OpenMetrics), in the "
+                                       "foreground until SIGINT or SIGTERM")
+    m.add_argument("--listen", metavar="HOST:PORT",
+                   help="where to listen (default 127.0.0.1:9400: this machine only); another address only "
+                        "as given: 0.0.0.0:9400 is every interface, [::1]:9400 IPv6")
+
+
 _BUILDERS = [(("submit",), _add_submit), (("queue",), _add_queue),
              (("cancel", "hold", "release", "requeue"), _add_actions), (("info",), _add_info),
              (("acct",), _add_acct), (("recommend",), _add_recommend),
-             (("export-sbatch",), _add_export_sbatch), (("daemon",), _add_daemon)]
+             (("export-sbatch",), _add_export_sbatch), (("daemon",), _add_daemon), (("metrics",), _add_metrics)]
 """The commands each builder adds, in the order `--help` lists them (every name in COMMAND_NAMES)."""
 
 
@@ -786,6 +794,13 @@ def cmd_daemon(args) -> int:
     return run_daemon()
 
 
+def cmd_metrics(args) -> int:
+    from scheduler.metrics import listen_address, serve
+
+    return serve(listen_address(args.listen))
+
+
 COMMANDS = {"submit": cmd_submit, "queue": cmd_queue, "cancel": cmd_cancel, "hold": cmd_hold,
             "release": cmd_release, "requeue": cmd_requeue, "info": cmd_info, "acct": cmd_acct,
-            "recommend": cmd_recommend, "export-sbatch": cmd_export_sbatch, "daemon": cmd_daemon}
+            "recommend": cmd_recommend, "export-sbatch": cmd_export_sbatch, "daemon": cmd_daemon,
+            "metrics": cmd_metrics}

@@ -1,4 +1,4 @@
-"""What `info` and `recommend` show, read with plain SQL: the same answer as
+"""What `info`, `recommend` and `metrics` show, read with plain SQL: the same answer as
 `scheduler.status.devices_now` and `latest_samples`, without importing SQLAlchemy.
 
 Importing SQLAlchemy and the schema costs a process ~0.4 s; `info` should answer in a fraction
@@ -23,6 +23,10 @@ SAMPLE_FRESH_S = 10.0
 
 RunningJob = namedtuple("RunningJob", "id devices_json pid pgid proc_start_ticks started_at")
 FaultRow = namedtuple("FaultRow", "id device_uuid reason detected_at job_id run_id rank")
+DeviceRow = namedtuple("DeviceRow", "uuid index name virtual available error memory_total pci_bus_id")
+"""A row of the `devices` table: the daemon's latest inventory of a device (memory_total in bytes)."""
+SAMPLE_READINGS = ("utilization_pct", "memory_used", "memory_total", "temperature_c", "power_w")
+"""What a `gpu_samples` row measured (None: not measured); memory in bytes."""
 
 
 def devices_now(now: float | None = None) -> tuple[list[DeviceInfo], dict[str, DeviceState], dict[str, int]]:
@@ -50,14 +54,23 @@ def open_faults() -> dict[str, Fault]:
 
 def latest_samples(now: float | None = None, max_age_s: float = SAMPLE_FRESH_S) -> dict[str, dict[str, Any]]:
     """The newest daemon sample of each device when at most `max_age_s` old, by uuid: its
-    time and utilisation (what `info` shows of it)."""
+    time and its readings (SAMPLE_READINGS; `info` shows the utilisation, `metrics` all)."""
     now = time.time() if now is None else now
-    rows = query('SELECT s."device_uuid", s."time", s."utilization_pct" FROM "gpu_samples" s JOIN '
+    readings = ", ".join(f's."{name}"' for name in SAMPLE_READINGS)
+    rows = query(f'SELECT s."device_uuid", s."time", {readings} FROM "gpu_samples" s JOIN '
                  '(SELECT "device_uuid", max("id") AS "id" FROM "gpu_samples" GROUP BY "device_uuid") n '
                  'ON s."id" = n."id"', {})
     out = {}
-    for uuid, when, util in rows:
+    for uuid, when, *values in rows:
         moment = utc_time(when)
         if moment is not None and moment.timestamp() > now - max_age_s:
-            out[uuid] = {"device_uuid": uuid, "time": moment, "utilization_pct": util}
+            out[uuid] = {"device_uuid": uuid, "time": moment, **dict(zip(SAMPLE_READINGS, values))}
     return out
+
+
+def device_table() -> list[DeviceRow]:
+    """The `devices` table, by index: what the daemon last read of each device (the live
+    inventory is `devices_now`'s)."""
+    rows = query('SELECT "uuid", "index", "name", "virtual", "available", "error", "memory_total", "pci_bus_id" '
+                 'FROM "devices" ORDER BY "index", "uuid"', {})
+    return [DeviceRow(r[0], r[1], r[2], bool(r[3]), bool(r[4]), *r[5:]) for r in rows]
