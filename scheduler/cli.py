@@ -34,15 +34,22 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(USER_ERROR_EXIT, f"{self.prog}: error: {message} (see --help)\n")
 
 
+class _RaisingParser(argparse.ArgumentParser):
+    """argparse, but a bad flag raises a UserError (a batch script's directive names its line)."""
+
+    def error(self, message: str):
+        raise UserError(message)
+
+
 COMMAND_NAMES = ("submit", "queue", "cancel", "hold", "release", "requeue", "info", "acct", "recommend",
                  "export-sbatch", "daemon", "metrics")
 
 
-def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+def _parser(argv: list[str] | None = None, parser_class: type = _OneLineParser) -> argparse.ArgumentParser:
     """The parser; given the arguments, only the named command's part is built (each command's
     flags cost argparse ~3 ms to set up, a third of a `submit`)."""
-    p = _OneLineParser(prog="python -m scheduler", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser_class(prog="python -m scheduler", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     only = argv[0] if argv and argv[0] in COMMAND_NAMES else None
     for names, add in _BUILDERS:
@@ -52,7 +59,8 @@ def _parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def _add_submit(sub) -> None:
-    s = sub.add_parser("submit", help="queue a command (after --) or an SAE training (--train run.toml)")
+    s = sub.add_parser("submit", help="queue a command (after --), an SAE training (--train run.toml) or a "
+                                      "batch script with #SBATCH lines (job.sh ARGS, as sbatch)")
     s.add_argument("--train", metavar="TOML", help="an SAE training config (the trainer's TOML keys; "
                                                    "[[array]] tables: one task per table, with its overrides; "
                                                    "a [sweep] table of lists: many SAEs in one job)")
@@ -90,13 +98,18 @@ def _add_submit(sub) -> None:
     s.add_argument("--snapshot", action="store_true",
                    help="run a copy of the git checkout as it is now (commits, uncommitted changes and new "
                         "files git does not ignore), not as it is when the job starts; kept until the job ends")
+    s.add_argument("--export", help="with a batch script, as sbatch: ALL (default: the environment every job "
+                                    "gets), NONE (a bare one), or NAME[=VALUE],... (ALL,NAME=VALUE keeps the rest)")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--parsable", action="store_true", help="print only the job id (sbatch's --parsable)")
     s.add_argument("--cluster", choices=["slurm"],
                    help="run it on a SLURM cluster through sbatch instead of on this machine's devices")
     s.add_argument("--nodes", type=int, help="with --cluster: nodes (default 1)")
     s.add_argument("--gpus-per-node", type=int, help="with --cluster: GPUs (ranks) per node (default: --gpus)")
     s.add_argument("--cpu", action="store_true", help="with --cluster: ranks on CPUs (gloo), no GPU request")
-    s.add_argument("argv", nargs=argparse.REMAINDER, help="-- PROGRAM ARGS... (never run through a shell)")
+    s.add_argument("argv", nargs=argparse.REMAINDER,
+                   help="-- PROGRAM ARGS... (never run through a shell), or SCRIPT ARGS... (no --): a batch "
+                        "script, its #SBATCH lines read as sbatch reads them; these flags win over them")
 
 
 def _add_queue(sub) -> None:
@@ -223,6 +236,8 @@ def _job_id(text: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser(argv).parse_args(argv)
+    if args.command == "submit":  # a batch script's directives go before the flags typed
+        args.typed = argv[1:len(argv) - len(args.argv)]
     try:
         code = COMMANDS[args.command](args)
         sys.stdout.flush()  # here, so a reader that went away is seen here, not at exit
@@ -240,6 +255,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(line, file=sys.stderr)
         return STORAGE_ERROR_EXIT
+
+
+def sbatch_main(argv: list[str] | None = None) -> int:
+    """The `sbatch` console script: `submit` (sbatch job.sh ARGS, sbatch --parsable -t 10 job.sh)."""
+    return main(["submit", *(sys.argv[1:] if argv is None else argv)])
 
 
 def _reader_gone() -> int:
@@ -335,8 +355,11 @@ def cmd_submit(args) -> int:
     from scheduler import spec as S
     from scheduler.arrays import parse_array
 
-    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     now = datetime.now(timezone.utc)
+    batch = args.argv[:1] not in ([], ["--"])  # submit job.sh ARGS: a batch script
+    if batch:
+        args = _batch_script_args(args, now)
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     train_config, overrides = None, None
     array = _parsed("--array", parse_array, args.array) if args.array is not None else None
     if args.train:
@@ -346,7 +369,8 @@ def cmd_submit(args) -> int:
         from scheduler.array_submit import ARRAY_TABLE, array_from_overrides
 
         if argv:
-            raise UserError("give either --train run.toml or a command after --, not both")
+            raise UserError(f"give either --train run.toml or {'a batch script' if batch else 'a command after --'}, "
+                            "not both")
         values = load_toml(args.train)
         overrides = values.pop(ARRAY_TABLE, None)
         if overrides is not None:  # [[array]]: a task per table
@@ -361,19 +385,8 @@ def cmd_submit(args) -> int:
         raise UserError("--sweep: goes with --train run.toml (a command job has no training settings)")
     elif not argv:
         raise UserError("empty command: put the program and its arguments after --, or use --train run.toml")
-    job_spec = S.JobSpec(
-        name=args.job_name, kind="train" if args.train else "command", argv=argv, train_config=train_config,
-        gpus=args.gpus,  # None: from --gpu-ids, the training config's devices, or 1
-        gpu_ids=S.parse_gpu_ids(args.gpu_ids) if args.gpu_ids is not None else None,
-        mem_per_gpu=_parse_memory(args.mem) if args.mem is not None else None,
-        priority=_checked_priority(args.priority, args.nice),
-        time_limit_s=_parsed("--time", S.parse_time_limit, args.time) if args.time is not None else None,
-        begin_at=_parsed("--begin", S.parse_begin, args.begin, now) if args.begin is not None else None,
-        dependencies=S.parse_dependency(args.dependency) if args.dependency is not None else [],
-        held=args.hold, requeue=args.requeue, exclusive=args.exclusive,
-        preemptible=args.preemptible, preempt_grace_s=args.grace_time,
-        workdir=os.path.abspath(args.chdir or os.getcwd()),
-        env=S.parse_env(args.env), stdout=args.output, stderr=args.error)
+    kind = "train" if args.train else S.BATCH if batch else "command"
+    job_spec = _job_spec(args, kind, argv, train_config, now)
     from scheduler.newjob import check_dependencies_found
 
     # No job has an id past SQLite's integers (and SQLite could not even look one up).
@@ -387,20 +400,26 @@ def cmd_submit(args) -> int:
                             "give SLURM a plain --array")
         if args.snapshot:
             raise UserError("--snapshot: for this machine's queue; a cluster job runs the files its script names")
+        if batch:
+            raise UserError("--cluster slurm: a batch script goes to this machine's queue; on the cluster, give "
+                            "it to SLURM's own sbatch")
         return _submit_to_cluster(args, job_spec, array)
     if args.nodes is not None or args.gpus_per_node is not None or args.cpu:
         raise UserError("--nodes, --gpus-per-node and --cpu are for --cluster slurm")
     if not args.snapshot:
-        return _submit_here(job_spec, array, overrides, args.json)
+        return _submit_here(args, job_spec, array, overrides, batch)
     from scheduler.snapshot import taken
 
     with taken(job_spec.workdir) as job_spec.snapshot:  # the copy is removed if storing the job fails
-        return _submit_here(job_spec, array, overrides, args.json)
+        return _submit_here(args, job_spec, array, overrides, batch)
 
 
-def _submit_here(job_spec, array, overrides, as_json: bool) -> int:
+def _submit_here(args, job_spec, array, overrides, batch: bool) -> int:
+    """Store the job on this machine's queue and say so, as sbatch does."""
     from scheduler.quick_submit import submit_quick
 
+    if batch:
+        _keep_copy(*args.copy)
     # On this machine's devices; starts a daemon if none runs.
     job_id = submit_quick(job_spec, array=array, overrides=overrides)
     if job_id is None:  # not a SQLite file at the head revision: the regular path migrates it
@@ -412,8 +431,118 @@ def _submit_here(job_spec, array, overrides, as_json: bool) -> int:
         answer.update(array=str(array), tasks=len(array.task_ids))
     if job_spec.snapshot is not None:
         answer["snapshot_commit"] = job_spec.snapshot.commit
-    print(json.dumps(answer) if as_json else f"Submitted batch job {job_id}")  # SLURM's words, array or not
+    # SLURM's words, array or not; --parsable: the id alone, as sbatch's
+    print(json.dumps(answer) if args.json else job_id if args.parsable else f"Submitted batch job {job_id}")
     return 0
+
+
+def _job_spec(args, kind: str, argv: list[str], train_config, now: datetime):
+    """The JobSpec the flags in `args` ask for (validated: the first bad value is a UserError
+    naming its flag)."""
+    from scheduler import spec as S
+
+    export_all, exported = True, {}
+    if args.export is not None:
+        if kind != S.BATCH:
+            raise UserError("--export: goes with a batch script (submit job.sh), not with a command or --train")
+        from scheduler.batch_script import parse_export
+
+        export_all, exported = parse_export(args.export, os.environ)
+        try:
+            S.parse_env([f"{k}={v}" for k, v in exported.items()])
+        except UserError as e:
+            raise UserError(f"--export: {str(e).removeprefix('--env: ')}") from None
+    return S.JobSpec(
+        name=args.job_name, kind=kind, argv=argv, train_config=train_config,
+        gpus=args.gpus,  # None: from --gpu-ids, the training config's devices, or 1
+        gpu_ids=S.parse_gpu_ids(args.gpu_ids) if args.gpu_ids is not None else None,
+        mem_per_gpu=_parse_memory(args.mem) if args.mem is not None else None,
+        priority=_checked_priority(args.priority, args.nice),
+        time_limit_s=_parsed("--time", S.parse_time_limit, args.time) if args.time is not None else None,
+        begin_at=_parsed("--begin", S.parse_begin, args.begin, now) if args.begin is not None else None,
+        dependencies=S.parse_dependency(args.dependency) if args.dependency is not None else [],
+        held=args.hold, requeue=args.requeue, exclusive=args.exclusive,
+        preemptible=args.preemptible, preempt_grace_s=args.grace_time,
+        workdir=os.path.abspath(args.chdir or os.getcwd()),
+        env={**exported, **S.parse_env(args.env)}, stdout=args.output, stderr=args.error,
+        submit_dir=os.getcwd() if kind == S.BATCH else None, export_all=export_all)
+
+
+def _batch_script_args(args, now: datetime):
+    """`submit job.sh ARGS` as the flags of its #SBATCH lines, then those typed (which win), to
+    run the script's copy with its #! interpreter. Each directive is checked on its own first, so
+    a bad value is one error naming its line; each one ignored is one warning line."""
+    from scheduler.arrays import parse_array
+    from scheduler.batch_script import read_script
+    from scheduler.spec import BATCH
+
+    path, script_args = args.argv[0], args.argv[1:]
+    if args.train:
+        raise UserError(f"give either --train run.toml or a batch script ({path}), not both")
+    data = _read_batch_script(path)
+    try:
+        script = read_script(data.decode("utf-8", "surrogateescape"))
+    except UserError as e:
+        raise UserError(f"{path}:{e}") from None
+    for warning in script.warnings:
+        print(f"warning: {path}:{warning}", file=sys.stderr)
+    parser = _parser(["submit"], _RaisingParser)
+    for d in script.directives:
+        try:
+            alone = parser.parse_args(["submit", *d.argv])
+            if alone.array is not None:
+                _parsed("--array", parse_array, alone.array)
+            _job_spec(alone, BATCH, ["true"], None, now)
+        except UserError as e:
+            raise UserError(f"{path}:{d.line}: #SBATCH {d.text}: {e}") from None
+    flags = [flag for d in script.directives for flag in d.argv]
+    merged = _parser(["submit"]).parse_args(["submit", *flags, *getattr(args, "typed", [])])
+    merged.copy = _copy_path(data), data  # written once all is checked, before the job is stored
+    merged.argv = ["--", *script.interpreter, str(merged.copy[0]), *script_args]
+    if merged.job_name is None:  # sbatch's default: the script's name
+        merged.job_name = os.path.basename(path.rstrip("/")) or path
+    if merged.output is None:  # sbatch's default, in the job's working directory
+        merged.output = "slurm-%A_%a.out" if merged.array is not None else "slurm-%j.out"
+    return merged
+
+
+def _read_batch_script(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such batch script (to run a program, put it after --: "
+                        f"submit -- {path} ...)") from None
+    except IsADirectoryError:
+        raise UserError(f"{path} is a directory, not a batch script") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read the batch script ({e.strerror or e})") from None
+
+
+def _copy_path(data: bytes):
+    """Where a script's copy lives: the state directory's batch/, named by its content (sha256)."""
+    import hashlib
+
+    from sae_dist.paths import state_home
+
+    return state_home() / "batch" / hashlib.sha256(data).hexdigest()
+
+
+def _keep_copy(path, data: bytes) -> None:
+    """The script's copy, so that an edit after submit does not change the queued job, as sbatch's
+    copy; written once (the same content is the same file), atomically."""
+    import tempfile
+
+    path.parent.mkdir(exist_ok=True)
+    if not path.is_file():
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
 
 
 def _submit_to_cluster(args, job_spec, array=None) -> int:
@@ -761,6 +890,8 @@ def cmd_export_sbatch(args) -> int:
 
     engine = _engine()
     job = get_job(engine, args.job_id)
+    if job.kind == "batch":  # its copy lives in this machine's state directory
+        raise UserError(f"job {job.id} is a batch script already: give the script itself to SLURM's sbatch")
     tasks = array_of(engine, args.job_id)  # an array's id: the whole array, as SLURM's
     array = str(ArraySpec(tuple(t.array_task_id for t in tasks), job.array_max_running)) if tasks else None
     configs = {t.array_task_id: json.loads(t.train_config_json) for t in tasks} \

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -99,12 +100,36 @@ def parse_cluster_id(text: str) -> str | None:
 
 # ---- the edges: commands and the table ----
 
+OUR_SBATCH_MARK = b"scheduler.cli"
+"""In our own `sbatch` console script (pyproject.toml: it queues on this machine), never SLURM's."""
+
+
+def slurm_command(name: str, path: str | None = None) -> str | None:
+    """SLURM's own command on `path` (default $PATH); None if it has none. Our `sbatch` console
+    script, which an activated virtualenv puts first on PATH, is passed over: it would queue the
+    job on this machine."""
+    for folder in (os.environ.get("PATH", os.defpath) if path is None else path).split(os.pathsep):
+        found = shutil.which(name, path=folder or ".")
+        if found is None:
+            continue
+        try:
+            with open(found, "rb") as f:
+                head = f.read(4096)
+        except OSError:
+            head = b""
+        if OUR_SBATCH_MARK not in head:
+            return found
+    return None
+
+
 def _run(argv: list[str], cwd: str | None = None) -> subprocess.CompletedProcess:
-    if shutil.which(argv[0]) is None:
+    command = slurm_command(argv[0])
+    if command is None:
         raise UserError(f"{argv[0]} is not installed here: --cluster slurm needs SLURM's commands "
                         f"(Debian: slurm-client) and a cluster they reach")
     try:
-        return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+        return subprocess.run([command, *argv[1:]], cwd=cwd, capture_output=True, text=True,
+                              timeout=COMMAND_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise UserError(f"{argv[0]} did not answer in {COMMAND_TIMEOUT_S} s: is the SLURM controller up?") from None
 

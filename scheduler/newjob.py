@@ -55,7 +55,7 @@ def new_job(spec: JobSpec, devices: list[tuple[int, str]]) -> NewJob:
         train_config=spec.train_config, gpu_ids=uuids, mem_per_gpu=spec.mem_per_gpu,
         priority=spec.priority, time_limit_s=spec.time_limit_s, begin_at=spec.begin_at,
         dependencies=tuple(spec.dependencies), held=spec.held, requeue=spec.requeue,
-        exclusive=spec.exclusive, env=spec.env, stdout=spec.stdout, stderr=spec.stderr,
+        exclusive=spec.exclusive, env=spec.stored_env(), stdout=spec.stdout, stderr=spec.stderr,
         snapshot_commit=spec.snapshot.commit if spec.snapshot else None,
         snapshot_dir=spec.snapshot.workdir if spec.snapshot else None,
         preemptible=spec.preemptible, preempt_grace_s=spec.preempt_grace_s)

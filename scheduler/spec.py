@@ -30,7 +30,12 @@ if TYPE_CHECKING:
     from sae_dist.config import TrainConfig
     from scheduler.snapshot import Snapshot
 
-KINDS = ("command", "train")
+KINDS = ("command", "train", "batch")
+# A batch script (`submit job.sh`): a command (its #! interpreter on a copy of the script) that
+# also gets SLURM_JOB_ID, SLURM_JOB_NAME and SLURM_SUBMIT_DIR (scheduler.supervisor.job_environment).
+BATCH = "batch"
+SUBMIT_DIR_ENV = "SLURM_SUBMIT_DIR"  # stored with a batch job's environment: where it was submitted
+EXPORT_ENV = "SAE_DIST_EXPORT"  # stored as NONE with a batch job started from a bare environment
 DEPENDENCY_KINDS = ("afterok", "afterany", "afternotok")
 
 # The flag each JobSpec field comes from, so an error names what the user typed (SLURM's spellings).
@@ -40,6 +45,7 @@ FLAGS: dict[str, str] = {
     "time_limit_s": "--time", "begin_at": "--begin", "dependencies": "--dependency", "held": "--hold",
     "requeue": "--requeue", "exclusive": "--exclusive", "workdir": "--chdir", "env": "--env",
     "stdout": "--output", "stderr": "--error", "preemptible": "--preemptible", "preempt_grace_s": "--grace-time",
+    "submit_dir": "submit", "export_all": "--export",
 }
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -260,6 +266,8 @@ def _check_env_entry(key: Any, value: Any) -> None:
                    f"run under SLURM; the job gets {JOB_ID_ENV} and friends instead")
     if key in RESERVED_JOB_ENV:  # refused rather than silently overridden
         raise _err("--env", f"{key} is set by the scheduler for every job; drop it")
+    if key == EXPORT_ENV:
+        raise _err("--env", f"{key} is set by a batch script's --export; use --export NONE")
     if not isinstance(value, str):
         raise _err("--env", f"value of {key} must be a string, got {value!r}")
     if "\0" in value:
@@ -304,7 +312,8 @@ def priority_from_nice(nice: int) -> int:
 class JobSpec:
     """A job as the user asked for it. Construction validates; a JobSpec that exists is valid."""
 
-    kind: str = "command"  # "command" (an argv, never run through a shell) or "train" (a TrainConfig)
+    kind: str = "command"  # "command" (an argv, never run through a shell), "train" (a TrainConfig)
+    # or "batch" (a batch script: argv is its interpreter, the script's stored copy and its arguments)
     argv: list[str] = field(default_factory=list)  # the command; empty for kind "train"
     # kind "train": a TrainConfig, or a dict of its settings; stored as the validated full dict
     train_config: dict[str, Any] | TrainConfig | None = None
@@ -328,6 +337,8 @@ class JobSpec:
     snapshot: Snapshot | None = None  # submit --snapshot: the copy of the checkout it runs (taken after validation)
     preemptible: bool = False  # a job of higher priority may take its devices: SIGTERM, grace, requeue
     preempt_grace_s: float | None = None  # its SIGTERM-to-SIGKILL time when preempted (None: 60 s)
+    submit_dir: str | None = None  # a batch job's: where it was submitted from (SLURM_SUBMIT_DIR)
+    export_all: bool = True  # a batch job's --export: False (NONE) starts it from a bare environment
 
     def __post_init__(self) -> None:
         self.validate()
@@ -346,7 +357,7 @@ class JobSpec:
         if not isinstance(self.argv, (list, tuple)) or not all(isinstance(a, str) for a in self.argv):
             raise _err(FLAGS["argv"], f"must be a list of strings, got {self.argv!r}")
         self.argv = list(self.argv)
-        if self.kind == "command":
+        if self.kind in ("command", BATCH):
             if not self.argv or not self.argv[0].strip():
                 raise _err("submit", "empty command; put it after --, e.g. submit --gpus 1 -- python run.py")
             if self.train_config is not None:
@@ -374,7 +385,7 @@ class JobSpec:
 
     def _check_name(self) -> None:
         if self.name is None:
-            if self.kind == "command":
+            if self.kind in ("command", BATCH):
                 self.name = os.path.basename(self.argv[0].rstrip("/")) or self.argv[0]
             else:
                 self.name = (self.train_config or {}).get("name") or "train"
@@ -487,6 +498,24 @@ class JobSpec:
             pattern = getattr(self, name)
             if pattern is not None:
                 check_output_pattern(pattern, FLAGS[name])
+        if self.kind == BATCH:
+            if not isinstance(self.submit_dir, str) or not os.path.isabs(self.submit_dir):
+                raise _err("submit", f"a batch job's submit directory must be an absolute path, got "
+                           f"{self.submit_dir!r}")
+            _check_text(self.submit_dir, "submit")
+            if "\0" in self.submit_dir:
+                raise _err("submit", "the submit directory contains a NUL byte")
+        elif self.submit_dir is not None or self.export_all is not True:
+            raise _err("--export", "goes with a batch script (submit job.sh), not with a command or --train")
+        if not isinstance(self.export_all, bool):
+            raise _err("--export", f"must be true or false, got {self.export_all!r}")
+
+    def stored_env(self) -> dict[str, str]:
+        """The environment stored with the job: --env's, and a batch job's SLURM_SUBMIT_DIR and
+        --export NONE (SAE_DIST_EXPORT=NONE), which the supervisor reads back."""
+        if self.kind != BATCH:
+            return self.env
+        return {**self.env, SUBMIT_DIR_ENV: self.submit_dir, **({} if self.export_all else {EXPORT_ENV: "NONE"})}
 
 
 # ---------------------------------------------------------------------------------------------

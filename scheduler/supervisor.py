@@ -38,7 +38,7 @@ from scheduler.devices import VIRTUAL_PREFIX, usable_cores, virtual_count, virtu
 from scheduler.final_state import FinalState, record_until_stored
 from scheduler.snapshot import SNAPSHOT_ENV, SUBMIT_DIR_ENV, release_snapshots
 from scheduler.snapshot import root_of as snapshot_root
-from scheduler.spec import grace_time
+from scheduler.spec import BATCH, EXPORT_ENV, grace_time
 from scheduler.storage_errors import storage_problem
 from scheduler.store import array_tasks, claim_supervision, get_job, record_process
 
@@ -48,12 +48,26 @@ KILL_GRACE_S = float(os.environ.get("SAE_DIST_KILL_GRACE_S", "30"))  # SIGTERM -
 POLL_S = 0.25  # how often the supervisor looks for a cancel request
 
 
+BARE_ENV_KEPT = ("HOME", "USER", "LOGNAME", "SHELL", "LANG", "TZ", "TMPDIR")
+"""What a batch job submitted with --export=NONE keeps of the daemon's environment (with every
+SAE_DIST_* variable: the state it belongs to); PATH is then BARE_PATH."""
+BARE_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
 def job_environment(job, devices: list[str], base: dict[str, str],
                     array_tasks: tuple[int, int, int] | None = None) -> dict[str, str]:
     """The job's environment: ours without SLURM_* (other tools would think SLURM runs them).
     A task of a job array (`array_tasks`: its array's task count, lowest and highest task id)
     also gets SLURM's SLURM_ARRAY_* (a script written for SLURM runs unchanged; they alone do
-    not make a tool think SLURM runs it) and ours."""
+    not make a tool think SLURM runs it) and ours. A batch script (kind "batch") also gets
+    SLURM_JOB_ID, SLURM_JOB_NAME and SLURM_SUBMIT_DIR (stored with it), none of which a tool
+    takes for a sign of SLURM's srun (Lightning looks for SLURM_NTASKS, Open MPI for SLURM_JOBID,
+    MPICH for SLURM_NODELIST; docs/scheduler.md); with --export=NONE it starts from a bare
+    environment (BARE_ENV_KEPT) instead of the daemon's."""
+    stored = json.loads(job.env_json or "{}")
+    if job.kind == BATCH and stored.get(EXPORT_ENV) == "NONE":
+        base = {k: v for k, v in base.items() if k in BARE_ENV_KEPT or k.startswith("SAE_DIST_")}
+        base["PATH"] = BARE_PATH
     env = {k: v for k, v in base.items() if not k.startswith("SLURM_")}
     if job.array_job_id is not None and array_tasks is not None:
         count, lowest, highest = array_tasks
@@ -78,7 +92,9 @@ def job_environment(job, devices: list[str], base: dict[str, str],
         root = str(snapshot_root(job.snapshot_dir))
         env.update({SNAPSHOT_ENV: root, SUBMIT_DIR_ENV: job.workdir,
                     "PYTHONPATH": os.pathsep.join(p for p in (root, base.get("PYTHONPATH")) if p)})
-    env.update(json.loads(job.env_json or "{}"))
+    if job.kind == BATCH:  # a task of an array: its own id, as SLURM's (the array's is SLURM_ARRAY_JOB_ID)
+        env.update({"SLURM_JOB_ID": str(job.id), "SLURM_JOB_NAME": job.name})
+    env.update(stored)
     return env
 
 

@@ -143,7 +143,7 @@ def test_supervisor_sets_every_reserved_name():
     """The names a user's --env may not set are exactly those the supervisor sets for a job."""
     from scheduler.supervisor import job_environment
 
-    task = SimpleNamespace(id=7, name="j", port=29601, env_json="{}", array_job_id=5, array_task_id=2,
+    task = SimpleNamespace(id=7, name="j", kind="command", port=29601, env_json="{}", array_job_id=5, array_task_id=2,
                            snapshot_dir=None)
     env = job_environment(task, ["GPU-a", "GPU-b"], {"SLURM_JOB_ID": "1", "PATH": "/bin"}, array_tasks=(3, 0, 2))
     slurm_array = {"SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN",
@@ -151,7 +151,7 @@ def test_supervisor_sets_every_reserved_name():
     assert RESERVED_JOB_ENV <= set(env) and set(env) - RESERVED_JOB_ENV == {"PATH"} | slurm_array
     assert (env[JOB_ID_ENV], env[MASTER_PORT_ENV]) == ("7", "29601")
     assert (env[ARRAY_JOB_ID_ENV], env["SLURM_ARRAY_TASK_ID"], env["SLURM_ARRAY_TASK_COUNT"]) == ("5", "2", "3")
-    plain = job_environment(SimpleNamespace(id=8, name="j", port=None, env_json="{}", array_job_id=None,
+    plain = job_environment(SimpleNamespace(id=8, name="j", kind="command", port=None, env_json="{}", array_job_id=None,
                                             array_task_id=None, snapshot_dir=None), ["GPU-a"], {"SLURM_JOB_ID": "1"})
     assert not {k for k in plain if "ARRAY" in k}  # a plain job: no array names at all
 
@@ -186,8 +186,8 @@ def test_a_virtual_device_rank_gets_its_share_of_the_cores(monkeypatch):
 
     assert [virtual_device_threads(16, n) for n in (1, 2, 3, 16, 32)] == [16, 8, 5, 1, 1]
     assert virtual_device_threads(2, 0) == 2
-    job = SimpleNamespace(id=9, name="j", port=None, env_json="{}", array_job_id=None, array_task_id=None,
-                          snapshot_dir=None)
+    job = SimpleNamespace(id=9, name="j", kind="command", port=None, env_json="{}", array_job_id=None,
+                          array_task_id=None, snapshot_dir=None)
     monkeypatch.setenv("SAE_DIST_VIRTUAL_GPUS", "2")  # the daemon offers 2 virtual devices
     env = job_environment(job, ["virtual-0"], {})
     assert env[THREADS_PER_RANK_ENV] == str(max(1, usable_cores() // 2))

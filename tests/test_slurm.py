@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
+from scheduler.cluster import slurm_command  # SLURM's sbatch: the venv's first on PATH is ours
 
 pytestmark = [pytest.mark.skipif(shutil.which("slurmctld") is None or os.geteuid() != 0,
                                  reason="needs Debian's slurm-wlm and root (scripts/test.sh installs it)"),
@@ -148,7 +149,7 @@ def test_exported_training_job_runs_under_slurm(slurm, tmp_path, monkeypatch):
     text = script.read_text()
     assert "--gpus-per-node" not in text and "#SBATCH --time=00:10:00" in text
     env = {**slurm, "PATH": f"{Path(sys.executable).parent}:{slurm['PATH']}"}
-    submitted = subprocess.run(["sbatch", "--parsable", str(script)], cwd=tmp_path, env=env,
+    submitted = subprocess.run([slurm_command("sbatch", env["PATH"]), "--parsable", str(script)], cwd=tmp_path, env=env,
                                capture_output=True, text=True)
     assert submitted.returncode == 0, submitted.stderr
     slurm_id = submitted.stdout.strip().split(";")[0]
@@ -273,7 +274,8 @@ def test_an_exported_array_runs_as_slurms_array(slurm, tmp_path, monkeypatch):
                   module="scheduler")
     assert exp.returncode == 0 and "#SBATCH --array=0,2,4" in script.read_text().splitlines(), exp.stderr
     env = slurm_env(slurm)
-    submitted = subprocess.run(["sbatch", "--parsable", str(script)], cwd=tmp_path, env={**slurm, **env},
+    submitted = subprocess.run([slurm_command("sbatch", env["PATH"]), "--parsable", str(script)], cwd=tmp_path,
+                               env={**slurm, **env},
                                capture_output=True, text=True)
     assert submitted.returncode == 0, submitted.stderr
     slurm_id = submitted.stdout.strip().split(";")[0]

@@ -303,7 +303,7 @@ class Job(Base, table=True):
     id: int | None = Field(default=None, primary_key=True)
     name: str
     user: str
-    kind: str  # "command" (an argv, never run through a shell) or "train" (a TrainConfig)
+    kind: str  # "command" (an argv, never run through a shell), "train" (a TrainConfig) or "batch" (a script)
     argv_json: str  # JSON list: the command, or `python -m sae_dist train` flags for kind=train
     train_config_json: str | None = None  # the validated TrainConfig, for kind=train
     state: str = Field(default="PENDING", index=True)  # one of JOB_STATES
