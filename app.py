@@ -76,7 +76,7 @@ elif demo is None and count_jobs(engine) == 0 and not queries.list_runs(engine, 
 def machine_overview() -> None:
     now = datetime.now(timezone.utc)
     devices, states, _ = status.devices_now(engine)
-    rows = status.device_rows(devices, states, status.latest_samples(engine))
+    rows = status.device_rows(devices, states, status.latest_samples(engine), status.device_sharers(engine))
     st.subheader("Devices", anchor=False)
     if any(r["virtual"] for r in rows):
         st.caption("No NVIDIA GPU in use here: these are virtual devices, each one CPU-backed "

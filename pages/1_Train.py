@@ -65,7 +65,7 @@ try:
 except UserError as error:
     st.error(str(error), title="The devices cannot be read")
     st.stop()
-rows = status.device_rows(devices, states, status.latest_samples(engine))
+rows = status.device_rows(devices, states, status.latest_samples(engine), status.device_sharers(engine))
 all_virtual = bool(rows) and all(r["virtual"] for r in rows)
 if st.session_state.pop("tr_clear_name", False):  # a name is for one run: free it after a submit
     st.session_state["tr_name"] = ""

@@ -85,6 +85,9 @@ def _add_submit(sub) -> None:
                    help="SLURM's --exclusive: the job gets the whole machine. It starts once every device is "
                         "free and no other job runs, holds every device while it runs (nothing else starts), "
                         f"and runs on --gpus N of them (default: all; {NUM_GPUS_ENV}=N); not with --gpu-ids")
+    s.add_argument("--shared", action="store_true",
+                   help="share GPUs with other --shared jobs while their --mem (declared, per GPU) fits each "
+                        "card; never beside an unshared job")
     s.add_argument("--preemptible", action="store_true",
                    help="a job of higher --priority may take its devices: SIGTERM, --grace-time, SIGKILL, then it "
                         "is requeued (a training checkpoints at its next report and resumes from it)")
@@ -462,7 +465,7 @@ def _job_spec(args, kind: str, argv: list[str], train_config, now: datetime):
         begin_at=_parsed("--begin", S.parse_begin, args.begin, now) if args.begin is not None else None,
         dependencies=S.parse_dependency(args.dependency) if args.dependency is not None else [],
         held=args.hold, requeue=args.requeue, exclusive=args.exclusive,
-        preemptible=args.preemptible, preempt_grace_s=args.grace_time,
+        preemptible=args.preemptible, preempt_grace_s=args.grace_time, shared=args.shared,
         workdir=os.path.abspath(args.chdir or os.getcwd()),
         env={**exported, **S.parse_env(args.env)}, stdout=args.output, stderr=args.error,
         submit_dir=os.getcwd() if kind == S.BATCH else None, export_all=export_all)
@@ -604,7 +607,7 @@ def _job_row(job, now: float) -> dict[str, Any]:
         "kind": job.kind, "held": job.held, "exclusive": job.exclusive,
         "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
         "array_max_running": job.array_max_running, "saes": _sweep_saes(job),
-        "snapshot_commit": job.snapshot_commit, "preemptible": job.preemptible,
+        "snapshot_commit": job.snapshot_commit, "preemptible": job.preemptible, "shared": job.shared,
         # Its earlier runs, requeued after a preemption or a failure (SLURM's sacct -D), oldest first.
         "attempts": json.loads(job.attempts_json) if job.attempts_json else [],
     }
@@ -685,6 +688,8 @@ def _running_devices(row: dict) -> str:
     others = [u for u in row["allocated"] if u not in row["devices"]]
     if row["exclusive"]:
         text = f"{text} (exclusive, also holds {','.join(others)})" if others else f"{text} (exclusive)"
+    if row.get("shared"):
+        text = f"{text} (shared)"
     return text.strip()
 
 
@@ -760,10 +765,12 @@ def _print_recheck(results: list[dict]) -> None:
 
 def cmd_info(args) -> int:
     from sae_dist.format import fmt_bytes
+    from scheduler.device_view import device_sharers, sharing_text
 
     rechecked = _recheck() if args.recheck else None
     devices, states, _ = _devices_now()
     latest = _latest_samples()
+    shared = device_sharers()
     rows = []
     for d in devices:
         s = states[d.uuid]
@@ -774,7 +781,7 @@ def cmd_info(args) -> int:
             "job_id": s.job_id, "reason": s.reason, "memory_total": d.memory_total, "memory_used": d.memory_used,
             "utilization_pct": sample.get("utilization_pct", d.utilization_pct),
             "temperature_c": d.temperature_c, "power_w": d.power_w, "error": d.error,
-            "fault": d.fault.as_dict() if d.fault else None})
+            "fault": d.fault.as_dict() if d.fault else None, "sharers": shared.get(d.uuid)})
     if args.json:
         print(json.dumps(rows if rechecked is None else {"rechecked": rechecked, "devices": rows}, indent=1))
         return 0
@@ -790,6 +797,8 @@ def cmd_info(args) -> int:
         r["temp"] = f"{r['temperature_c']:.0f}C" if r["temperature_c"] is not None else None
         r["power"] = f"{r['power_w']:.0f}W" if r["power_w"] is not None else None
         r["what"] = f"job {r['job_id']}" if r["job_id"] else (r["reason"] if r["state"] != "idle" else "")
+        if r["sharers"]:
+            r["what"] = sharing_text(r["sharers"], r["memory_total"], fmt_bytes)
     _print_table(rows, [("index", "ID"), ("name", "NAME"), ("kind", "KIND"), ("state", "STATE"), ("mem", "MEMORY"),
                         ("util", "UTIL"), ("temp", "TEMP"), ("power", "POWER"), ("what", "JOB/REASON")])
     return 0

@@ -38,6 +38,7 @@ from scheduler.faults import Fault, apply_faults, device_faults, recheck_interva
 from scheduler.final_state import replay_final_state
 from scheduler.health import HealthChecker, record_lost
 from scheduler.policy import DeviceView, JobView, plan
+from scheduler.sharing import shared_use, sharers
 from scheduler.snapshot import release_snapshots
 from scheduler.spec import grace_time
 from scheduler.storage_errors import storage_problem
@@ -170,8 +171,10 @@ class Daemon:
                 allocations = store.active_allocations(conn)
             # Samples name the job that runs on a device; an exclusive job's other devices are
             # held but idle, and must not dilute its utilisation (acct, benchmarks).
+            # A device several shared jobs hold names none of them: its readings are theirs together.
+            shared_devices = {u for j in running if j.shared for u in json.loads(j.devices_json or "[]")}
             in_use = {u: j.id for j in running for u in json.loads(j.devices_json or "[]")
-                      if allocations.get(u) == j.id}
+                      if allocations.get(u) == j.id and u not in shared_devices}
             alive = self._reap(running, now)
             if len(alive) != len(running):  # it freed devices
                 with self.engine.connect() as conn:
@@ -183,7 +186,8 @@ class Daemon:
             states = classify(devices, {u: j for u, j in allocations.items()}, started_at, our_pids, now)
             self._sample(devices, in_use)
             views = [DeviceView(uuid=d.uuid, index=d.index, free=states[d.uuid].state == "idle",
-                                free_memory=d.memory_free, unavailable=states[d.uuid].state == "unavailable")
+                                free_memory=d.memory_free, unavailable=states[d.uuid].state == "unavailable",
+                                memory_total=d.memory_total)
                      for d in devices]
             seen = Seen(version, len(alive) != len(running), tuple((v.uuid, v.free, v.unavailable) for v in views),
                         self.poked, now)
@@ -208,7 +212,10 @@ class Daemon:
         held: dict[int, list[str]] = {}
         for uuid, job_id in allocations.items():
             held.setdefault(job_id, []).append(uuid)
-        decision = plan(pending, [_job_view(j, held.get(j.id, ())) for j in running], views,
+        running_views = [_job_view(j, held.get(j.id, ())) for j in running]
+        use = shared_use(running_views)
+        views = [replace(v, shared_used=use.get(v.uuid)) for v in views]
+        decision = plan(pending, running_views, views,
                         {**finished, **{d: "UNKNOWN" for d in deps - set(dep_states)}}, now, live_ids=live)
         changed = {i: r for i, r in decision.reasons.items() if self.queue[i][1] != r}
         if decision.preempt:  # their supervisors see the mark within a poll and stop them (grace, requeue)
@@ -390,13 +397,16 @@ class Daemon:
         read = inventory(procs.pids_by_device(running, pids), self.sampler)
         faults = record_lost(self.engine, read, faults, allocations)  # a GPU NVML says is lost fails
         devices = apply_faults(read, faults)
-        self._store_inventory(devices)
+        views = [_job_view(j) for j in running if j.shared]
+        self._store_inventory(devices, {d.uuid: sharers(d.uuid, d.processes, views, pids) for d in devices})
         return devices
 
-    def _store_inventory(self, devices: list[DeviceInfo]) -> None:
+    def _store_inventory(self, devices: list[DeviceInfo], shared: dict[str, list[dict]] | None = None) -> None:
         now = utcnow()
+        shared = shared or {}
         rows = [{"uuid": d.uuid, "index": d.index, "name": d.name, "virtual": d.virtual, "available": d.available,
-                 "error": d.error, "memory_total": d.memory_total, "pci_bus_id": d.pci_bus_id, "updated_at": now}
+                 "error": d.error, "memory_total": d.memory_total, "pci_bus_id": d.pci_bus_id, "updated_at": now,
+                 "sharers_json": json.dumps(shared[d.uuid]) if shared.get(d.uuid) else None}
                 for d in devices]
         table = Device.__table__
         same = [{k: v for k, v in r.items() if k != "updated_at"} for r in rows]
@@ -494,7 +504,7 @@ def _job_view(job, held: Iterable[str] = ()) -> JobView:
         started_at=job.started_at.timestamp() if job.started_at else None,
         devices=runs_on + tuple(sorted(u for u in set(held) if u not in runs_on)),
         exclusive=bool(job.exclusive), array_id=job.array_job_id, array_limit=job.array_max_running,
-        preemptible=bool(job.preemptible), grace_s=grace_time(job.preempt_grace_s),
+        shared=bool(job.shared), preemptible=bool(job.preemptible), grace_s=grace_time(job.preempt_grace_s),
         leaving=job.preempted_by is not None)
 
 

@@ -9,6 +9,7 @@ shared pure ones (`scheduler.busy.classify`, `scheduler.faults`). A test holds t
 
 from __future__ import annotations
 
+import json
 import time
 from collections import namedtuple
 from typing import Any
@@ -74,3 +75,22 @@ def device_table() -> list[DeviceRow]:
     rows = query('SELECT "uuid", "index", "name", "virtual", "available", "error", "memory_total", "pci_bus_id" '
                  'FROM "devices" ORDER BY "index", "uuid"', {})
     return [DeviceRow(r[0], r[1], r[2], bool(r[3]), bool(r[4]), *r[5:]) for r in rows]
+
+
+def device_sharers() -> dict[str, list[dict]]:
+    """Each shared device's shared jobs as the daemon last saw them (`sharers_json`: job,
+    declared and measured memory, whether it uses more than it declared), by uuid."""
+    rows = query('SELECT "uuid", "sharers_json" FROM "devices" WHERE "sharers_json" IS NOT NULL', {})
+    return {uuid: json.loads(text) for uuid, text in rows}
+
+
+def sharing_text(sharers: list[dict], memory_total: int | None, fmt) -> str:
+    """`info`'s words for a shared device: its jobs with their declared memory (and what each
+    uses where it is over), and the memory left to declare."""
+    parts = []
+    for s in sharers:
+        over = f", uses {fmt(s['used'])}: OVER its --mem" if s.get("over") else ""
+        parts.append(f"job {s['job']} ({fmt(s['declared'])}{over})")
+    declared = sum(s["declared"] or 0 for s in sharers)
+    left = f"; {fmt(memory_total - declared)} of {fmt(memory_total)} left" if memory_total else ""
+    return f"shared: {', '.join(parts)}{left}"

@@ -42,6 +42,7 @@ class NewJob:
     array_max_running: int | None = None  # a job array's %N (its tasks share this NewJob or differ by config)
     snapshot_commit: str | None = None  # submit --snapshot: the commit queued, and the copy it runs in
     snapshot_dir: str | None = None
+    shared: bool = False  # beside other shared jobs on a GPU while their declared memory fits it
     preemptible: bool = False  # a job of higher priority may take its devices (it is requeued)
     preempt_grace_s: float | None = None
 
@@ -58,7 +59,7 @@ def new_job(spec: JobSpec, devices: list[tuple[int, str]]) -> NewJob:
         exclusive=spec.exclusive, env=spec.stored_env(), stdout=spec.stdout, stderr=spec.stderr,
         snapshot_commit=spec.snapshot.commit if spec.snapshot else None,
         snapshot_dir=spec.snapshot.workdir if spec.snapshot else None,
-        preemptible=spec.preemptible, preempt_grace_s=spec.preempt_grace_s)
+        preemptible=spec.preemptible, preempt_grace_s=spec.preempt_grace_s, shared=spec.shared)
 
 
 def job_row(job: NewJob, now: datetime) -> dict:
@@ -76,7 +77,7 @@ def job_row(job: NewJob, now: datetime) -> dict:
         # An array's tasks: their task id (array_submit.task_rows) and array id (known once stored).
         "array_job_id": None, "array_task_id": None, "array_max_running": job.array_max_running,
         "snapshot_commit": job.snapshot_commit, "snapshot_dir": job.snapshot_dir,
-        "preemptible": job.preemptible, "preempt_grace_s": job.preempt_grace_s,
+        "preemptible": job.preemptible, "preempt_grace_s": job.preempt_grace_s, "shared": job.shared,
     }
 
 

@@ -53,6 +53,7 @@ from sae_dist.db.schema import (
     DEPENDENCY_NEVER,
     EXCLUSIVE_JOB,
     HELD,
+    MEMORY,
     PRIORITY,
     REQ_NODE_NOT_AVAIL,
     RESOURCES,
@@ -84,6 +85,7 @@ class JobView:
     exclusive: bool = False  # holds the whole machine while it runs; uses `gpus` of its devices
     array_id: int | None = None  # a task of this job array
     array_limit: int | None = None  # its array's %N: at most this many of its tasks run at once
+    shared: bool = False  # runs beside other shared jobs on a device while their mem_per_gpu fits it
     preemptible: bool = False  # a job of higher priority may take its devices (it is requeued)
     grace_s: float = 60.0  # a preemption's SIGTERM-to-SIGKILL time (SLURM's GraceTime)
     leaving: bool = False  # running jobs only: a preemption of it is under way
@@ -113,6 +115,10 @@ class DeviceView:
     free: bool  # idle and usable by us now (not allocated, not busy-external, readable)
     free_memory: int | None = None  # bytes; None = unknown, passes any memory request
     unavailable: bool = False  # unreadable or failed: nobody knows when it comes back
+    memory_total: int | None = None  # bytes; None = unknown (then shared jobs are bounded by free_memory)
+    # Declared memory (mem_per_gpu) of the shared jobs on it, when only shared jobs hold it; None
+    # when it is idle (`free`) or held whole.
+    shared_used: int | None = None
 
 
 @dataclass(frozen=True)
@@ -179,9 +185,56 @@ def _memory_ok(job: JobView, device: DeviceView) -> bool:
     return job.mem_per_gpu is None or device.free_memory is None or device.free_memory >= job.mem_per_gpu
 
 
+def room_left(device: DeviceView) -> int | None:
+    """Bytes a shared job may still declare on `device`: its total less what its sharers declared
+    (None when its total is unknown)."""
+    if device.memory_total is None:
+        return None
+    return device.memory_total - (device.shared_used or 0)
+
+
+def shares(job: JobView, device: DeviceView) -> bool:
+    """Whether shared `job` may run on `device` now: idle, or held by shared jobs only, with room
+    for its declared memory by the sharers' declarations and by the memory actually free."""
+    if not job.shared or job.mem_per_gpu is None or device.unavailable:
+        return False
+    if not device.free and device.shared_used is None:
+        return False
+    left = room_left(device)
+    return (left is None or left >= job.mem_per_gpu) and _memory_ok(job, device)
+
+
 def _preference(device: DeviceView) -> tuple[bool, int, int]:
     # Most free memory first; unknown memory after known; then by index for stable choices.
     return (device.free_memory is None, -(device.free_memory or 0), device.index)
+
+
+def _packing(device: DeviceView) -> tuple:
+    left = room_left(device)
+    return (device.shared_used is None, left is None, left or 0, device.index)
+
+
+def memory_wait(job: JobView, devices: list[DeviceView]) -> str | None:
+    """Why a shared job waits when memory is what it lacks: "Resources, Memory:<needed>><the most
+    any open device has left>"; None when memory is not why (or is unknown)."""
+    if not job.shared or job.mem_per_gpu is None:
+        return None
+    rooms = []
+    for d in devices if job.gpu_ids is None else [d for d in devices if d.uuid in job.gpu_ids]:
+        if d.unavailable or not (d.free or d.shared_used is not None):
+            continue
+        known = [r for r in (room_left(d), d.free_memory) if r is not None]
+        if not known:
+            return None  # a device of unknown memory: memory cannot be the reason
+        rooms.append(min(known))
+    most = max(rooms, default=None)
+    if most is None or most >= job.mem_per_gpu:
+        return None
+    return f"{RESOURCES}, {MEMORY}:{_gib(job.mem_per_gpu)}>{_gib(max(most, 0))}"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f}GiB"
 
 
 def pick_devices(job: JobView, free_devices: Iterable[DeviceView]) -> tuple[str, ...] | None:
@@ -190,13 +243,19 @@ def pick_devices(job: JobView, free_devices: Iterable[DeviceView]) -> tuple[str,
     Exact `gpu_ids` are returned in the order asked; a count is chosen by most free memory and
     returned in index order, the order CUDA_VISIBLE_DEVICES will list them.
     """
-    usable = [d for d in free_devices if d.free and _memory_ok(job, d)]
+    if job.shared:
+        usable = [d for d in free_devices if shares(job, d)]
+    else:
+        usable = [d for d in free_devices if d.free and _memory_ok(job, d)]
     if job.gpu_ids is not None:
         by_uuid = {d.uuid for d in usable}
         return job.gpu_ids if all(u in by_uuid for u in job.gpu_ids) else None
     if len(usable) < job.gpus:
         return None
-    chosen = sorted(usable, key=_preference)[: job.gpus]
+    # A shared job fills devices already shared first, the fullest that fits first: idle devices
+    # stay whole for the jobs that need them whole.
+    key = _packing if job.shared else _preference
+    chosen = sorted(usable, key=key)[: job.gpus]
     return tuple(d.uuid for d in sorted(chosen, key=lambda d: d.index))
 
 
@@ -244,7 +303,7 @@ def exclusive_shadow_time(head: JobView, running: list[JobView], devices: list[D
     ours = {u for job in running for u in job.devices}
     if any(not d.free and d.uuid not in ours for d in devices):
         when = math.inf
-    back = [d if d.free else replace(d, free=True, free_memory=None) for d in devices]
+    back = [d if d.free else replace(d, free=True, free_memory=None, shared_used=None) for d in devices]
     if pick_devices(head, back) is None:
         return None
     every = tuple(d.uuid for d in sorted(devices, key=lambda d: d.index))
@@ -277,7 +336,7 @@ def shadow_time(head: JobView, running: list[JobView], devices: list[DeviceView]
                 releases.setdefault(expected_end(job, now), []).append(uuid)
 
     def released(uuid: str) -> DeviceView:
-        return replace(by_uuid[uuid], free=True, free_memory=None)
+        return replace(by_uuid[uuid], free=True, free_memory=None, shared_used=None)
 
     picked = pick_devices(head, pool.values())
     if picked is not None:
@@ -340,8 +399,8 @@ def _fits_without(head: JobView, gone: list[JobView], devices: list[DeviceView])
 def _freed(devices: list[DeviceView], gone: list[JobView]) -> list[DeviceView]:
     """The devices as they will be once `gone` have left (their memory then unknown)."""
     released = {u for j in gone for u in j.devices}
-    return [replace(d, free=True, free_memory=None) if d.uuid in released and not d.unavailable else d
-            for d in devices]
+    return [replace(d, free=True, free_memory=None, shared_used=None) if d.uuid in released and not d.unavailable
+            else d for d in devices]
 
 
 def preemption_reservation(head: JobView, active: list[JobView], victims: tuple[int, ...],
@@ -362,7 +421,7 @@ def preempting(job_ids: Iterable[int]) -> str:
 
 def shape(job: JobView) -> tuple:
     """What a pending job's start decision depends on, past its eligibility and the head's id."""
-    return (job.gpus, job.gpu_ids, job.mem_per_gpu, job.time_limit_s, job.exclusive)
+    return (job.gpus, job.gpu_ids, job.mem_per_gpu, job.time_limit_s, job.exclusive, job.shared)
 
 
 def plan(pending: list[JobView], running: list[JobView], devices: list[DeviceView],
@@ -416,12 +475,22 @@ class _Walk:
         self.starts: list[tuple[int, tuple[str, ...]]] = []
         self.holds: dict[int, tuple[str, ...]] = {}
         self.taken: set[str] = set()
+        self.shared_add: dict[str, int] = {}  # declared memory of the shared jobs this plan starts, by device
         self.active = list(running)  # running jobs plus those this plan starts, for the shadow time
         self.reservation: Reservation | None = None
         self.preempt: dict[int, int] = {}
 
     def current_devices(self) -> list[DeviceView]:
-        return [replace(d, free=False) if d.uuid in self.taken else d for d in self.devices]
+        return [self._now(d) for d in self.devices]
+
+    def _now(self, d: DeviceView) -> DeviceView:
+        if d.uuid in self.taken:
+            return replace(d, free=False, shared_used=None)
+        added = self.shared_add.get(d.uuid)
+        if added is None:
+            return d
+        return replace(d, free=False, shared_used=(d.shared_used or 0) + added,
+                       free_memory=None if d.free_memory is None else d.free_memory - added)
 
     def reserve(self, head: JobView, now_devices: list[DeviceView]) -> Reservation | None:
         # A job that can never fit on this machine gets no reservation: it must not block others.
@@ -430,11 +499,12 @@ class _Walk:
         return shadow_time(head, self.active, now_devices, self.now)
 
     def waiting(self, job: JobView, now_devices: list[DeviceView]) -> str:
-        # An exclusive job that would fit once our jobs end names them; else SLURM's plain Resources.
+        # An exclusive job that would fit once our jobs end names them; a shared one short of memory
+        # says how much; else SLURM's plain Resources.
         if job.exclusive and self.active and \
                 exclusive_shadow_time(job, self.active, now_devices, self.now) is not None:
             return waits_for_jobs(j.id for j in self.active)
-        return RESOURCES
+        return memory_wait(job, now_devices) or RESOURCES
 
     def preempt_for(self, head: JobView, now_devices: list[DeviceView]) -> bool:
         """Make room for the head by preemption when it can (and take its reservation)."""
@@ -478,7 +548,11 @@ class _Walk:
             self.starts.append((job.id, picked))
             if job.exclusive:
                 self.holds[job.id] = held
-            self.taken.update(held)
+            if job.shared:
+                for u in picked:
+                    self.shared_add[u] = self.shared_add.get(u, 0) + job.mem_per_gpu
+            else:
+                self.taken.update(held)
             self.active.append(replace(job, started_at=now, devices=held))
         elif reservation is None:
             if not self.preempt_for(job, now_devices):

@@ -24,7 +24,7 @@ from sae_dist.paths import HEAD_REVISION, busy_timeout_pragma, busy_timeout_s
 from scheduler.array_submit import jobs_to_store, task_rows
 from scheduler.arrays import ArraySpec
 from scheduler.newjob import check_dependencies_found
-from scheduler.spec import JobSpec
+from scheduler.spec import JobSpec, check_memory_fits
 
 SQLITE_TIME_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
 """How SQLAlchemy stores a DateTime in SQLite: naive UTC text with microseconds."""
@@ -42,6 +42,7 @@ def submit_quick(spec: JobSpec, now: datetime | None = None, array: ArraySpec | 
     if con is None:
         return None
     try:
+        check_memory_fits(spec, device_totals(con))
         tasks = jobs_to_store(spec, machine_devices(con), array, overrides)
         job_id = _insert(con, task_rows(tasks, now or datetime.now(UTC), sqlite_values),
                          [dep_id for _, dep_id in tasks[0][1].dependencies], array is not None)
@@ -89,6 +90,11 @@ def machine_devices(con: sqlite3.Connection) -> list[tuple[int, str]]:
     if rows:
         return [(int(index), str(uuid)) for index, uuid in rows]
     return [(d.index, d.uuid) for d in inventory({}, None)]
+
+
+def device_totals(con: sqlite3.Connection) -> list[int | None]:
+    """Each device's memory as the daemon last wrote it (none known before a daemon ran)."""
+    return [row[0] for row in con.execute('SELECT "memory_total" FROM "devices"')]
 
 
 def sqlite_values(row: dict) -> dict:

@@ -45,7 +45,7 @@ FLAGS: dict[str, str] = {
     "time_limit_s": "--time", "begin_at": "--begin", "dependencies": "--dependency", "held": "--hold",
     "requeue": "--requeue", "exclusive": "--exclusive", "workdir": "--chdir", "env": "--env",
     "stdout": "--output", "stderr": "--error", "preemptible": "--preemptible", "preempt_grace_s": "--grace-time",
-    "submit_dir": "submit", "export_all": "--export",
+    "submit_dir": "submit", "export_all": "--export", "shared": "--shared",
 }
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -335,6 +335,7 @@ class JobSpec:
     stdout: str | None = None  # pattern with %j/%x; relative to workdir; None: the log directory
     stderr: str | None = None  # same; None: into the stdout file (as SLURM)
     snapshot: Snapshot | None = None  # submit --snapshot: the copy of the checkout it runs (taken after validation)
+    shared: bool = False  # runs beside other shared jobs on a GPU while their declared memory fits it
     preemptible: bool = False  # a job of higher priority may take its devices: SIGTERM, grace, requeue
     preempt_grace_s: float | None = None  # its SIGTERM-to-SIGKILL time when preempted (None: 60 s)
     submit_dir: str | None = None  # a batch job's: where it was submitted from (SLURM_SUBMIT_DIR)
@@ -465,10 +466,21 @@ class JobSpec:
             if (kind, job_id) not in deps:
                 deps.append((kind, job_id))
         self.dependencies = deps
-        for name in ("held", "requeue", "preemptible"):
+        for name in ("held", "requeue", "preemptible", "shared"):
             if not isinstance(getattr(self, name), bool):
                 raise _err(FLAGS[name], f"must be true or false, got {getattr(self, name)!r}")
         self._check_grace()
+        self._check_shared()
+
+    def _check_shared(self) -> None:
+        if not self.shared:
+            return
+        if self.exclusive:
+            raise _err("--shared", "and --exclusive contradict each other (the whole machine, or a share of a GPU)")
+        if self.gpus == 0:
+            raise _err("--shared", "shares a GPU: ask for one or more with --gpus")
+        if self.mem_per_gpu is None:
+            raise _err("--shared", "needs --mem, the memory it needs on each GPU: the devices are shared by it")
 
     def _check_grace(self) -> None:
         g = self.preempt_grace_s
@@ -533,6 +545,15 @@ def resolve_gpus(spec: JobSpec, devices: list[tuple[int, str]]) -> int:
         what = "a training job needs at least 1 device" if spec.kind == "train" else "--mem-per-gpu needs a device"
         raise _err("--exclusive", f"this machine has no devices; {what}")
     return count
+
+
+def check_memory_fits(spec: JobSpec, totals: list[int | None]) -> None:
+    """Refuse a job whose --mem no device of this machine has (`totals`: each device's memory,
+    None where unknown; nothing is refused when none is known): it would wait forever."""
+    known = [t for t in totals if t is not None]
+    if spec.mem_per_gpu is not None and known and spec.mem_per_gpu > max(known):
+        raise _err("--mem", f"{spec.mem_per_gpu / 2**30:.1f} GiB is more than any device here has "
+                   f"(the largest: {max(known) / 2**30:.1f} GiB)")
 
 
 def resolve_devices(spec: JobSpec, devices: list[tuple[int, str]]) -> list[str] | None:

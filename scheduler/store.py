@@ -135,6 +135,10 @@ def start_jobs(engine: Engine, starts: list[tuple[int, tuple[str, ...]]], reason
         used_ports = set(conn.scalars(select(JOBS.c.port).where(
             and_(JOBS.c.state == "RUNNING", JOBS.c.port.is_not(None)))))
         for job_id, devices in starts:
+            allocated = holds.get(job_id, devices)
+            shared = bool(conn.execute(select(JOBS.c.shared).where(JOBS.c.id == job_id)).scalar())
+            if _held_otherwise(conn, allocated, shared):
+                continue  # the plan was made on an older view: a later pass decides again
             port = _free_port(used_ports) if devices else None
             claimed = conn.execute(
                 update(JOBS).where(and_(JOBS.c.id == job_id, JOBS.c.state == "PENDING", JOBS.c.held.is_(False),
@@ -143,14 +147,24 @@ def start_jobs(engine: Engine, starts: list[tuple[int, tuple[str, ...]]], reason
                         devices_json=json.dumps(list(devices)), exit_code=None, signal=None, ended_at=None))
             if claimed.rowcount != 1:
                 continue
-            allocated = holds.get(job_id, devices)
             if allocated:
-                conn.execute(insert(ALLOCATIONS), [{"job_id": job_id, "device_uuid": d, "allocated_at": now}
-                                                   for d in allocated])
+                conn.execute(insert(ALLOCATIONS), [{"job_id": job_id, "device_uuid": d, "allocated_at": now,
+                                                    "shared": shared} for d in allocated])
             if port is not None:
                 used_ports.add(port)
             started.append((job_id, tuple(devices), port))
     return started
+
+
+def _held_otherwise(conn: Connection, devices, shared: bool) -> bool:
+    """Whether a device of `devices` is held in a way this job may not join: a shared job beside
+    an unshared allocation, or an unshared job beside a shared one (two unshared allocations the
+    unique index refuses)."""
+    if not devices:
+        return False
+    return conn.execute(select(ALLOCATIONS.c.id).where(and_(
+        ALLOCATIONS.c.device_uuid.in_(list(devices)), ALLOCATIONS.c.released_at.is_(None),
+        ALLOCATIONS.c.shared.is_(not shared))).limit(1)).first() is not None
 
 
 def port_search_start(home: str) -> int:
@@ -352,7 +366,7 @@ def running_jobs(conn: Connection) -> list[Job]:
 QUEUE_COLUMNS = [JOBS.c[c] for c in (
     "id", "state", "held", "reason", "priority", "submitted_at", "gpus", "gpu_ids_json", "mem_per_gpu",
     "time_limit_s", "begin_at", "dependencies_json", "started_at", "devices_json", "exclusive",
-    "array_job_id", "array_max_running", "preemptible", "preempt_grace_s", "preempted_by")]
+    "array_job_id", "array_max_running", "preemptible", "preempt_grace_s", "preempted_by", "shared")]
 
 
 def queue_rows(conn: Connection, ids: Iterable[int] | None = None) -> list:

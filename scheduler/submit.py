@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine
 from scheduler.array_submit import jobs_to_store
 from scheduler.arrays import ArraySpec
 from scheduler.devices import DeviceInfo
-from scheduler.spec import JobSpec
+from scheduler.spec import JobSpec, check_memory_fits
 from scheduler.store import submit, submit_array
 
 DEMO_DEVICES = 2
@@ -33,6 +33,7 @@ def submit_spec(engine: Engine, spec: JobSpec, devices: list[DeviceInfo] | None 
         from scheduler.devices import inventory
 
         devices = inventory({}, None)
+    check_memory_fits(spec, [d.memory_total for d in devices])
     tasks = jobs_to_store(spec, [(d.index, d.uuid) for d in devices], array, overrides)
     job_id = submit(engine, tasks[0][1]) if array is None else submit_array(engine, tasks)
     ensure_daemon()

@@ -367,3 +367,33 @@ def test_info_recheck_says_what_the_probe_could_check(machine):
     line = done.stdout.splitlines()[0]
     assert line.startswith(f"{UUIDS[5]}: health check passed (checked: NVML only (torch "), line
     assert line.endswith(", fault cleared") and not active_faults(get_engine())
+
+
+def test_shared_jobs_fill_one_gpu_by_declared_memory_and_an_over_user_is_named(machine, daemon, tmp_path):
+    """Four --shared jobs of 12 GiB run together on one 80 GB A100 (named by --gpu-ids), a fifth
+    of 40 GiB waits naming the memory, an unshared job on it waits for it to empty; a sharer using
+    more than it declared (NVML's per-process memory) is named in `info`'s row."""
+    machine()
+    daemon()
+    sharers = [submit("--shared", "--mem", "12GiB", "--gpu-ids", "0", "--", "sleep", "600") for _ in range(4)]
+    engine = get_engine()
+    wait_for(lambda: all(get_job(engine, j).state == "RUNNING" for j in sharers), 60, "four sharers to run")
+    big = submit("--shared", "--mem", "40GiB", "--gpu-ids", "0", "--", "sleep", "600")
+    whole = submit("--gpu-ids", "0", "--", "true")
+    wait_for(lambda: (get_job(engine, big).reason or "").startswith("Resources, Memory:40.0GiB>"), 60,
+             "the fifth to wait for memory")
+    wait_for(lambda: get_job(engine, whole).reason == "Resources", 60, "the unshared job to wait for the GPU")
+    pid = get_job(engine, sharers[0]).pid
+    machine(lambda d: d[0].update(memory_used=13 * GIB, processes=[{"pid": pid, "used_memory": 13 * GIB}]))
+    row = wait_for(lambda: next((r for r in info() if r["index"] == 0 and r["sharers"] and r["sharers"][0]["over"]),
+                                None), 60, "the over-user to be named")
+    assert [s["job"] for s in row["sharers"]] == sharers and row["sharers"][0]["used"] == 13 * GIB
+    text = cli("info").stdout
+    assert f"job {sharers[0]} (12.0 GiB, uses 13.0 GiB: OVER its --mem)" in text and "32.0 GiB of 80.0 GiB left" in text
+    assert "(shared)" in cli("queue").stdout
+    for j in [*sharers, big]:
+        cli("cancel", str(j))
+    machine()  # the over-user's process gone from the GPU too
+    wait_for(lambda: get_job(engine, whole).state == "COMPLETED", 120, "the unshared job once the GPU emptied")
+    refused = run_cli("submit", "--shared", "--mem", "100GiB", "--", "true", module="scheduler")
+    assert refused.returncode == 2 and "more than any device here has" in refused.stderr, refused.stderr

@@ -647,3 +647,64 @@ def test_a_preemptible_exclusive_job_is_preempted_by_a_higher_priority_one():
     holder = [running(1, (0, 1), preemptible=True, priority=-1, exclusive=True, gpus=1)]
     p = run([job(10)], devices, holder)
     assert p.preempt == {1: 10}
+
+
+# --- shared devices ------------------------------------------------------------------------
+
+def shared_job(id: int, mem_gib: int, **kw) -> JobView:
+    return job(id, shared=True, mem_per_gpu=mem_gib * GiB, **kw)
+
+
+def test_shared_jobs_pack_one_device_while_their_declared_memory_fits_it():
+    from scheduler.policy import memory_wait
+
+    devices = [DeviceView("GPU-0", 0, free=True, free_memory=79 * GiB, memory_total=80 * GiB),
+               DeviceView("GPU-1", 1, free=True, free_memory=79 * GiB, memory_total=80 * GiB)]
+    p = run([shared_job(i, 12) for i in range(1, 6)], devices[:1])
+    assert [j for j, _ in p.starts] == [1, 2, 3, 4, 5] and {d for _, d in p.starts} == {uuids(0)}
+    p = run([shared_job(i, 20) for i in range(1, 6)], devices[:1])
+    assert [j for j, _ in p.starts] == [1, 2, 3]  # 3 x 20 GiB of the 79 free; a 4th would pass it
+    assert p.reasons == {4: "Resources, Memory:20.0GiB>19.0GiB", 5: "Resources, Memory:20.0GiB>19.0GiB"}
+    # Two devices: the second shared job goes beside the first, the idle device stays whole.
+    p = run([shared_job(1, 12), shared_job(2, 12), job(3)], devices)
+    assert p.starts == [(1, uuids(0)), (2, uuids(0)), (3, uuids(1))]
+    assert memory_wait(job(9), devices) is None  # not a shared job: memory is never its reason
+
+
+def test_a_device_with_sharers_takes_no_unshared_job_and_a_held_device_no_sharer():
+    shared_dev = DeviceView("GPU-0", 0, free=False, free_memory=60 * GiB, memory_total=80 * GiB,
+                            shared_used=48 * GiB)
+    sharers = [running(1, (0,), shared=True, mem_per_gpu=48 * GiB)]
+    p = run([shared_job(11, 30), shared_job(12, 4), job(13)], [shared_dev], sharers)
+    assert p.starts == [(11, uuids(0))]  # 48 + 30 of 80 declared; then 2 GiB left by declarations
+    assert p.reasons[12] == "Resources, Memory:4.0GiB>2.0GiB" and p.reasons[13] == RESOURCES
+    # An unshared head waiting for the device to empty: sharers behind it may not join (they would
+    # delay it), as any backfilled job may not take its reserved devices.
+    p = run([job(10), shared_job(11, 4)], [shared_dev], sharers)
+    assert p.starts == [] and p.reasons == {10: RESOURCES, 11: PRIORITY}
+    whole = DeviceView("GPU-0", 0, free=False, free_memory=70 * GiB, memory_total=80 * GiB)
+    p = run([shared_job(11, 4)], [whole], [running(1, (0,))])
+    assert p.starts == [] and p.reasons[11] == RESOURCES
+
+
+def test_what_sharers_declared_and_use_per_device():
+    from scheduler.sharing import MIB, shared_use, sharers
+
+    jobs = [running(1, (0,), shared=True, mem_per_gpu=12 * GiB), running(2, (0, 1), shared=True, mem_per_gpu=12 * GiB),
+            running(3, (2,))]
+    assert shared_use(jobs) == {"GPU-0": 24 * GiB, "GPU-1": 12 * GiB}
+    assert shared_use([*jobs, running(4, (1,))])["GPU-1"] is None  # held whole as well: none may join
+    listed = sharers("GPU-0", [(100, 13 * GiB + 5), (200, 2 * GiB), (300, None)], jobs, {1: [100], 2: [200]})
+    assert listed == [{"job": 1, "declared": 12 * GiB, "used": 13 * GiB, "over": True},
+                      {"job": 2, "declared": 12 * GiB, "used": 2 * GiB, "over": False}]
+    assert sharers("GPU-0", [(100, None)], jobs, {1: [100]})[0]["used"] is None  # unknown, never 0
+    assert MIB == 2**20
+
+
+def test_a_shared_job_naming_its_gpu_waits_for_that_gpus_memory():
+    full = DeviceView("GPU-0", 0, free=False, free_memory=80 * GiB, memory_total=80 * GiB, shared_used=48 * GiB)
+    idle = DeviceView("GPU-1", 1, free=True, free_memory=80 * GiB, memory_total=80 * GiB)
+    p = run([shared_job(5, 40, gpu_ids=uuids(0), gpus=1)], [full, idle],
+            [running(1, (0,), shared=True, mem_per_gpu=48 * GiB)])
+    assert p.reasons == {5: "Resources, Memory:40.0GiB>32.0GiB"}
+

@@ -398,3 +398,18 @@ def test_import_is_light():
             "('torch', 'streamlit', 'altair', 'sqlmodel', 'sqlalchemy', 'sae_dist.db')]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_shared_needs_its_memory_and_is_never_exclusive(tmp_path):
+    from scheduler.spec import JobSpec, check_memory_fits
+
+    ok = JobSpec(argv=["true"], shared=True, mem_per_gpu=12 << 30, workdir=str(tmp_path))
+    assert ok.shared and ok.mem_per_gpu == 12 << 30
+    for kw, says in (({"exclusive": True, "mem_per_gpu": 1 << 30}, "--shared: and --exclusive contradict"),
+                     ({}, "--shared: needs --mem"),
+                     ({"gpus": 0}, "--shared: shares a GPU")):
+        with pytest.raises(UserError, match=says):
+            JobSpec(argv=["true"], shared=True, workdir=str(tmp_path), **kw)
+    with pytest.raises(UserError, match=r"--mem: 100.0 GiB is more than any device here has \(the largest: 80.0 GiB\)"):
+        check_memory_fits(JobSpec(argv=["true"], mem_per_gpu=100 << 30, workdir=str(tmp_path)), [80 << 30, None])
+    check_memory_fits(ok, [None, None])  # nothing known: nothing refused

@@ -242,3 +242,14 @@ def test_device_badges_and_selection_rows():
                        utilization_pct=97.0))
     assert (gpu["temperature"], gpu["power"], gpu["utilization"]) == ("64 °C", "212 / 300 W", "97%")
     assert gpu["utilization_fraction"] == 0.97 and card["utilization_fraction"] is None
+
+
+def test_a_shared_devices_badge_names_its_jobs_and_an_over_user():
+    from sae_dist.analytics.devices import state_badge
+
+    row = {"state": "allocated", "job_id": 3, "reason": "job 3", "memory_total": 80 * 2**30,
+           "sharers": [{"job": 3, "declared": 12 * 2**30, "used": None, "over": False},
+                       {"job": 4, "declared": 12 * 2**30, "used": 13 * 2**30, "over": True}]}
+    label, color, help_text = state_badge(row)
+    assert label == "shared · jobs 3, 4 · OVER" and color == "red"
+    assert "job 4: 12.0 GiB declared, uses 13.0 GiB (over)" in help_text and "56.0 GiB left to declare" in help_text

@@ -30,6 +30,8 @@ def state_badge(row: dict[str, Any]) -> tuple[str, str, str]:
     """(label, color, explanation) of a device's state: "idle", "job N", "busy external" or
     "unavailable"."""
     state = row["state"]
+    if state == "allocated" and row.get("sharers"):
+        return shared_badge(row)
     if state == "allocated":
         return f"job {row['job_id']}", STATE_COLORS[state], row.get("reason") or f"job {row['job_id']}"
     if state == "busy":
@@ -37,6 +39,19 @@ def state_badge(row: dict[str, Any]) -> tuple[str, str, str]:
     if state == "unavailable":
         return "unavailable", STATE_COLORS[state], row.get("reason") or row.get("error") or "cannot be read"
     return "idle", STATE_COLORS["idle"], "free: no job and no other process on it"
+
+
+def shared_badge(row: dict[str, Any]) -> tuple[str, str, str]:
+    """A device shared by `submit --shared` jobs: their ids; the help lists each one's declared
+    memory (and what it uses when over it) and the memory left to declare."""
+    sharers = row["sharers"]
+    over = [s for s in sharers if s.get("over")]
+    label = f"shared · job{'s' if len(sharers) > 1 else ''} {', '.join(str(s['job']) for s in sharers)}"
+    parts = [f"job {s['job']}: {fmt_bytes(s['declared'])} declared"
+             + (f", uses {fmt_bytes(s['used'])} (over)" if s.get("over") else "") for s in sharers]
+    left = row["memory_total"] - sum(s["declared"] or 0 for s in sharers) if row.get("memory_total") else None
+    help_text = "; ".join(parts) + (f"; {fmt_bytes(left)} left to declare" if left is not None else "")
+    return (label + (" · OVER" if over else ""), "red" if over else STATE_COLORS["allocated"], help_text)
 
 
 def card(row: dict[str, Any]) -> dict[str, Any]:

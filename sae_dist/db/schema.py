@@ -268,6 +268,8 @@ EXCLUSIVE_JOB = "ExclusiveJob"
 RUNNING_JOBS = "RunningJobs"
 # A head making room by preemption: "Resources, Preempting:<ids>" (those jobs are being requeued).
 PREEMPTING = "Preempting"
+# A shared job short of GPU memory: "Resources, Memory:12.0GiB>8.0GiB" (needed > the most left).
+MEMORY = "Memory"
 # What a preempted job's run ends as (SLURM's); it is requeued at once, so the state is kept only in
 # the job's earlier runs (`attempts_json`, `acct -D`), never as the job's own.
 PREEMPTED = "PREEMPTED"
@@ -286,6 +288,7 @@ REASON_DETAIL_WORDS = {
     RUNNING_JOBS: "it runs alone (exclusive) and waits for job{s} {ids} to end",
     EXCLUSIVE_JOB: "exclusive job {ids} holds the whole machine",
     PREEMPTING: "job{s} {ids} of lower priority make room for it (preempted: requeued)",
+    MEMORY: "a shared job: it needs more memory than any device has left (needed>left: {ids})",
 }
 """The details after a code, in words ({s}: a plural's s, {ids}: the job ids)."""
 
@@ -352,6 +355,8 @@ class Job(Base, table=True):
     snapshot_dir: str | None = None
     # Preemption (SLURM's PreemptMode=REQUEUE): a job of higher priority may take a preemptible job's
     # devices; it gets SIGTERM, `preempt_grace_s` (None: 60 s), SIGKILL, and is requeued.
+    # submit --shared: runs beside other shared jobs on a GPU while their mem_per_gpu fits it.
+    shared: bool = Field(default=False, sa_column_kwargs={"server_default": sa_false()})
     preemptible: bool = Field(default=False, sa_column_kwargs={"server_default": sa_false()})
     preempt_grace_s: float | None = None
     preempted_by: int | None = None  # while a preemption of it is under way: the job it makes room for
@@ -398,12 +403,15 @@ class JobChange(Base, table=True):
 
 
 class Allocation(Base, table=True):
-    """A device held by a job; the partial unique index makes a double allocation impossible."""
+    """A device held by a job. The partial unique index makes a second unshared allocation of a
+    device impossible; shared allocations (`submit --shared`) are many, and `store.start_jobs`
+    refuses, in the same transaction, a shared one beside an unshared one and the reverse."""
 
     __tablename__ = "allocations"
     __table_args__ = (
         Index("uq_allocations_active_device", "device_uuid", unique=True,
-              sqlite_where=text("released_at IS NULL"), postgresql_where=text("released_at IS NULL")),
+              sqlite_where=text("released_at IS NULL AND NOT shared"),
+              postgresql_where=text("released_at IS NULL AND NOT shared")),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -411,6 +419,7 @@ class Allocation(Base, table=True):
     device_uuid: str
     allocated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     released_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    shared: bool = Field(default=False, sa_column_kwargs={"server_default": sa_false()})
 
 
 class Device(Base, table=True):
@@ -427,6 +436,9 @@ class Device(Base, table=True):
     memory_total: int | None = Field(default=None, sa_type=BigInteger)
     pci_bus_id: str | None = None
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    # Its shared jobs (submit --shared), as the daemon last saw them: JSON list of {job, declared,
+    # used} (bytes; used measured per process, None when unknown). None when no shared job holds it.
+    sharers_json: str | None = None
 
 
 class GpuSample(Base, table=True):

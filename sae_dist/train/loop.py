@@ -538,8 +538,8 @@ def kill_step_for_tests(rank: int) -> tuple[int, signal.Signals | None] | None:
     $SAE_DIST_TEST_KILL_RANK_AT, SIGTERM from $SAE_DIST_TEST_TERM_RANK_AT, None (it waits until
     a signal reaches it) from $SAE_DIST_TEST_PAUSE_RANK_AT ("rank:step"); None when none names it."""
     for env, sig in ((KILL_RANK_AT_ENV, signal.SIGKILL), (TERM_RANK_AT_ENV, signal.SIGTERM), (PAUSE_RANK_AT_ENV, None)):
-        steps = rank_values(env, os.environ.get(env, "").strip(), int, 1,
-                            f"2:15 (rank 2 {sig.name if sig else 'waits for a signal'} after step 15)")
+        does = f"{sig.name}s itself" if sig else "waits for a signal"
+        steps = rank_values(env, os.environ.get(env, "").strip(), int, 1, f"2:15 (rank 2 {does} after step 15)")
         if rank in steps:
             return steps[rank], sig
     return None
