@@ -383,6 +383,12 @@ def test_shared_jobs_fill_one_gpu_by_declared_memory_and_an_over_user_is_named(m
     wait_for(lambda: (get_job(engine, big).reason or "").startswith("Resources, Memory:40.0GiB>"), 60,
              "the fifth to wait for memory")
     wait_for(lambda: get_job(engine, whole).reason == "Resources", 60, "the unshared job to wait for the GPU")
+    # NVML's free memory counts too: with 70 GB in use on the card, a 12 GiB sharer waits though the
+    # declarations (48 of 80 GiB) leave room.
+    machine(lambda d: d[0].update(memory_used=70 * GIB))
+    small = submit("--shared", "--mem", "12GiB", "--gpu-ids", "0", "--", "sleep", "600")
+    wait_for(lambda: get_job(engine, small).reason == "Resources, Memory:12.0GiB>10.0GiB", 60,
+             "a sharer to wait for NVML's free memory")
     pid = get_job(engine, sharers[0]).pid
     machine(lambda d: d[0].update(memory_used=13 * GIB, processes=[{"pid": pid, "used_memory": 13 * GIB}]))
     row = wait_for(lambda: next((r for r in info() if r["index"] == 0 and r["sharers"] and r["sharers"][0]["over"]),
@@ -391,7 +397,7 @@ def test_shared_jobs_fill_one_gpu_by_declared_memory_and_an_over_user_is_named(m
     text = cli("info").stdout
     assert f"job {sharers[0]} (12.0 GiB, uses 13.0 GiB: OVER its --mem)" in text and "32.0 GiB of 80.0 GiB left" in text
     assert "(shared)" in cli("queue").stdout
-    for j in [*sharers, big]:
+    for j in [*sharers, big, small]:
         cli("cancel", str(j))
     machine()  # the over-user's process gone from the GPU too
     wait_for(lambda: get_job(engine, whole).state == "COMPLETED", 120, "the unshared job once the GPU emptied")
