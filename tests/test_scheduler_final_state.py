@@ -89,7 +89,8 @@ def test_the_supervisor_records_the_end_once_the_storage_takes_it(running_job, s
     soft, hard = resource.prlimit(supervisor, resource.RLIMIT_FSIZE)
     resource.prlimit(supervisor, resource.RLIMIT_FSIZE, (1024, hard))  # its database writes now fail
     lock = _hold_write_lock(state_home)  # and the WAL grows past 1024 bytes before it may write
-    lock.execute("INSERT INTO devices VALUES ('pad', 9, ?, 1, 1, NULL, 1, NULL, '2026-01-01 00:00:00')", ("x" * 4096,))
+    lock.execute('INSERT INTO devices ("uuid", "index", "name", "virtual", "available", "memory_total", '
+                 '"updated_at") VALUES (\'pad\', 9, ?, 1, 1, 1, \'2026-01-01 00:00:00\')', ("x" * 4096,))
     lock.execute("COMMIT")
     lock.close()
     go.touch()
