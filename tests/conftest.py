@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -49,11 +50,16 @@ LENGTH_FREE_SCHEDULE = ("--lr-warmup-steps", "0", "--lr-decay-fraction", "0", "-
 
 
 @pytest.fixture(autouse=True)
-def state_home(tmp_path, monkeypatch) -> Path:
+def state_home(tmp_path, monkeypatch) -> Iterator[Path]:
     home = tmp_path / "home"
     monkeypatch.setenv("SAE_DIST_HOME", str(home))
     monkeypatch.delenv("SAE_DIST_DB_URL", raising=False)
-    return home
+    yield home
+    # Where jobs run in cgroups (root), the test's: whatever of its jobs is left is killed and
+    # the cgroups removed, so none outlives its test and the cgroup2 tree is left as it was.
+    from scheduler.cgroups import remove_home
+
+    remove_home(home)
 
 
 def run_cli(*args: str, timeout: float = 240, env: dict | None = None,
