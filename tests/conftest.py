@@ -62,6 +62,18 @@ def state_home(tmp_path, monkeypatch) -> Iterator[Path]:
     remove_home(home)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_cgroup_left(tmp_path_factory) -> Iterator[None]:
+    """At the session's end, the cgroups of state directories the tests made elsewhere in their
+    temporary folders (a module's shared home) go too: killed, emptied and removed."""
+    yield
+    from scheduler.cgroups import mount, remove_home
+
+    if mount() is not None:
+        for folder, _, _ in os.walk(tmp_path_factory.getbasetemp()):
+            remove_home(Path(folder))
+
+
 def run_cli(*args: str, timeout: float = 240, env: dict | None = None,
             module: str = "sae_dist") -> subprocess.CompletedProcess:
     """Run `python -m <module> args...` for real, in the repository, with this test's environment."""
