@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sae_dist.contract import JOB_MARK_ENV
 from sae_dist.errors import UserError
 from sae_dist.paths import state_home
 from scheduler import procs
@@ -114,8 +115,11 @@ def start_daemon_detached(wait: bool = True, timeout_s: float = 30.0) -> bool:
 
     log_path = state_home() / "daemon.log"
     with open(log_path, "ab") as out:
+        # Started from inside a job (its script submits), it is not one of the job's processes:
+        # its mark is empty (see scheduler.tracking), and it leaves the job's cgroup at start.
+        env = {**os.environ, JOB_MARK_ENV: ""}
         proc = subprocess.Popen([sys.executable, "-m", "scheduler", "daemon"], stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=out, start_new_session=True, cwd=str(state_home()))
+                                stdout=out, stderr=out, start_new_session=True, cwd=str(state_home()), env=env)
     deadline = time.monotonic() + timeout_s
     while wait and time.monotonic() < deadline:
         if _recorded_daemon()[0] == proc.pid and daemon_running():

@@ -31,7 +31,7 @@ from sqlalchemy import delete, insert
 from sae_dist.db import FINAL_JOB_STATES, GpuSample, get_engine, utcnow
 from sae_dist.db.schema import Device
 from sae_dist.paths import state_home
-from scheduler import control, procs, store
+from scheduler import cgroups, control, procs, proctrack, store
 from scheduler.busy import classify
 from scheduler.devices import CpuSampler, DeviceInfo, inventory
 from scheduler.faults import Fault, apply_faults, device_faults, recheck_interval_s
@@ -42,6 +42,7 @@ from scheduler.sharing import shared_use, sharers
 from scheduler.snapshot import release_snapshots
 from scheduler.spec import grace_time
 from scheduler.storage_errors import storage_problem
+from scheduler.tracking import JobProcesses
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,8 @@ class Daemon:
         self.spawned: dict[int, int] = {}  # job id -> the supervisor we forked, until it runs
         self.exited: set[int] = set()  # those of them we have collected
         self.launch_failures: dict[int, int] = {}  # job id -> its forks that died before registering, in a row
-        self.kill_at: dict[int, float] = {}  # job id -> when its processes get SIGKILL (its supervisor vanished)
+        self.orphaned: dict[int, float] = {}  # job id -> when we first found its supervisor gone
+        self.swept = False  # the stale cgroups and processes of jobs that ended while no daemon ran
         self.inventory: list[dict] | None = None  # the device rows last written
 
     # ---- the loop ----
@@ -121,6 +123,9 @@ class Daemon:
             signal.set_wakeup_fd(wake_w)  # any signal wakes the select below, even one just before it
             me = control.write_pid_file()
             log.info("daemon %d started for %s", me, state_home())
+            left = cgroups.leave_job_cgroup()
+            if left:
+                log.info("started from inside a job: moved out of its cgroup %s", left)
             while not self.stopping:
                 started = time.monotonic()
                 self._reap_children()
@@ -175,11 +180,13 @@ class Daemon:
             shared_devices = {u for j in running if j.shared for u in json.loads(j.devices_json or "[]")}
             in_use = {u: j.id for j in running for u in json.loads(j.devices_json or "[]")
                       if allocations.get(u) == j.id and u not in shared_devices}
+            if not self.swept:
+                self._sweep_stale(running)
             alive = self._reap(running, now)
             if len(alive) != len(running):  # it freed devices
                 with self.engine.connect() as conn:
                     allocations = store.active_allocations(conn)
-            pids = procs.jobs_pids(alive)  # one /proc scan a pass, whatever runs
+            pids = _with_cgroup_members(procs.jobs_pids(alive), alive)  # one /proc scan a pass, whatever runs
             devices = self._read_devices(alive, allocations, self._faults(now), pids)
             started_at = {j.id: j.started_at.timestamp() for j in alive if j.started_at}
             our_pids = {p for job_pids in pids.values() for p in job_pids}
@@ -295,8 +302,27 @@ class Daemon:
             log.warning("job %d: supervisor gone, %s", job.id, state)
         running_ids = {j.id for j in alive}
         self.spawned = {j: p for j, p in self.spawned.items() if j in running_ids}
-        self.kill_at = {j: t for j, t in self.kill_at.items() if j in running_ids}
+        self.orphaned = {j: t for j, t in self.orphaned.items() if j in running_ids}
         return alive
+
+    def _sweep_stale(self, running: list) -> None:
+        """Once, at our first pass: the cgroups of jobs that do not run (they ended while no
+        daemon ran and their supervisor could not remove it) and the processes carrying the mark
+        of such a job are killed, and the cgroups removed."""
+        ids = {j.id for j in running}
+        stale = {i: cgroups.job_path(i) for i in proctrack.stale_jobs(cgroups.job_cgroups(), ids)}
+        marked = proctrack.stale_marks(procs.marked(cgroups.home_key()), ids)
+        for path in stale.values():
+            cgroups.kill(path)
+        for pids in marked.values():
+            procs.signal_pids(pids, signal.SIGKILL)
+        for job_id, path in stale.items():
+            if not (cgroups.wait_empty(path, 5.0) and cgroups.remove(path)):
+                log.warning("job %d ended, but its cgroup %s could not be emptied and removed", job_id, path)
+        if stale or marked:
+            log.warning("killed what was left of ended jobs: cgroups of jobs %s, processes of jobs %s",
+                        sorted(stale), sorted(marked))
+        self.swept = True
 
     def _unstart(self, job_id: int, forked_here: bool) -> bool:
         """A RUNNING job whose supervisor never registered never ran: back to PENDING, its devices
@@ -322,19 +348,20 @@ class Daemon:
         return True
 
     def _job_processes_ended(self, job, now: float) -> bool:
-        """End the processes of a job whose supervisor vanished, a step a pass: SIGTERM first,
-        SIGKILL once KILL_GRACE_S has passed, True when none is left. Never waits here: a job
-        that ignores SIGTERM held every other job's scheduling for the whole grace."""
-        tree = [job.pid, *procs.descendants(job.pid)] if procs.is_alive(job.pid, job.proc_start_ticks) else []
-        if not tree and not procs.group_alive(job.pgid):
-            return True
-        first = job.id not in self.kill_at
-        if first:
-            self.kill_at[job.id] = now + KILL_GRACE_S
-        sig = signal.SIGTERM if first else signal.SIGKILL if now >= self.kill_at[job.id] else None
+        """End the processes of a job whose supervisor vanished, a step a pass: its whole cgroup
+        and all the fallback finds (its tree, process group and mark), SIGTERM first, SIGKILL
+        once KILL_GRACE_S has passed; True once none is left and its cgroup is removed. Never
+        waits here: a job that ignores SIGTERM held every other job's scheduling for the whole grace."""
+        path = cgroups.job_path(job.id)
+        held = JobProcesses(job.id, path if path is not None and path.is_dir() else None, root=job.pid,
+                            root_ticks=job.proc_start_ticks, root_is_job=True, pgid=job.pgid, thorough=True)
+        first = self.orphaned.get(job.id)
+        if proctrack.orphan_ended(held.populated(), held.left(), first, now):
+            return held.remove()  # False: a process entered it meanwhile (the next pass ends it)
+        self.orphaned.setdefault(job.id, now)
+        sig = proctrack.kill_signal(first, now, KILL_GRACE_S)
         if sig is not None:
-            procs.signal_group(job.pgid, sig)
-            procs.signal_pids(tree, sig)
+            held.signal(sig)
         return False
 
     def _spawn_supervisor(self, job_id: int) -> None:
@@ -469,6 +496,17 @@ def _drain(fd: int) -> None:
             pass
     except BlockingIOError:
         pass
+
+
+def _with_cgroup_members(pids: dict[int, list[int]], running: list) -> dict[int, list[int]]:
+    """`procs.jobs_pids` plus every process in each job's cgroup: a process the job detached
+    (setsid, double fork) counts on the job's device too, not as another user's."""
+    top = cgroups.parent() if running else None
+    for job in running:
+        members = cgroups.procs(top / proctrack.job_name(job.id)) if top is not None else []
+        if members:
+            pids[job.id] = list(dict.fromkeys([*pids.get(job.id, []), *members]))
+    return pids
 
 
 def _name_supervisor(job_id: int) -> None:

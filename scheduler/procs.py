@@ -11,9 +11,11 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from sae_dist.contract import RANK_PROCESS_NAME
+from sae_dist.contract import JOB_MARK_ENV, RANK_PROCESS_NAME
+from scheduler.proctrack import mark_of
 
 # Indices into `stat_fields` (field N of /proc/PID/stat is index N - 3).
 _STATE, _PPID, _PGRP, _UTIME, _STIME, _START = 0, 1, 2, 11, 12, 19
@@ -101,16 +103,28 @@ def _children() -> dict[int, list[int]]:
     return kids
 
 
-def descendants(pid: int, kids: dict[int, list[int]] | None = None) -> list[int]:
+def descendants(pid: int, kids: dict[int, list[int]] | None = None,
+                prune: Callable[[int], bool] | None = None) -> list[int]:
     """Every process below pid, whatever session it moved to (torchrun's ranks have their own).
-    `kids` (parent -> children, from one /proc scan) saves the scan when asking for many."""
+    `kids` (parent -> children, from one /proc scan) saves the scan when asking for many; a
+    process for which `prune` is true is left out, with everything below it."""
     kids = _children() if kids is None else kids
     found, todo = [], [pid]
     while todo:
         for child in kids.get(todo.pop(), []):
+            if prune is not None and prune(child):
+                continue
             found.append(child)
             todo.append(child)
     return found
+
+
+def job_mark(pid: int) -> str | None:
+    """The SAE_DIST_JOB_MARK a process was started with; None without one (or unreadable)."""
+    try:
+        return mark_of(Path(f"/proc/{pid}/environ").read_bytes(), JOB_MARK_ENV)
+    except OSError:
+        return None
 
 
 def signal_group(pgid: int | None, sig: int) -> bool:
@@ -146,6 +160,31 @@ def group_alive(pgid: int | None) -> bool:
         if fields and int(fields[_PGRP]) == pgid and fields[_STATE] != "Z":
             return True
     return False
+
+
+def marked(key: str) -> dict[int, list[int]]:
+    """job id -> the live processes whose environment carries SAE_DIST_JOB_MARK=<key>:<job id>
+    (the state directory's key), from one /proc scan. The environment is the one each process
+    was started with, so a job's process that re-execs itself with a clean environment is not
+    found; another user's processes are found only by root. Neither this process nor its
+    children are: a daemon started by hand inside a job has the job's mark, and the supervisors
+    it forks share its environment."""
+    prefix, me, out = f"{key}:", os.getpid(), {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if JOB_MARK_ENV.encode() not in environ:
+            continue
+        mark = mark_of(environ, JOB_MARK_ENV) or ""
+        fields = stat_fields(entry)
+        if (mark.startswith(prefix) and mark[len(prefix):].isdigit() and fields and fields[_STATE] != "Z"
+                and int(fields[_PPID]) != me):
+            out.setdefault(int(mark[len(prefix):]), []).append(int(entry))
+    return out
 
 
 def wait_gone(pids: list[int], timeout: float) -> bool:

@@ -2,9 +2,10 @@
 
 The daemon forks it (`scheduler.daemon`, `_spawn_supervisor`) into a session of its own, so a
 daemon crash (even SIGKILL) leaves jobs running and their supervisors still record the real exit
-status and free the devices. `python -m scheduler.supervisor JOB_ID` runs one by hand. The
-supervisor is also the job's child subreaper: processes the job leaves behind are re-parented
-to it and cannot escape a cancel.
+status and free the devices. `python -m scheduler.supervisor JOB_ID` runs one by hand. The job
+runs in a cgroup of its own where cgroup v2 is writable, else the supervisor is its child
+subreaper (`scheduler.proctrack`): either way, what the job leaves behind, detached or not, is
+ended with it, and the job is recorded as ended only once its last process is gone.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sae_dist.contract import (
     ARRAY_JOB_ID_ENV,
     ARRAY_TASK_ID_ENV,
     JOB_ID_ENV,
+    JOB_MARK_ENV,
     JOB_NAME_ENV,
     MASTER_PORT_ENV,
     THREADS_PER_RANK_ENV,
@@ -33,7 +35,7 @@ from sae_dist.contract.sweep_argv import SWEEP_KEY, stored_job_flags
 from sae_dist.db import get_engine
 from sae_dist.db.schema import PREEMPTED
 from sae_dist.paths import state_home
-from scheduler import procs
+from scheduler import cgroups, procs, proctrack
 from scheduler.devices import VIRTUAL_PREFIX, usable_cores, virtual_count, virtual_device_threads
 from scheduler.final_state import FinalState, record_until_stored
 from scheduler.snapshot import SNAPSHOT_ENV, SUBMIT_DIR_ENV, release_snapshots
@@ -41,6 +43,7 @@ from scheduler.snapshot import root_of as snapshot_root
 from scheduler.spec import BATCH, EXPORT_ENV, grace_time
 from scheduler.storage_errors import storage_problem
 from scheduler.store import array_tasks, claim_supervision, get_job, record_process
+from scheduler.tracking import JobProcesses
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +84,7 @@ def job_environment(job, devices: list[str], base: dict[str, str],
     env.update({
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         JOB_ID_ENV: str(job.id),
+        JOB_MARK_ENV: proctrack.job_mark(cgroups.home_key(), job.id),
         JOB_NAME_ENV: job.name,
         VIRTUAL_DEVICES_ENV: "1" if kind == "cpu" and devices else "0",
     })
@@ -212,7 +216,6 @@ def supervise(job_id: int) -> int:
     me = os.getpid()
     if not claim_supervision(engine, job_id, job.started_at, me, procs.start_ticks(me)):
         return 0
-    _become_subreaper()
     devices = json.loads(job.devices_json or "[]")
     # A cancel (SIGTERM/SIGINT): end the job, then record it. The handlers only note it: one
     # that took a lock (threading.Event.set does) could interrupt the thread holding that lock
@@ -220,19 +223,22 @@ def supervise(job_id: int) -> int:
     stop: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, _: stop.append(signum))
     signal.signal(signal.SIGINT, lambda signum, _: stop.append(signum))
+    tracked = _track(job_id)
     try:
         out_path, err_path = output_paths(job)
         out_path.parent.mkdir(parents=True, exist_ok=True)
         err_path.parent.mkdir(parents=True, exist_ok=True)
         stdout = open(out_path, "ab")
         stderr = stdout if err_path == out_path else open(err_path, "ab")
-        proc = subprocess.Popen(job_argv(job, devices, checkpointed_run_dir(engine, job)), cwd=job_cwd(job),
-                                env=job_environment(job, devices, dict(os.environ), array_tasks(engine, job)),
-                                stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, start_new_session=True)
+        proc = _start(tracked, dict(args=job_argv(job, devices, checkpointed_run_dir(engine, job)), cwd=job_cwd(job),
+                                    env=job_environment(job, devices, dict(os.environ), array_tasks(engine, job)),
+                                    stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, start_new_session=True))
     except (OSError, ValueError) as e:  # program not found, workdir gone, bad pattern...
+        _end_processes(tracked)
         record_until_stored(engine, job_id, FinalState("FAILED", 127, None, f"could not start: {e}", _now(),
                                                       started_at=job.started_at.isoformat()))
         return 1
+    tracked.pgid = proc.pid
     process = dict(pid=proc.pid, pgid=proc.pid, proc_start_ticks=procs.start_ticks(proc.pid),
                    stdout_path=str(out_path), stderr_path=str(err_path))
     # The job runs now, whatever the database says: while it refuses writes (locked, full...),
@@ -252,17 +258,16 @@ def supervise(job_id: int) -> int:
         late = not (cancel or preempt) and deadline is not None and time.time() >= deadline
         if cancel or preempt or late:
             ended_first = proc.poll() is not None  # it ended on its own as the cancel came
-            if not ended_first:
+            if not ended_first:  # all of the job, its cgroup (or all we can find): SIGTERM, grace, SIGKILL
                 # A preempted job gets its grace time to checkpoint (SLURM's GraceTime).
-                procs.terminate_tree(proc.pid, proc.pid, grace_time(job.preempt_grace_s) if preempt else KILL_GRACE_S)
+                tracked.end(grace_time(job.preempt_grace_s) if preempt else KILL_GRACE_S)
                 proc.wait()
             cancelled, timed_out = took_effect(cancel, ended_first), took_effect(late, ended_first)
             preempted_by = preempter if took_effect(preempt, ended_first) else None
             break
-    # Whatever the job left behind (re-parented to us) goes too: its devices are about to be freed.
-    leftovers = procs.descendants(os.getpid())
-    if leftovers:
-        procs.signal_pids(leftovers, signal.SIGKILL)
+    # Whatever the job left behind (detached, or re-parented to us) goes too, before its devices
+    # are freed: the job has ended once its last process has.
+    _end_processes(tracked)
     tail = _tail(err_path)
     state, code, sig = classify_exit(proc.returncode, cancelled, timed_out, tail)
     reason = end_reason(state, tail, by_user, stop[0] if stop else None)
@@ -275,6 +280,50 @@ def supervise(job_id: int) -> int:
     if job.snapshot_dir:
         release_snapshots(engine)  # its copy goes, unless another job still needs it or it wrote there
     return 0
+
+
+def _track(job_id: int) -> JobProcesses:
+    """How the job's processes are held together: its cgroup where cgroup v2 is writable, else
+    us as its child subreaper (said in our log line, either way)."""
+    path, why = cgroups.create(job_id)
+    _tracked_by(job_id, path, why)
+    return JobProcesses(job_id, path, root=os.getpid())
+
+
+def _tracked_by(job_id: int, path, why: str | None) -> None:
+    if path is None:
+        _become_subreaper()
+    log.info("job %d: %s", job_id, proctrack.describe(str(path) if path else None, why))
+
+
+def _start(tracked: JobProcesses, popen: dict) -> subprocess.Popen:
+    """Start the job's first process; with a cgroup, it enters the cgroup (in a preexec_fn,
+    after the fork and before the exec), so it and all it starts are in it from the outset.
+    A child that cannot enter it runs nothing: the job then starts in the fallback."""
+    if tracked.cgroup is None:
+        return subprocess.Popen(**popen)
+    try:
+        fd = cgroups.entry(tracked.cgroup)
+    except OSError as e:
+        why = f"cannot enter {tracked.cgroup}: {e.strerror or e}"
+    else:
+        try:
+            return subprocess.Popen(**popen, preexec_fn=lambda: os.write(fd, b"0"))
+        except subprocess.SubprocessError as e:  # the preexec_fn failed: the child ran nothing of the job
+            why = f"cannot enter {tracked.cgroup}: {e}"
+        finally:
+            os.close(fd)
+    cgroups.remove(tracked.cgroup)
+    tracked.cgroup = None
+    _tracked_by(tracked.job_id, None, why)
+    return subprocess.Popen(**popen)
+
+
+def _end_processes(tracked: JobProcesses) -> None:
+    """SIGKILL every process of the job still alive, wait until all are gone, remove its cgroup."""
+    tracked.end(None)
+    if not tracked.remove():
+        log.warning("job %d: could not remove its cgroup %s", tracked.job_id, tracked.cgroup)
 
 
 def _now() -> str:

@@ -7,7 +7,8 @@ through a `python -m scheduler submit` process), with job arrays beside them (on
 --array 0-4%2` per 50 jobs), while a chaos thread SIGKILLs and restarts the daemon, SIGKILLs
 supervisors and jobs, cancels jobs (CLI and API) and array tasks (`cancel A_[x-y]`) and gives
 some jobs a time limit shorter than their work, on 4 virtual devices in a throwaway
-SAE_DIST_HOME. Each job appends its id to a file when it starts, so a job that ran twice shows.
+SAE_DIST_HOME. Each job appends its id to a file when it starts, so a job that ran twice shows,
+and leaves a `sleep 600` behind in a session of its own (setsid), its pid recorded.
 
 At the end it prints, and exits 1 if any is not 0:
 - jobs lost: submitted but missing from the database, or never final (PENDING/RUNNING at the end);
@@ -15,7 +16,8 @@ At the end it prints, and exits 1 if any is not 0:
 - devices double-booked: two allocations of one device overlapping in time (allocations table);
 - healthy jobs killed: a job no chaos action targeted that did not end COMPLETED;
 - tracebacks: "Traceback" in any output or log (daemon, supervisors, submitters, jobs);
-- array limits broken: an array with more tasks holding devices at one moment than its %N.
+- array limits broken: an array with more tasks holding devices at one moment than its %N;
+- processes outlived their job: a detached `sleep 600` still alive once every job has ended.
 """
 
 from __future__ import annotations
@@ -40,6 +42,14 @@ PY = sys.executable
 KINDS = ["daemon", "supervisor", "job", "cancel", "cancel-cli", "cancel-array"]
 ARRAY_TASKS, ARRAY_LIMIT, JOBS_PER_ARRAY = 5, 2, 50  # an array of 5 tasks, 2 at once, per 50 jobs
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+
+# Every job: `sh job.sh STARTS PIDS SECONDS`. It records its start, leaves a `sleep 600` behind in
+# a session of its own (its "pid start-ticks" in PIDS), then works SECONDS.
+JOB_SCRIPT = """echo "$SAE_DIST_JOB_ID" >> "$1"
+setsid sh -c 'echo "$$ $(cut -d" " -f22 /proc/$$/stat)" >> "$1"; exec sleep 600' detached "$2" \\
+    </dev/null >/dev/null 2>&1 &
+sleep "$3"
+"""
 
 # A submitter: one job spec a line on stdin (JSON), one `id` a line on stdout.
 API_SUBMITTER = textwrap.dedent("""
@@ -91,9 +101,11 @@ class Chaos:
             self.timed.add(key)
         elif self.rng.random() < 0.3:
             limit = 120.0  # a time limit it never reaches
-        marker = self.home / "starts"
         return {"key": key, "gpus": self.rng.choice([1, 1, 1, 2]), "workdir": str(self.home), "time_limit_s": limit,
-                "argv": ["sh", "-c", f'echo "$SAE_DIST_JOB_ID" >> "{marker}"; sleep {work}']}
+                "argv": self.job_argv(work)}
+
+    def job_argv(self, work: float) -> list[str]:
+        return ["sh", str(self.home / "job.sh"), str(self.home / "starts"), str(self.home / "detached"), str(work)]
 
     def submit_all(self) -> None:
         specs = [self.spec(k) for k in range(self.jobs)]
@@ -133,11 +145,9 @@ class Chaos:
 
     def array_submitter(self, arrays: int) -> None:
         """`submit --array` through the command line, its tasks' ids read back from the database."""
-        marker = self.home / "starts"
         for n in range(arrays):
             out = self.cli("submit", "--array", f"0-{ARRAY_TASKS - 1}%{ARRAY_LIMIT}", "-J", "chaos", "-D",
-                           str(self.home), "--", "sh", "-c", f'echo "$SAE_DIST_JOB_ID" >> "{marker}"; sleep 0.3',
-                           name="cli-submit-array")
+                           str(self.home), "--", *self.job_argv(0.3), name="cli-submit-array")
             found = re.search(r"(\d+)", out)
             if not found:
                 continue
@@ -247,6 +257,7 @@ class Chaos:
         from sae_dist.db import get_engine
 
         self.engine = get_engine()
+        (self.home / "job.sh").write_text(JOB_SCRIPT)
         self.start_daemon()
         chaos = threading.Thread(target=self.chaos_loop)
         chaos.start()
@@ -280,11 +291,24 @@ class Chaos:
         tracebacks = sum(p.read_text(errors="replace").count("Traceback") for p in self.all_outputs())
         return {"jobs lost": lost, "jobs duplicated": duplicated, "devices double-booked": double_booked(self.engine),
                 "healthy jobs killed": healthy_killed, "tracebacks": tracebacks,
-                "array limits broken": limits_broken(self.engine, self.arrays, ARRAY_LIMIT)}
+                "array limits broken": limits_broken(self.engine, self.arrays, ARRAY_LIMIT),
+                "processes outlived their job": outlived(self.home / "detached")}
 
     def all_outputs(self) -> list[Path]:
         logs = self.home / "logs"
         return [p for p in self.outputs if p.exists()] + (sorted(logs.iterdir()) if logs.exists() else [])
+
+
+def outlived(record: Path) -> int:
+    """The detached processes still alive (every job has ended): "pid start-ticks" a line."""
+    from scheduler import procs
+
+    lines = record.read_text().splitlines() if record.exists() else []
+    alive = [int(pid) for pid, ticks in (line.split() for line in lines if line.strip())
+             if procs.is_alive(int(pid), int(ticks))]
+    for pid in alive:  # reported, and not left running
+        os.kill(pid, signal.SIGKILL)
+    return len(alive)
 
 
 def double_booked(engine) -> int:
@@ -362,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     chaos = Chaos(home, args.jobs, args.submitters, args.cli_every, args.seed)
     figures = chaos.run(args.timeout)
+    from scheduler.cgroups import remove_home
+
+    remove_home(home)  # the state directory's parent cgroup (where jobs ran in cgroups), empty by now
     print(f"{args.jobs} jobs and {len(chaos.arrays)} arrays of {ARRAY_TASKS} tasks (%{ARRAY_LIMIT}), "
           f"{args.submitters} API submitters + 2 CLI submitters + 1 array submitter, state home {home}")
     print("chaos: " + ", ".join(f"{n} {k}" for k, n in sorted(chaos.counts.items())) +

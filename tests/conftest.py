@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -52,11 +53,28 @@ LENGTH_FREE_SCHEDULE = ("--lr-warmup-steps", "0", "--lr-decay-fraction", "0", "-
 
 
 @pytest.fixture(autouse=True)
-def state_home(tmp_path, monkeypatch) -> Path:
+def state_home(tmp_path, monkeypatch) -> Iterator[Path]:
     home = tmp_path / "home"
     monkeypatch.setenv("SAE_DIST_HOME", str(home))
     monkeypatch.delenv("SAE_DIST_DB_URL", raising=False)
-    return home
+    yield home
+    # Where jobs run in cgroups (root), the test's: whatever of its jobs is left is killed and
+    # the cgroups removed, so none outlives its test and the cgroup2 tree is left as it was.
+    from scheduler.cgroups import remove_home
+
+    remove_home(home)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_cgroup_left(tmp_path_factory) -> Iterator[None]:
+    """At the session's end, the cgroups of state directories the tests made elsewhere in their
+    temporary folders (a module's shared home) go too: killed, emptied and removed."""
+    yield
+    from scheduler.cgroups import mount, remove_home
+
+    if mount() is not None:
+        for folder, _, _ in os.walk(tmp_path_factory.getbasetemp()):
+            remove_home(Path(folder))
 
 
 def run_cli(*args: str, timeout: float = 240, env: dict | None = None,

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import pytest
 
-# Sum of each file's test times, quiet, 2 workers (a junit report of ./scripts/test.sh, at 9b885c3).
+# Sum of each file's test times, quiet, 2 workers (a junit report of ./scripts/test.sh, at 9b885c3;
+# test_scheduler_proctrack.py's measured alone, with the file's parallel runs as in the suite).
 # Only an order: a file that grew or shrank since costs some balance, never a result. Files not
 # listed take under 5 s each.
 HEAVY = {
     "test_train.py": 126, "test_harvest.py": 118, "test_balance_train.py": 117, "test_bench.py": 89,
     "test_slurm.py": 67, "test_nvml_scheduler.py": 60, "test_e2e.py": 58, "test_scheduler.py": 55,
-    "test_daemon_death.py": 50, "test_device_faults.py": 38, "test_sweep_train.py": 25,
+    "test_daemon_death.py": 50, "test_scheduler_proctrack.py": 45, "test_device_faults.py": 38,
+    "test_sweep_train.py": 25,
     "test_memory.py": 24, "test_app_train.py": 22, "test_evaluate.py": 22, "test_app_monitor_queue.py": 22,
     "test_postgres.py": 21, "test_sweep_model.py": 19, "test_scheduler_arrays.py": 19, "test_sae.py": 16,
     "test_scheduler_cli.py": 15, "test_scheduler_storage_faults.py": 15, "test_end_of_run_eval.py": 13,

@@ -1,5 +1,6 @@
 """scripts/chaos_scheduler.py, small: daemon, supervisor and job kills, cancels and time limits
-lose, duplicate, double-book and kill nothing healthy, and leave no traceback anywhere."""
+lose, duplicate, double-book and kill nothing healthy, leave no traceback anywhere, and no
+process a job detached outlives its job."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def test_a_small_chaos_run_loses_nothing(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     for figure in ("jobs lost", "jobs duplicated", "devices double-booked", "healthy jobs killed", "tracebacks",
-                   "array limits broken"):
+                   "array limits broken", "processes outlived their job"):
         assert f"{figure}: 0" in lines, done.stdout
     chaos = lines[1]  # e.g. "chaos: 2 cancel, 1 cancel-array, 1 cancel-cli, 3 daemon, 1 job, 1 supervisor; ..."
     for kind in (" cancel,", " cancel-array,", " cancel-cli,", " daemon,", " job,", " supervisor;"):

@@ -35,6 +35,9 @@ VIRTUAL_DEVICES_ENV = "SAE_DIST_VIRTUAL_DEVICES"  # set when the job's devices a
 MASTER_PORT_ENV = "SAE_DIST_MASTER_PORT"  # the rendezvous port reserved for the job
 ARRAY_JOB_ID_ENV = "SAE_DIST_ARRAY_JOB_ID"  # a task of a job array: the array's id
 ARRAY_TASK_ID_ENV = "SAE_DIST_ARRAY_TASK_ID"  # ... and its task id (also as SLURM's SLURM_ARRAY_*)
+# "<state directory's key>:<job id>" in every process of a job: the daemon finds a job's processes
+# by it where no cgroup holds them (scheduler/proctrack.py)
+JOB_MARK_ENV = "SAE_DIST_JOB_MARK"
 
 # ---- set by our launcher for its ranks ----
 OUR_LAUNCHER_ENV = "SAE_DIST_OUR_LAUNCHER"  # the ranks run under sae_dist.train.launch, not a bare torchrun
@@ -92,7 +95,7 @@ def rank_values(name: str, raw: str, convert: Callable[[str], float], least: flo
 # break device isolation or the port reservation (two jobs on one rendezvous port).
 RESERVED_JOB_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", JOB_ID_ENV, JOB_NAME_ENV,
                               NUM_GPUS_ENV, DEVICES_ENV, VIRTUAL_DEVICES_ENV, MASTER_PORT_ENV,
-                              ARRAY_JOB_ID_ENV, ARRAY_TASK_ID_ENV})
+                              ARRAY_JOB_ID_ENV, ARRAY_TASK_ID_ENV, JOB_MARK_ENV})
 
 
 # ---- the job's flags: TrainConfig -> `python -m sae_dist train` flags -> TrainConfig ----
