@@ -158,14 +158,15 @@ def _lock() -> FileLock:
     return FileLock(snapshots_home() / ".lock")
 
 
-def release(referenced: Iterable[str]) -> list[str]:
+def release(referenced: Iterable[str], wait_s: float = 0.0) -> list[str]:
     """Remove every snapshot no live job names (`referenced`: the copy directories of pending and
-    running jobs) unless a job changed it; the names removed. While a submit holds the lock (its
-    copy is not named yet) nothing is removed: a later call does it."""
+    running jobs) unless a job changed it; the names removed. While another holds the lock (a
+    submit whose copy is not named yet, another release) for more than `wait_s`, nothing is
+    removed: a later call does it."""
     if not snapshots_home().is_dir():
         return []
     try:
-        with _lock().acquire(timeout=0):
+        with _lock().acquire(timeout=wait_s):
             return _release({root_of(d).name for d in referenced})
     except Timeout:
         return []
@@ -190,7 +191,7 @@ def _release(names: set[str]) -> list[str]:
     return removed
 
 
-def release_snapshots(engine) -> list[str]:
+def release_snapshots(engine, wait_s: float = 0.0) -> list[str]:
     """`release` against the database's live jobs; a database that cannot be read now (locked,
     full...) leaves every snapshot for a later call."""
     from scheduler.storage_errors import storage_problem
@@ -202,4 +203,4 @@ def release_snapshots(engine) -> list[str]:
         if storage_problem(e) is None:
             raise
         return []
-    return release(referenced)
+    return release(referenced, wait_s)

@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 KILL_GRACE_S = float(os.environ.get("SAE_DIST_KILL_GRACE_S", "30"))  # SIGTERM -> SIGKILL
 POLL_S = 0.25  # how often the supervisor looks for a cancel request
+RELEASE_WAIT_S = 60.0  # the longest a finished job's supervisor waits to release its snapshot
 
 
 BARE_ENV_KEPT = ("HOME", "USER", "LOGNAME", "SHELL", "LANG", "TZ", "TMPDIR")
@@ -278,7 +279,9 @@ def supervise(job_id: int) -> int:
                                                           started_at=job.started_at.isoformat()))
     _poke_daemon()
     if job.snapshot_dir:
-        release_snapshots(engine)  # its copy goes, unless another job still needs it or it wrote there
+        # Its copy goes, unless another job still needs it or it wrote there. It waits for another
+        # supervisor's release (two jobs ending together), which may have seen this job still running.
+        release_snapshots(engine, wait_s=RELEASE_WAIT_S)
     return 0
 
 

@@ -158,7 +158,7 @@ def test_a_queued_job_runs_the_code_as_it_was_at_submit(repo, tmp_path, monkeypa
         # The plain job's copy goes; the one a job wrote into stays, saying why.
         plain_root = S.root_of(get_job(engine, plain["job_id"]).snapshot_dir)
         wait_for(lambda: not plain_root.exists(), 60, "the plain job's snapshot to go")
-        assert (S.root_of(str(writer_copy)) / S.KEPT).exists()
+        wait_for((S.root_of(str(writer_copy)) / S.KEPT).exists, 60, "the written copy to be kept, saying why")
         listed = json.loads(cli("acct", "--json", "-j", str(plain["job_id"])).stdout)
         assert listed[0]["snapshot_commit"] == head + "+uncommitted"
     finally:
