@@ -81,7 +81,7 @@ def run_dir_for(cfg: TrainConfig) -> tuple[str, Path]:
 
 # ---- the state database, without SQLAlchemy ----
 
-HEAD_REVISION = "0015"
+HEAD_REVISION = "0016"
 """The newest migration in sae_dist/db/migrations/versions/."""
 
 BUSY_TIMEOUT_ENV = "SAE_DIST_DB_BUSY_TIMEOUT_S"

@@ -454,7 +454,7 @@ class Daemon:
         for d in devices:
             self.samples.append({
                 "device_uuid": d.uuid, "time": now, "utilization_pct": d.utilization_pct,
-                "memory_used": d.memory_used, "memory_total": d.memory_total,
+                "memory_used": d.memory_used, "memory_total": d.memory_total, "memory_free": d.memory_free,
                 "temperature_c": d.temperature_c, "power_w": d.power_w, "job_id": in_use.get(d.uuid)})
         self._flush_samples()
 

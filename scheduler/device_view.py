@@ -26,7 +26,7 @@ RunningJob = namedtuple("RunningJob", "id devices_json pid pgid proc_start_ticks
 FaultRow = namedtuple("FaultRow", "id device_uuid reason detected_at job_id run_id rank")
 DeviceRow = namedtuple("DeviceRow", "uuid index name virtual available error memory_total pci_bus_id")
 """A row of the `devices` table: the daemon's latest inventory of a device (memory_total in bytes)."""
-SAMPLE_READINGS = ("utilization_pct", "memory_used", "memory_total", "temperature_c", "power_w")
+SAMPLE_READINGS = ("utilization_pct", "memory_used", "memory_total", "memory_free", "temperature_c", "power_w")
 """What a `gpu_samples` row measured (None: not measured); memory in bytes."""
 
 

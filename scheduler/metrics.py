@@ -153,6 +153,8 @@ def device_families(state: State, hostname: str) -> tuple[list[Metric], dict[str
     fb_used = _gauge("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB); of a virtual device, the "
                                             "resident memory of its job's processes.")
     fb_total = _gauge("DCGM_FI_DEV_FB_TOTAL", "Framebuffer memory total (in MiB).")
+    fb_free = _gauge("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB), as NVML reads it; of a virtual "
+                                            "device, its share of the RAM less its job's resident memory.")
     temp = _gauge("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).")
     power = _gauge("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).")
     sampled = _gauge("sae_dist_device_sample_timestamp_seconds",
@@ -176,10 +178,11 @@ def device_families(state: State, hostname: str) -> tuple[list[Metric], dict[str
         if sample["time"].timestamp() <= state.now - SAMPLE_FRESH_S:
             continue  # the daemon stopped sampling it: what it read then is not now
         for family, key, scale in ((util, "utilization_pct", 1), (fb_used, "memory_used", MIB),
+                                   (fb_free, "memory_free", MIB),
                                    (temp, "temperature_c", 1), (power, "power_w", 1)):
             if sample.get(key) is not None:
                 family.add_metric(labels, sample[key] / scale)
-    return [util, fb_used, fb_total, temp, power, sampled, available, failed], by_uuid
+    return [util, fb_used, fb_free, fb_total, temp, power, sampled, available, failed], by_uuid
 
 
 def queue_families(state: State) -> list[Metric]:

@@ -105,7 +105,7 @@ def test_a_reading_nobody_measured_is_absent_never_0():
     stale = DeviceRow("GPU-c", 2, "NVIDIA H100", False, True, None, 80 * 2**30, "00000000:47:00.0")
     never = DeviceRow("virtual-0", 3, "Virtual GPU 0 (CPU-backed)", True, False, "gone", None, None)
     reading = {"utilization_pct": 55.0, "memory_used": 10 * 2**30, "memory_total": 80 * 2**30,
-               "temperature_c": 64.0, "power_w": 250.5}
+               "memory_free": 69 * 2**30, "temperature_c": 64.0, "power_w": 250.5}
     samples = {"GPU-a": {"time": now - timedelta(seconds=1), **reading},
                "GPU-b": {"time": now, **reading, "temperature_c": None, "power_w": None, "utilization_pct": 0.0},
                "GPU-c": {"time": now - timedelta(seconds=11), **reading}}
@@ -123,6 +123,7 @@ def test_a_reading_nobody_measured_is_absent_never_0():
     assert value("DCGM_FI_DEV_GPU_UTIL", "GPU-a") == 55.0 and value("DCGM_FI_DEV_FB_USED", "GPU-a") == 10240.0
     assert (value("DCGM_FI_DEV_GPU_TEMP", "GPU-a"), value("DCGM_FI_DEV_POWER_USAGE", "GPU-a")) == (64.0, 250.5)
     assert value("DCGM_FI_DEV_FB_TOTAL", "GPU-a") == 81920.0
+    assert value("DCGM_FI_DEV_FB_FREE", "GPU-a") == 69 * 1024.0  # NVML's own: the driver's reserve is not free
     # A sensor the card lacks: absent. A measured 0 stays 0.
     assert value("DCGM_FI_DEV_GPU_TEMP", "GPU-b") is None and value("DCGM_FI_DEV_POWER_USAGE", "GPU-b") is None
     assert value("DCGM_FI_DEV_GPU_UTIL", "GPU-b") == 0.0
@@ -329,6 +330,8 @@ def assert_as_the_database_says(found: dict, db: dict, virtual: bool) -> None:
         for name, value in (("DCGM_FI_DEV_GPU_UTIL", sample["utilization_pct"]),
                             ("DCGM_FI_DEV_FB_USED", None if sample["memory_used"] is None
                              else sample["memory_used"] / MIB),
+                            ("DCGM_FI_DEV_FB_FREE", None if sample["memory_free"] is None
+                             else sample["memory_free"] / MIB),
                             ("DCGM_FI_DEV_FB_TOTAL", d["memory_total"] / MIB),
                             ("DCGM_FI_DEV_GPU_TEMP", sample["temperature_c"]),
                             ("DCGM_FI_DEV_POWER_USAGE", sample["power_w"]),
@@ -456,6 +459,7 @@ def test_gpus_carry_dcgm_exporters_names_units_and_labels(eight_a100s, tmp_path,
         assert series(found, "DCGM_FI_DEV_GPU_UTIL")[first["uuid"]] == 55.0
         assert series(found, "DCGM_FI_DEV_FB_USED")[first["uuid"]] == 10240.0  # MiB, as dcgm-exporter's
         assert series(found, "DCGM_FI_DEV_FB_TOTAL")[first["uuid"]] == 81920.0
+        assert series(found, "DCGM_FI_DEV_FB_FREE")[first["uuid"]] == 81920.0 - 10240.0  # NVML's free
         assert series(found, "DCGM_FI_DEV_GPU_TEMP")[first["uuid"]] == 64.0
         assert series(found, "DCGM_FI_DEV_POWER_USAGE")[first["uuid"]] == 250.5  # W (NVML's mW / 1000)
         # A sensor the card lacks: absent, never 0; the other seven have theirs.

@@ -453,6 +453,9 @@ class GpuSample(Base, table=True):
     utilization_pct: float | None = None
     memory_used: int | None = Field(default=None, sa_type=BigInteger)
     memory_total: int | None = Field(default=None, sa_type=BigInteger)
+    # What NVML says is free (on a GPU, total less used less what the driver reserves); of a virtual
+    # device, its share of the RAM less its jobs' resident memory. None where not read.
+    memory_free: int | None = Field(default=None, sa_type=BigInteger)
     temperature_c: float | None = None
     power_w: float | None = None
     job_id: int | None = Field(default=None, index=True)  # no FK: samples outlive pruned jobs
