@@ -241,7 +241,14 @@ def job_panel(job_id: int) -> None:
             st.badge("held", color="gray", icon=":material/pause:")
         if job["cancel_requested"] and job["state"] == "RUNNING":
             st.badge("cancelling", color="orange")
+        if job["preemptible"]:
+            st.badge("preemptible", color="violet", icon=":material/swap_horiz:",
+                     help="A job of higher priority may take its devices; it is then requeued")
+        if job["shared"]:
+            st.badge("shared GPU", color="blue", help="Runs beside other --shared jobs while their --mem fits")
     job_actions(job)
+    if job["snapshot_commit"]:
+        st.caption(f"Runs the checkout as it was queued: commit `{job['snapshot_commit']}`.")
     if job["state"] == "PENDING":
         st.caption(f"Waiting: {jobs.explain_reason(job['reason'])}. Submitted "
                    f"{fmt.fmt_time(job['submitted_at'])}.")
@@ -253,6 +260,12 @@ def job_panel(job_id: int) -> None:
         st.caption(f"Started {fmt.fmt_time(job['started_at'])} · ended "
                    f"{fmt.fmt_time(job['ended_at'])}{ended} · devices "
                    f"{fmt.short_devices(job['devices'])} · working directory `{job['workdir']}`")
+    earlier = tables.attempt_rows(job)
+    if earlier:
+        st.caption("Earlier runs of this job (requeued), as `python -m scheduler acct -D` lists them:")
+        st.dataframe(earlier, hide_index=True, key="attempts_table",
+                     column_config={"Started": st.column_config.DatetimeColumn("Started (UTC)", **TIME_COLUMN),
+                                    "Ended": st.column_config.DatetimeColumn("Ended (UTC)", **TIME_COLUMN)})
     shown = LOG_LINES[0]
     if jobs.log_paths(job):
         shown = st.segmented_control("Log lines", LOG_LINES, default=LOG_LINES[0], key="log_lines",

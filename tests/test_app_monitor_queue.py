@@ -374,3 +374,29 @@ def test_queue_folds_an_array_and_shows_its_progress(state_home):
     assert list(running["Task"]) == [f"{array}_2"]
     assert list(pending["Task"]) == [f"{array}_[3-99%4]"] and list(pending["Tasks"]) == [97]
     assert list(finished["Task"]) == [f"{array}_1", f"{array}_0"]
+
+
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
+def test_queue_shows_a_preempted_jobs_earlier_run_and_its_badges(state_home):
+    """A preemptible job preempted once (its run ended PREEMPTED, the job requeued): the Queue
+    page's job panel badges it and lists the earlier run as `acct -D` does; a pure row builder."""
+    from sae_dist.analytics.tables import attempt_rows
+    from scheduler.store import request_preemptions
+
+    engine = get_engine()
+    now = utcnow()
+    with engine.begin() as conn:
+        add_virtual_devices(conn, VIRTUAL[:1], now)
+    job = new_job(engine, "victim", preemptible=True, shared=True, mem_per_gpu=GIB)
+    start_jobs(engine, [(job, ("virtual-0",))], {}, now=now - timedelta(seconds=90))
+    assert request_preemptions(engine, {job: 99}) == [job]
+    assert finish_job(engine, job, "PREEMPTED", exit_code=143, reason="Preempted by job 99",
+                      now=now - timedelta(seconds=30)) == "PENDING"
+    rows = attempt_rows(get_job(engine, job).model_dump())
+    assert [(r["Run"], r["State"], r["Exit"], r["Elapsed"], r["Reason"]) for r in rows] == \
+        [(1, "PREEMPTED", "143 · signal 15 (SIGTERM)", "1 min 00 s", "Preempted by job 99")]
+    at = open_page(QUEUE, job=str(job))
+    markdown = " ".join(m.value for m in at.markdown)  # st.badge renders as markdown
+    assert ":violet-badge[:material/swap_horiz: preemptible]" in markdown and ":blue-badge[shared GPU]" in markdown
+    (table,) = [d.value for d in at.dataframe if "Run" in d.value.columns]
+    assert list(table["State"]) == ["PREEMPTED"] and list(table["Reason"]) == ["Preempted by job 99"]

@@ -125,6 +125,22 @@ def finished_rows(finished: list[Row], now: datetime) -> list[Row]:
     } for j in finished]
 
 
+def attempt_rows(job: Row) -> list[Row]:
+    """A requeued job's earlier runs (preempted, or requeued after a failure), oldest first, as
+    `acct -D` lists them; [] for a job that ran once or not yet."""
+    import json
+
+    attempts = json.loads(job.get("attempts_json") or "[]")
+    rows = []
+    for n, a in enumerate(attempts, 1):
+        start, end = (datetime.fromisoformat(a[k]) if a.get(k) else None for k in ("started_at", "ended_at"))
+        rows.append({"Run": n, "State": a["state"], "Exit": exit_cell(a.get("exit_code"), a.get("signal")),
+                     "Started": start, "Ended": end,
+                     "Elapsed": fmt_duration((end - start).total_seconds()) if start and end else "—",
+                     "Reason": a.get("reason") or ""})
+    return rows
+
+
 # A column whose every cell reads this says nothing: no array task, no pending task folded in, no
 # note. `drop_quiet_columns` leaves it out, so that the columns that speak fit a laptop's window.
 QUIET_CELLS = {"Task": "", "Tasks": 1, "Note": ""}
