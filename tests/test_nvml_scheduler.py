@@ -84,6 +84,13 @@ def wait_state(job_id: int, state: str, timeout: float = 90):
     return get_job(get_engine(), job_id)
 
 
+def job_pid(job_id: int, timeout: float = 90) -> int:
+    """The job's process id, once its supervisor has recorded it: a job is RUNNING from the moment
+    its devices are allocated, before its process exists (a scenario naming pid None is a bad one,
+    and the emulated driver then fails every call)."""
+    return wait_for(lambda: get_job(get_engine(), job_id).pid, timeout, f"job {job_id}'s process")
+
+
 def test_info_lists_the_eight_a100s_in_pci_bus_order_with_their_readings(machine):
     def readings(d):
         d[0].update(memory_used=10 * GIB, utilization=55, temperature=64, power_w=250.4)
@@ -154,7 +161,8 @@ def test_a_jobs_own_process_is_its_own_on_its_gpu_and_busy_elsewhere(machine, da
     machine()
     daemon()
     job = submit("--gpu-ids", "0", "--", "sleep", "600")
-    pid = wait_state(job, "RUNNING").pid
+    wait_state(job, "RUNNING")
+    pid = job_pid(job)
 
     def listed(d):  # the driver lists the job's process on its GPU, and on one it was not given
         d[0].update(memory_used=GIB, processes=[{"pid": pid, "used_memory": GIB}])
@@ -389,7 +397,7 @@ def test_shared_jobs_fill_one_gpu_by_declared_memory_and_an_over_user_is_named(m
     small = submit("--shared", "--mem", "12GiB", "--gpu-ids", "0", "--", "sleep", "600")
     wait_for(lambda: get_job(engine, small).reason == "Resources, Memory:12.0GiB>10.0GiB", 60,
              "a sharer to wait for NVML's free memory")
-    pid = get_job(engine, sharers[0]).pid
+    pid = job_pid(sharers[0])
     machine(lambda d: d[0].update(memory_used=13 * GIB, processes=[{"pid": pid, "used_memory": 13 * GIB}]))
     row = wait_for(lambda: next((r for r in info() if r["index"] == 0 and r["sharers"] and r["sharers"][0]["over"]),
                                 None), 60, "the over-user to be named")
