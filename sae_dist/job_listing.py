@@ -200,6 +200,13 @@ def _decode(row) -> JobRow:
     return JobRow._make(values)
 
 
+def attempt_times(attempt: dict[str, Any]) -> tuple[datetime | None, datetime | None, float | None]:
+    """(start, end, seconds between) of one of a job's earlier runs (an entry of its
+    `attempts_json`, times as ISO text); None where a time is missing."""
+    start, end = (datetime.fromisoformat(attempt[k]) if attempt.get(k) else None for k in ("started_at", "ended_at"))
+    return start, end, (end - start).total_seconds() if start and end else None
+
+
 def utc_time(value: str | datetime | None) -> datetime | None:
     """An aware UTC datetime from what a driver returns for a time column (SQLite: naive UTC
     text, PostgreSQL: a datetime)."""

@@ -858,13 +858,14 @@ def cmd_acct(args) -> int:
 
 def _attempt_rows(row: dict) -> list[dict]:
     """A job's earlier runs as acct rows of their own (its id and name; their state, times, exit)."""
+    from sae_dist.job_listing import attempt_times
+
     out = []
     for a in row.get("attempts") or []:
-        start, end = (datetime.fromisoformat(a[k]) if a.get(k) else None for k in ("started_at", "ended_at"))
+        start, end, elapsed_s = attempt_times(a)
         out.append({"label": row["label"], "name": row["name"], "state": a["state"], "reason": a.get("reason"),
                     "exit": f"{a.get('exit_code') or 0}:{a.get('signal') or 0}", "start": _iso(start), "end": _iso(end),
-                    "elapsed": _duration((end - start).total_seconds()) if start and end else None,
-                    "gpus": len(a.get("devices") or [])})
+                    "elapsed": _duration(elapsed_s), "gpus": len(a.get("devices") or [])})
     return out
 
 

@@ -11,12 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from conftest import LENGTH_FREE_SCHEDULE, kill_running_jobs, main_here, run_cli, start_daemon, stop_process, wait_for
 from sae_dist.db import get_engine
 from scheduler.store import get_job
+from test_train import final_weights
 
 pytestmark = pytest.mark.slow  # a real daemon and real jobs
 
@@ -118,7 +117,7 @@ def test_a_preempted_training_resumes_and_ends_as_an_uninterrupted_one(daemon, t
     assert "stopping at step 4: checkpoint written" in log and "checkpoints/step_00000004 at step 4" in log, log
     ok = main_here("train", *flags, "--devices", "cpu:1", "--out-dir", str(tmp_path / "straight"))
     assert ok.returncode == 0, ok.stderr
-    a, b = _final(run_dir), _final(tmp_path / "straight")
+    a, b = final_weights(run_dir), final_weights(tmp_path / "straight")
     diff = max(float((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-12)) for k in b)
     assert diff < 1e-5, f"relative weight difference {diff:.2e}"
 
@@ -136,7 +135,3 @@ def _log(job) -> str:
     return Path(job.stdout_path).read_text() if job.stdout_path and Path(job.stdout_path).exists() else ""
 
 
-def _final(run_dir: Path) -> dict[str, torch.Tensor]:
-    from sae_dist.train.checkpoint import WEIGHTS, latest_checkpoint
-
-    return load_file(str(latest_checkpoint(run_dir) / WEIGHTS))

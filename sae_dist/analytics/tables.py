@@ -130,13 +130,14 @@ def attempt_rows(job: Row) -> list[Row]:
     `acct -D` lists them; [] for a job that ran once or not yet."""
     import json
 
-    attempts = json.loads(job.get("attempts_json") or "[]")
+    from sae_dist.job_listing import attempt_times
+
     rows = []
-    for n, a in enumerate(attempts, 1):
-        start, end = (datetime.fromisoformat(a[k]) if a.get(k) else None for k in ("started_at", "ended_at"))
+    for n, a in enumerate(json.loads(job.get("attempts_json") or "[]"), 1):
+        start, end, elapsed_s = attempt_times(a)
         rows.append({"Run": n, "State": a["state"], "Exit": exit_cell(a.get("exit_code"), a.get("signal")),
                      "Started": start, "Ended": end,
-                     "Elapsed": fmt_duration((end - start).total_seconds()) if start and end else "—",
+                     "Elapsed": fmt_duration(elapsed_s) if elapsed_s is not None else "—",
                      "Reason": a.get("reason") or ""})
     return rows
 
