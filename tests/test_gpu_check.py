@@ -77,7 +77,8 @@ def test_the_rehearsal_runs_every_step_that_needs_no_cuda_and_names_the_rest(tmp
     rows = {r["step"]: r for r in verdict["steps"]}
     ran = {name for name, r in rows.items() if r["verdict"] == "PASS"}
     assert ran == {"machine and imports", "training through the daemon", "NCCL one-rank group",
-                   "memory estimate vs measured", "bench_step fp32", "bench_step bf16", "app: Overview and Monitor"}
+                   "memory estimate vs measured", "bench_step fp32", "bench_step bf16", "app: Overview and Monitor",
+                   "sharing and preemption"}
     left = {name: r["detail"] for name, r in rows.items() if r["verdict"] == "SKIP"}
     assert set(left) == {"tests marked cuda", "a stranger makes the GPU busy", "daemon sampling the real driver",
                          "two GPUs: NCCL scaling 1,2"}

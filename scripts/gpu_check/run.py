@@ -74,6 +74,8 @@ def steps(work: Path, gpus: int) -> list[Step]:
         Step("two GPUs: NCCL scaling 1,2", two_gpus if gpus >= 2 else None, 240, None,
              f"needs 2 GPUs, {gpus} here (tests/test_cuda.py's 2-GPU training skips for the same reason)"
              if gpus < 2 else "needs CUDA"),
+        Step("sharing and preemption", script("share_and_preempt.py", str(work / "home-share")), 120,
+             script("share_and_preempt.py", str(work / "home-share"), "--virtual")),
     ]
 
 

@@ -1,0 +1,162 @@
+"""Matryoshka's settings on planted hierarchies: what recovers the parents, at what budget.
+
+Each point trains one SAE with the real trainer (`python -m sae_dist train --no-db`, one device)
+on the synthetic source with one of bench_quality's hierarchical sets (h1, h2: the same planted
+data `make-planted` writes for it), and reads the evaluation the run ends with (rows after its
+last sample): FVU, MCC, parents recovered at cos > 0.9, children at > 0.8, dead latents. Points
+run `--parallel` at a time (a GPU is far from full with one of these shapes), in the order of
+their groups, and no point starts after `--budget` seconds, so the sweep fits a device lease.
+
+    .venv/bin/python scripts/sweep_matryoshka.py --out /tmp/msweep --device cpu --groups budget
+    python3 scripts/sweep_matryoshka.py --out $OUT/msweep --device cuda --parallel 6 --budget 300
+    .venv/bin/python scripts/sweep_matryoshka.py --out /tmp/msweep --table   # what is done
+
+Groups: budget (TopK and the default at 1x, 4x, 16x one pass), widths, lr, auxk, select, seed,
+h2. Results append to OUT/results.jsonl; a rerun skips the points already there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_quality import SETS  # noqa: E402
+
+STEPS = 1024  # one pass over bench_quality's 1,048,576 rows at batch 1024
+SET = {s.name: s for s in SETS}
+
+
+@dataclass(frozen=True)
+class Point:
+    group: str
+    name: str
+    data: str = "h1"
+    flags: dict = field(default_factory=dict)
+    passes: int = 1
+    seed: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"{self.data}/{self.name}"
+
+
+def mat(**flags) -> dict:
+    return {"architecture": "matryoshka", **flags}
+
+
+POINTS = [
+    Point("budget", "topk"), Point("budget", "matryoshka", flags=mat()),
+    Point("budget", "topk-4x", passes=4), Point("budget", "matryoshka-4x", flags=mat(), passes=4),
+    Point("budget", "matryoshka-16x", flags=mat(), passes=16), Point("budget", "topk-16x", passes=16),
+    *[Point("widths", f"w{w.replace(',', '-')}", flags=mat(matryoshka_widths=w))
+      for w in ("512,4096", "256,1024,4096", "512,1024,4096", "512,2048,4096", "1024,2048,4096", "2048,4096",
+                "128,512,4096", "256,512,1024,2048,4096", "512,1024,2048,4096")],
+    Point("widths", "w512-4096-4x", flags=mat(matryoshka_widths="512,4096"), passes=4),
+    *[Point("lr", f"lr{lr}", flags=mat(lr=lr)) for lr in ("1.8e-3", "7.2e-3", "1.44e-2")],
+    *[Point("auxk", f"auxk{c}", flags=mat(auxk_coefficient=c)) for c in ("0", "0.125")],
+    Point("select", "batch", flags=mat(matryoshka_selection="batch")),
+    Point("select", "batch-4x", flags=mat(matryoshka_selection="batch"), passes=4),
+    *[Point("seed", f"matryoshka-seed{s}", flags=mat(), seed=s) for s in (1, 2)],
+    *[Point("seed", f"topk-seed{s}", seed=s) for s in (1, 2)],
+    Point("h2", "topk", data="h2"), Point("h2", "matryoshka", data="h2", flags=mat()),
+    Point("h2", "matryoshka-4x", data="h2", flags=mat(), passes=4),
+]
+GROUPS = list(dict.fromkeys(p.group for p in POINTS))
+
+
+def argv(point: Point, out: Path, device: str) -> list[str]:
+    s = SET[point.data]
+    args = {"source": "synthetic", "d_in": s.d_in, "synthetic_features": s.features, "synthetic_active": s.active,
+            "synthetic_power_law": s.power_law, "synthetic_children": s.children,
+            "synthetic_child_prob": s.child_prob, "synthetic_magnitude_sigma": s.magnitude_sigma,
+            "d_sae": s.d_sae, "k": s.k, "batch_size": 1024, "steps": STEPS * point.passes, "seed": point.seed,
+            "checkpoint_every": 0, "log_every": 256, "out_dir": str(out), **point.flags}
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in args.items()]
+    return [sys.executable, "-m", "sae_dist", "train", "--no-db", "--devices", f"{device}:1", *flags]
+
+
+def run_point(point: Point, out: Path, device: str) -> dict:
+    run_dir = out / "runs" / point.data / point.name
+    log = out / "logs" / f"{point.data}-{point.name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with log.open("w") as f:
+        done = subprocess.run(argv(point, run_dir, device), cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                              env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")})
+    row = {"key": point.key, "group": point.group, "data": point.data, "name": point.name, "passes": point.passes,
+           "seed": point.seed, "flags": point.flags, "device": device, "seconds": round(time.monotonic() - started, 1)}
+    if done.returncode != 0:
+        return {**row, "error": f"exit {done.returncode}: {log.read_text(errors='replace')[-300:]}"}
+    ev = json.loads((run_dir / "evaluation.json").read_text())
+    rec = ev.get("recovery") or {}
+    return {**row, "fvu": ev["fvu"], "l0": ev["l0"], "dead": ev["dead_fraction"], "mcc": rec.get("mcc"),
+            "recovered": rec.get("frac_above_0_9"), "parents": rec.get("parents_frac_above_0_9"),
+            "children": rec.get("children_frac_above_0_8"), "absorbed": rec.get("absorbed_parents")}
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| data | point | passes | FVU | MCC | parents > 0.9 | children > 0.8 | dead | s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['data']} | {r['name']} | {r['passes']} | error: {r['error'][:60]} |||||")
+            continue
+        lines.append(f"| {r['data']} | {r['name']} | {r['passes']} | {r['fvu']:.3f} | {r['mcc']:.3f} | "
+                     f"{r['parents']:.1%} | {r['children']:.1%} | {r['dead']:.1%} | {r['seconds']:.0f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--parallel", type=int, default=1)
+    p.add_argument("--budget", type=float, default=float("inf"), help="no point starts after this many seconds")
+    p.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated, of {', '.join(GROUPS)}")
+    p.add_argument("--table", action="store_true", help="print the table of what is done, run nothing")
+    ns = p.parse_args()
+    wanted = ns.groups.split(",")
+    if unknown := set(wanted) - set(GROUPS):
+        raise SystemExit(f"sweep_matryoshka: unknown group(s) {', '.join(sorted(unknown))}; "
+                         f"the groups are {', '.join(GROUPS)}")
+    results_path = ns.out / "results.jsonl"
+    ns.out.mkdir(parents=True, exist_ok=True)
+    done = [json.loads(line) for line in results_path.read_text().splitlines()] if results_path.exists() else []
+    if ns.table:
+        print(table(done))
+        return 0
+    seen = {r["key"] for r in done if "error" not in r}
+    todo = [pt for g in wanted for pt in POINTS if pt.group == g and pt.key not in seen]
+    deadline = time.monotonic() + ns.budget
+    with ThreadPoolExecutor(ns.parallel) as pool, results_path.open("a") as results:
+        running = set()
+        while todo or running:
+            while todo and len(running) < ns.parallel and time.monotonic() < deadline:
+                running.add(pool.submit(run_point, todo.pop(0), ns.out, ns.device))
+            if not running:
+                break
+            finished, running = wait(running, return_when=FIRST_COMPLETED)
+            for f in finished:
+                row = f.result()
+                results.write(json.dumps(row) + "\n")
+                results.flush()
+                done.append(row)
+                print(table([row]).splitlines()[-1], flush=True)
+    if todo:
+        print(f"not started (budget spent): {', '.join(pt.key for pt in todo)}")
+    print(table(done))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
