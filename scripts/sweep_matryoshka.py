@@ -10,6 +10,7 @@ their groups, and no point starts after `--budget` seconds, so the sweep fits a 
     .venv/bin/python scripts/sweep_matryoshka.py --out /tmp/msweep --device cpu --groups budget
     python3 scripts/sweep_matryoshka.py --out $OUT/msweep --device cuda --parallel 6 --budget 300
     .venv/bin/python scripts/sweep_matryoshka.py --out /tmp/msweep --table   # what is done
+    .venv/bin/python scripts/sweep_matryoshka.py --out /tmp/msweep --truth   # the planted truth's own FVU
 
 Groups: budget (TopK and the default at 1x, 4x, 16x one pass), widths, lr, auxk, select, seed,
 h2. Results append to OUT/results.jsonl; a rerun skips the points already there.
@@ -57,6 +58,7 @@ def mat(**flags) -> dict:
 POINTS = [
     Point("budget", "topk"), Point("budget", "matryoshka", flags=mat()),
     Point("budget", "topk-4x", passes=4), Point("budget", "matryoshka-4x", flags=mat(), passes=4),
+    Point("budget", "matryoshka-8x", flags=mat(), passes=8),
     Point("budget", "matryoshka-16x", flags=mat(), passes=16), Point("budget", "topk-16x", passes=16),
     *[Point("widths", f"w{w.replace(',', '-')}", flags=mat(matryoshka_widths=w))
       for w in ("512,4096", "256,1024,4096", "512,1024,4096", "512,2048,4096", "1024,2048,4096", "2048,4096",
@@ -104,6 +106,23 @@ def run_point(point: Point, out: Path, device: str) -> dict:
             "children": rec.get("children_frac_above_0_8"), "absorbed": rec.get("absorbed_parents")}
 
 
+def truth_fvu(data: str, rows: int = 16384) -> float:
+    """FVU of the planted truth itself, kept to each row's k largest features (the SAE's budget),
+    on the rows after one pass: how low an SAE of the set's k could go."""
+    import torch
+
+    from sae_dist.config import TrainConfig
+    from sae_dist.data.sources.synthetic import SyntheticSource
+
+    s = SET[data]
+    source = SyntheticSource(d_in=s.d_in, n_features=s.features, active=s.active, power_law=s.power_law,
+                             noise=TrainConfig().synthetic_noise, seed=0, rank=0, world_size=1, batch_size=1,
+                             children=s.children, child_prob=s.child_prob, magnitude_sigma=s.magnitude_sigma)
+    x, codes = source.samples(STEPS * 1024, rows), source.codes(STEPS * 1024, rows)
+    keep = torch.zeros_like(codes).scatter_(1, codes.abs().topk(s.k, dim=1).indices, 1.0)
+    return float((x - (codes * keep) @ source.dictionary).pow(2).sum() / (x - x.mean(0)).pow(2).sum())
+
+
 def table(results: list[dict]) -> str:
     lines = ["| data | point | passes | FVU | MCC | parents > 0.9 | children > 0.8 | dead | s |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -124,6 +143,7 @@ def main() -> int:
     p.add_argument("--budget", type=float, default=float("inf"), help="no point starts after this many seconds")
     p.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated, of {', '.join(GROUPS)}")
     p.add_argument("--table", action="store_true", help="print the table of what is done, run nothing")
+    p.add_argument("--truth", action="store_true", help="print the planted truth's FVU at each set's k, run nothing")
     ns = p.parse_args()
     wanted = ns.groups.split(",")
     if unknown := set(wanted) - set(GROUPS):
@@ -132,6 +152,10 @@ def main() -> int:
     results_path = ns.out / "results.jsonl"
     ns.out.mkdir(parents=True, exist_ok=True)
     done = [json.loads(line) for line in results_path.read_text().splitlines()] if results_path.exists() else []
+    if ns.truth:
+        for data in ("h1", "h2"):
+            print(f"{data}: the truth's FVU, each row's {SET[data].k} largest features: {truth_fvu(data):.4f}")
+        return 0
     if ns.table:
         print(table(done))
         return 0
