@@ -19,6 +19,7 @@ from sae_dist.contract import NUM_GPUS_ENV
 from sae_dist.contract.sweep_argv import SWEEP_KEY, sweep_size
 from sae_dist.errors import USER_ERROR_EXIT, UserError
 
+_STARTED = time.monotonic()  # a lock error sooner after this than the busy timeout was no long wait
 STORAGE_ERROR_EXIT = 1  # the state database could not be used (scheduler.storage_errors says why)
 
 STATE_ORDER = {"RUNNING": 0, "PENDING": 1}
@@ -286,7 +287,7 @@ def _storage_line(error: Exception) -> str | None:
         waited = busy_timeout_s()
     except UserError:
         waited = None
-    return storage_line(error, waited)
+    return storage_line(error, waited, ran_s=time.monotonic() - _STARTED)
 
 
 # ---- helpers ----

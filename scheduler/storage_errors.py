@@ -27,12 +27,13 @@ _DRIVER_ERRORS = ("OperationalError", "DatabaseError", "InterfaceError")  # any 
 
 
 def storage_problem(error: BaseException, busy_timeout_s: float | None = None, free_bytes: int | None = None,
-                    file_size_limit: int | None = None) -> str | None:
+                    file_size_limit: int | None = None, ran_s: float | None = None) -> str | None:
     """What went wrong with the storage, in words, or None when `error` is no storage fault
     (a bug, which should surface as one). SQLAlchemy's errors are judged by the driver's
     error they wrap. SQLite says only "disk I/O error" for a failed write: the free space of
     the state directory and the process's file-size limit (None: unknown, unlimited) tell
-    which it was."""
+    which it was. `ran_s`, how long the command had run: a lock error before the busy timeout
+    could have passed is SQLite giving up at once (a deadlock it detects), not a long wait."""
     cause = getattr(error, "orig", None)
     if isinstance(cause, BaseException):
         error = cause
@@ -42,7 +43,7 @@ def storage_problem(error: BaseException, busy_timeout_s: float | None = None, f
             return None
         return f"{text} ({error.filename})" if error.filename else text
     if isinstance(error, sqlite3.OperationalError) or type(error) is sqlite3.DatabaseError:
-        problem = _sqlite_problem(str(error), busy_timeout_s)
+        problem = _sqlite_problem(str(error), busy_timeout_s, ran_s)
         if problem.startswith(("a write failed", "the disk is full")):
             if free_bytes == 0:
                 return "the disk is full (0 bytes free)"
@@ -55,8 +56,12 @@ def storage_problem(error: BaseException, busy_timeout_s: float | None = None, f
     return None
 
 
-def _sqlite_problem(message: str, busy_timeout_s: float | None) -> str:
+def _sqlite_problem(message: str, busy_timeout_s: float | None, ran_s: float | None = None) -> str:
     text = message.lower()
+    if ("locked" in text or "busy" in text) and busy_timeout_s is not None and ran_s is not None \
+            and ran_s < busy_timeout_s:
+        return (f"it is locked by another process (SQLite gave up after {ran_s:.1f} s, before its "
+                f"{busy_timeout_s:g} s busy timeout: SQLite's {message!r}); try again")
     if "locked" in text or "busy" in text:
         waited = f"waited {busy_timeout_s:g} s; " if busy_timeout_s is not None else ""
         return (f"it is locked by another process ({waited}SAE_DIST_DB_BUSY_TIMEOUT_S sets how long "
@@ -93,10 +98,10 @@ def _without_password(url: str) -> str:
     return f"{scheme}://{credentials.split(':', 1)[0]}:***@{host}"
 
 
-def storage_line(error: BaseException, busy_timeout_s: float | None = None) -> str | None:
+def storage_line(error: BaseException, busy_timeout_s: float | None = None, ran_s: float | None = None) -> str | None:
     """The one line to print for a storage fault, or None when `error` is not one."""
     where = state_location()
-    problem = storage_problem(error, busy_timeout_s, *_disk_facts(where))
+    problem = storage_problem(error, busy_timeout_s, *_disk_facts(where), ran_s=ran_s)
     if problem is None:
         return None
     return f"error: the state database in {where}: {problem}"

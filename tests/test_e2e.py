@@ -199,6 +199,16 @@ def no_exception(page) -> None:
         '[data-testid="stException"]').first.inner_text()
 
 
+def settled(page, text) -> None:
+    """Wait until `text` (what the last input's rerun draws) is on the page and no script run is
+    in progress or asked for: the page is then in its final state for every input so far, and a
+    widget seen enabled stays so (an earlier run's button may be enabled for a moment)."""
+    from playwright.sync_api import expect
+
+    expect(page.get_by_text(text).first).to_be_visible()
+    expect(page.locator('[data-testid="stApp"][data-test-script-state="notRunning"]')).to_be_attached()
+
+
 def set_number(page, label: str, value: int) -> None:
     field = page.get_by_label(label, exact=True)
     field.fill(str(value))
@@ -237,10 +247,11 @@ def test_2_train_submits_on_both_devices(served, page):
     url, engine = served
     page.goto(f"{url}/Train")
     expect(page.get_by_role("heading", name="Train")).to_be_visible()
-    set_number(page, "Batch size per device", 512)
-    set_number(page, "Steps", 20_000)
     page.get_by_label("Name", exact=True).fill("e2e-topk")
     page.get_by_label("Name", exact=True).press("Enter")
+    set_number(page, "Batch size per device", 512)
+    set_number(page, "Steps", 20_000)
+    settled(page, re.compile(r"^20,000 steps on "))  # the last input's rerun, with the others' values
     expect(page.get_by_text("Selected: 2 GPUs | Effective batch size: 1024")).to_be_visible()
     submit = page.get_by_role("button", name="Submit training job")
     expect(submit).to_be_enabled()
@@ -440,10 +451,10 @@ def test_8_with_every_device_busy_the_train_page_queues_a_job_that_starts_when_t
         time.sleep(0.2)
     page.goto(f"{url}/Train")
     expect(page.get_by_text("Every device is taken: the job will wait")).to_be_visible()
-    set_number(page, "GPUs wanted", 2)
     page.get_by_label("Name", exact=True).fill("e2e-queued")
     page.get_by_label("Name", exact=True).press("Enter")
-    expect(page.get_by_text("any 2 devices, queued until they are free (0 free now)")).to_be_visible()
+    set_number(page, "GPUs wanted", 2)
+    settled(page, "any 2 devices, queued until they are free (0 free now)")
     page.get_by_role("button", name="Submit training job").click()
     status = page.get_by_text(re.compile(r"\(e2e-queued, 2 devices\) is in the queue: "))
     expect(status).to_be_visible()

@@ -146,6 +146,11 @@ def test_storage_problems_in_words():
     locked = sqlite3.OperationalError("database is locked")
     assert storage_problem(locked, 2.0).startswith("it is locked by another process (waited 2 s;")
     assert storage_problem(Wrapped(locked)) == storage_problem(locked)
+    # A lock error sooner than the busy timeout could pass: SQLite gave up at once (a deadlock it detects)
+    assert storage_problem(locked, 30.0, ran_s=0.4) == (
+        "it is locked by another process (SQLite gave up after 0.4 s, before its 30 s busy timeout: "
+        "SQLite's 'database is locked'); try again")
+    assert storage_problem(locked, 2.0, ran_s=2.5).startswith("it is locked by another process (waited 2 s;")
     assert storage_problem(sqlite3.OperationalError("attempt to write a readonly database")).startswith(
         "it is read-only")
     assert storage_problem(sqlite3.OperationalError("database or disk is full")) == "the disk is full"
