@@ -12,13 +12,12 @@ carry all four readings (memory, utilisation, temperature, power) and name the j
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
 from pathlib import Path
 
-from harness import CheckFailed, Daemon, cli, cli_json, expect, run_step, submit, use_home, wait_ended
+from harness import CheckFailed, Daemon, cli, cli_json, expect, home_args, run_step, submit, wait_ended
 
 GIB = 2**30
 
@@ -30,32 +29,28 @@ SHAPES = {  # the GPU's run, and the rehearsal's on one CPU-backed device
 
 
 def main() -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("home", type=Path)
-    p.add_argument("--virtual", action="store_true", help="one CPU-backed device, a small fp32 run (rehearsal)")
-    ns = p.parse_args()
-    use_home(ns.home, 1 if ns.virtual else None)
-    shape = SHAPES[ns.virtual]
-    toml = ns.home / "run.toml"
+    home, virtual = home_args("one CPU-backed device, a small fp32 run (rehearsal)")
+    shape = SHAPES[virtual]
+    toml = home / "run.toml"
     toml.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in shape.items())
-                    + f'log_every = 20\ncheckpoint_every = 0\nname = "gpu-check"\nout_dir = "{ns.home / "run"}"\n')
-    ended, visible, took = train_through_the_daemon(ns.home, toml)
-    devices = check_devices(ended, visible, ns.virtual)
+                    + f'log_every = 20\ncheckpoint_every = 0\nname = "gpu-check"\nout_dir = "{home / "run"}"\n')
+    ended, visible, took = train_through_the_daemon(home, toml)
+    devices = check_devices(ended, visible, virtual)
     run = training_run(ended.id)
     print(f"run {run.id}: {run.status}, backend {run.backend}, ranks on {json.loads(run.device_ids)}, final FVU "
           f"{run.final_fvu}, L0 {run.final_l0}, {run.final_samples_per_s} samples/s")
     expect(run.status == "COMPLETED", f"the run's record says {run.status}: {run.error}")
-    if not ns.virtual:
+    if not virtual:
         expect(json.loads(run.device_ids) == devices,
                f"the rank ran on {run.device_ids} (CUDA's UUID), not on {devices} (NVML's)")
     expect(run.final_fvu is not None and math.isfinite(run.final_fvu) and run.final_fvu < 1,
            f"final FVU {run.final_fvu}")
-    fvu = check_export_and_evaluate(Path(run.export_dir or ns.home / "run" / "sae"), ns.home, shape)
-    samples = check_samples(devices[0], ended.id, ns.virtual)
+    fvu = check_export_and_evaluate(Path(run.export_dir or home / "run" / "sae"), home, shape)
+    samples = check_samples(devices[0], ended.id, virtual)
     print(f"trained {shape['steps']} {shape['precision']} steps of d_sae {shape['d_sae']} on {devices[0]} through "
           f"the daemon in {took:.0f} s ({run.final_samples_per_s or 0:,.0f} samples/s), evaluate FVU "
           f"{fvu:.3f}; {samples} samples name the job, all four readings "
-          + ("known" if not ns.virtual else "as a virtual device has them"))
+          + ("known" if not virtual else "as a virtual device has them"))
     return 0
 
 

@@ -36,6 +36,19 @@ def use_home(home: Path, virtual: int | None) -> None:
         os.environ["SAE_DIST_VIRTUAL_GPUS"] = str(virtual)
 
 
+def home_args(virtual_help: str) -> tuple[Path, bool]:
+    """A step's arguments, HOME and --virtual (the rehearsal's CPU-backed device), with HOME made
+    this process's state home: (home, virtual)."""
+    import argparse
+
+    p = argparse.ArgumentParser()
+    p.add_argument("home", type=Path)
+    p.add_argument("--virtual", action="store_true", help=virtual_help)
+    ns = p.parse_args()
+    use_home(ns.home, 1 if ns.virtual else None)
+    return ns.home, ns.virtual
+
+
 def cli(*args: str, module: str = "scheduler", timeout: float = 120) -> subprocess.CompletedProcess:
     out = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
                          timeout=timeout)

@@ -13,13 +13,12 @@ scheduler held each job's processes together (a cgroup of its own, or why not).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
-from harness import Daemon, cli_json, expect, job, run_step, submit, use_home, wait_ended, wait_for
+from harness import Daemon, cli_json, expect, home_args, job, run_step, submit, wait_ended, wait_for
 
 MIB = 2**20
 
@@ -114,17 +113,13 @@ def check_preemption(home: Path, cuda: bool) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("home", type=Path)
-    p.add_argument("--virtual", action="store_true", help="one CPU-backed device (rehearsal)")
-    ns = p.parse_args()
-    use_home(ns.home, 1 if ns.virtual else None)
-    expect(cli_json("info")[0]["virtual"] == ns.virtual,
-           "NVML shows no GPU here (virtual devices)" if not ns.virtual else "a real GPU where a virtual one was asked")
-    with Daemon(ns.home):
-        shared = check_sharing(ns.home, cuda=not ns.virtual)
+    home, virtual = home_args("one CPU-backed device (rehearsal)")
+    expect(cli_json("info")[0]["virtual"] == virtual,
+           "NVML shows no GPU here (virtual devices)" if not virtual else "a real GPU where a virtual one was asked")
+    with Daemon(home):
+        shared = check_sharing(home, cuda=not virtual)
         print(shared, flush=True)
-        preempted = check_preemption(ns.home, cuda=not ns.virtual)
+        preempted = check_preemption(home, cuda=not virtual)
         print(preempted, flush=True)
     print(f"{shared}. {preempted}")
     return 0
