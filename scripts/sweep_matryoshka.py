@@ -103,7 +103,8 @@ def run_point(point: Point, out: Path, device: str) -> dict:
     rec = ev.get("recovery") or {}
     return {**row, "fvu": ev["fvu"], "l0": ev["l0"], "dead": ev["dead_fraction"], "mcc": rec.get("mcc"),
             "recovered": rec.get("frac_above_0_9"), "parents": rec.get("parents_frac_above_0_9"),
-            "children": rec.get("children_frac_above_0_8"), "absorbed": rec.get("absorbed_parents")}
+            "children": rec.get("children_frac_above_0_8"), "absorbed": rec.get("absorbed_parents"),
+            "children_in_parents": rec.get("children_in_parents")}
 
 
 def truth_fvu(data: str, rows: int = 16384) -> float:

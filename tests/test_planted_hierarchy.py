@@ -181,5 +181,23 @@ def test_absorption_says_which_parents_lost_their_latent_and_what_the_children_c
     assert found["absorbed_parents"] == 0.5
     assert found["parent_in_children"] == pytest.approx((2 * 0.5**0.5) / 4, abs=0.05)
     assert "absorption: children's latents carry their parent at cos 0.3" in matching_text(found)
+    # Parent 1's latent is its own (about 0); parent 0's best is child 2's latent, which carries half
+    # of its children's mean direction (cos 1/2).
+    assert found["children_in_parents"] == pytest.approx((0.5 + 0) / 2, abs=0.05)
     clean = recovery(d, planted.frequencies, d, parents=2).to_dict()
     assert clean["absorbed_parents"] == 0.0 and clean["parent_in_children"] < 0.15
+    assert clean["children_in_parents"] < 0.15
+
+
+def test_a_parent_latent_mixed_with_its_childrens_mean_is_measured():
+    """Parent 0's latent is the parent plus its two children's mean, as a Matryoshka inner prefix
+    pulls it: its cosine with the children's mean direction is about 1/sqrt(3) (the three unit
+    directions nearly orthogonal in 256 dimensions), and it no longer counts as recovered."""
+    planted = planted_from_settings(256, 6, 2.0, 0.5, 0.0, 4, children=2)
+    d = planted.dictionary
+    mixed = d.clone()
+    mixed[0] = d[0] + (d[2] + d[3]) / 2
+    found = recovery(d, planted.frequencies, mixed, parents=2).to_dict()
+    assert found["children_in_parents"] == pytest.approx((3**-0.5 + 0) / 2, abs=0.05)
+    assert found["parents_frac_above_0_9"] == 0.5  # cos(p, p + mean of two children) = sqrt(2/3) = 0.82
+    assert "parents' latents carry their children's mean at cos 0.2" in matching_text(found)

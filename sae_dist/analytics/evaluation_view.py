@@ -101,6 +101,11 @@ def matching_cards(rec: dict[str, Any]) -> list[list[Card]]:
                             f"parent (about 0 when the child's latent is its own); "
                             f"{fmt_percent(_get(rec, 'absorbed_parents'))} of the parents have no latent "
                             "of their own."))
+        if _get(rec, "children_in_parents") is not None:
+            row.append(Card("Children in parents' latents", fmt_number(_get(rec, "children_in_parents"), 3),
+                            "The other way: the mean cosine between each parent's best-matching latent and "
+                            "its children's mean direction (about 0 when the parent's latent is its own; a "
+                            "Matryoshka inner prefix pulls it toward the parent plus its children's mean)."))
     return [row] if row else []
 
 

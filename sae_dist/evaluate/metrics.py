@@ -73,6 +73,11 @@ class Recovery:
     # direction; about 0 when the child's latent is the child's alone).
     absorbed_parents: float | None = None
     parent_in_children: float | None = None
+    # The other way: how much of its children's mean direction the latent that best matches each
+    # parent carries (mean cosine; about 0 when the parent's latent is its own). A Matryoshka inner
+    # prefix pulls a parent's latent toward the parent plus its children's mean: what reconstructs
+    # best when a parent's family has one latent there.
+    children_in_parents: float | None = None
     # Each latent as a detector of its best-matching planted feature (by |cosine|) on the rows:
     # the means over latents of precision, recall, F1 and accuracy, as SAELens' synthetic evals.
     precision: float | None = None
@@ -316,6 +321,8 @@ def matching_text(rec: dict[str, Any]) -> str:
         if rec.get("parent_in_children") is not None:
             parts.append(f"absorption: children's latents carry their parent at cos "
                          f"{rec['parent_in_children']:.3f}")
+        if rec.get("children_in_parents") is not None:
+            parts.append(f"parents' latents carry their children's mean at cos {rec['children_in_parents']:.3f}")
     return "; ".join(parts)
 
 
@@ -338,8 +345,9 @@ def mean_correlation_coefficient(features: Tensor, W_dec: Tensor) -> float:
 @torch.no_grad()
 def absorption(dictionary: Tensor, W_dec: Tensor, parents: int, parents_best: Tensor) -> dict[str, float]:
     """A hierarchy's absorption (features [0, parents) are parents, then each parent's children
-    in order): the share of parents without a latent of their own, and the mean cosine between
-    each child's best-matching latent and that child's parent."""
+    in order): the share of parents without a latent of their own, the mean cosine between each
+    child's best-matching latent and that child's parent, and between each parent's best-matching
+    latent and the mean direction of its children."""
     children = dictionary.shape[0] - parents
     out = {"absorbed_parents": float((parents_best <= 0.9).double().mean())}
     if children <= 0:
@@ -350,6 +358,10 @@ def absorption(dictionary: Tensor, W_dec: Tensor, parents: int, parents_best: Te
     latent = best_abs_matches(truth[parents:], decoder)  # each child's latent
     parent = truth[torch.arange(children) // per_parent]  # each child's parent
     out["parent_in_children"] = float((decoder[latent] * parent).sum(dim=1).abs().mean())
+    families = truth[parents:parents + per_parent * parents].view(parents, per_parent, -1)
+    family_mean = F.normalize(families.mean(1), dim=1)
+    parent_latent = best_abs_matches(truth[:parents], decoder)
+    out["children_in_parents"] = float((decoder[parent_latent] * family_mean).sum(dim=1).abs().mean())
     return out
 
 
