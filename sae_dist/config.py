@@ -71,6 +71,9 @@ class TrainConfig:
         None, "matryoshka: which latents fire, each sample's k largest (sample, as TopK) or the batch's k x batch "
               "largest (batch, as BatchTopK and the paper); default sample, which trains far better in one pass "
               "over heavily superposed features (docs/quality.md)")
+    matryoshka_inner_weight: float | None = _f(
+        None, "matryoshka: the weight of each inner prefix's reconstruction loss beside the whole dictionary's "
+              "(default 1, the paper's; lower trades parents for absorption, higher for hedging: docs/quality.md)")
     l1_coefficient: float = _f(0.05, "L1 sparsity penalty weight (standard)")
     l0_coefficient: float = _f(0.01, "L0 sparsity penalty weight (jumprelu)")
     jumprelu_init_threshold: float = _f(0.001, "initial JumpReLU threshold")
@@ -311,6 +314,12 @@ class TrainConfig:
                 raise ConfigError("matryoshka_widths", f"given, but the architecture is {self.architecture}; "
                                                        "add --architecture matryoshka")
             parse_widths(self.matryoshka_widths)
+        if self.matryoshka_inner_weight is not None:
+            if self.architecture != "matryoshka":
+                raise ConfigError("matryoshka_inner_weight", f"given, but the architecture is {self.architecture}; "
+                                                             "add --architecture matryoshka")
+            if not 0.0 <= self.matryoshka_inner_weight < float("inf"):  # (also NaN)
+                raise ConfigError("matryoshka_inner_weight", f"must be 0 or more, got {self.matryoshka_inner_weight}")
         if self.matryoshka_selection is not None:
             if self.architecture != "matryoshka":
                 raise ConfigError("matryoshka_selection", f"given, but the architecture is {self.architecture}; "

@@ -12,8 +12,9 @@ their groups, and no point starts after `--budget` seconds, so the sweep fits a 
     .venv/bin/python scripts/sweep_matryoshka.py --out /tmp/msweep --table   # what is done
     .venv/bin/python scripts/sweep_matryoshka.py --out /tmp/msweep --truth   # the planted truth's own FVU
 
-Groups: budget (TopK and the default at 1x, 4x, 16x one pass), widths, lr, auxk, select, seed,
-h2. Results append to OUT/results.jsonl; a rerun skips the points already there.
+Groups: budget (TopK and the default at 1x, 4x, 8x, 16x one pass), widths, lr, auxk, weight (the
+inner prefixes' loss weight), select, seed, h2. Results append to OUT/results.jsonl; a rerun skips
+the points already there.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ POINTS = [
     Point("widths", "w512-4096-4x", flags=mat(matryoshka_widths="512,4096"), passes=4),
     *[Point("lr", f"lr{lr}", flags=mat(lr=lr)) for lr in ("1.8e-3", "7.2e-3", "1.44e-2")],
     *[Point("auxk", f"auxk{c}", flags=mat(auxk_coefficient=c)) for c in ("0", "0.125")],
+    *[Point("weight", f"iw{w}", flags=mat(matryoshka_inner_weight=w)) for w in ("0.25", "0.5", "2", "4")],
     Point("select", "batch", flags=mat(matryoshka_selection="batch")),
     Point("select", "batch-4x", flags=mat(matryoshka_selection="batch"), passes=4),
     *[Point("seed", f"matryoshka-seed{s}", flags=mat(), seed=s) for s in (1, 2)],

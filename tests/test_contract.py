@@ -42,7 +42,8 @@ SYNTHETIC_EVERYTHING = TrainConfig(
     on_rank_loss="fail", devices="cpu:3", name="-starts-with-dash", out_dir="-/a dir", log_every=1,
     checkpoint_every=0, keep_checkpoints=5, eval_rows=0, resume=True, db=False)
 SHARDS = TrainConfig(source="shards", shards_path="-shards dir/x", lr=0.1, architecture="matryoshka",
-                     matryoshka_widths="256,1024,4096", matryoshka_selection="batch", ddp_compress="fp16",
+                     matryoshka_widths="256,1024,4096", matryoshka_selection="batch", matryoshka_inner_weight=0.5,
+                     ddp_compress="fp16",
                      balance="memory", name="--looks-like-a-flag")
 MODEL = TrainConfig(source="model", model_path="--model", text_path="-text.txt", model_site="attn_out",
                     precision="fp32", lr=1 / 3, architecture="standard", transcode="mlp_in:mlp_out", skip=True)

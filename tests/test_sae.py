@@ -98,9 +98,9 @@ def dense_forward(sae: SparseAutoencoder, x: torch.Tensor, dead: torch.Tensor | 
     mse = (x_hat - x).pow(2).sum(-1).mean()
     aux = dense_auxk(p, pre, x, x_hat, dead, sae.auxk_k) if dead is not None and dead.any() else pre.new_zeros(())
     loss = mse + sae.auxk_coefficient * aux
-    for width in getattr(sae, "matryoshka_widths", ())[:-1]:  # each inner prefix alone
+    for width in getattr(sae, "matryoshka_widths", ())[:-1]:  # each inner prefix alone, weighted
         inner = acts[:, :width] @ p["W_dec"][:width] + p["b_dec"]
-        loss = loss + (inner - x).pow(2).sum(-1).mean()
+        loss = loss + sae.matryoshka_inner_weight * (inner - x).pow(2).sum(-1).mean()
     return p, acts, x_hat, mse, aux, loss
 
 
@@ -152,6 +152,22 @@ def test_sparse_forward_matches_dense(arch, batch, d_in, d_sae, k, n_dead, top_k
     assert out.l0.item() == pytest.approx(active.sum(-1).float().mean().item())
     if arch == "topk":
         assert (active.sum(-1) <= k).all()
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.25, 3.0])
+def test_matryoshka_inner_weight_scales_the_inner_prefixes_loss(weight):
+    sae = make_sae("matryoshka", 16, 64, k=4, seed=2, auxk_coefficient=1 / 32, auxk_k=8,
+                   matryoshka_inner_weight=weight)
+    x = rand_x(32, 16, seed=4)
+    out = sae(x, None)
+    out.loss.backward()
+    p, _, _, mse, _, loss = dense_forward(sae, x, None)
+    loss.backward()
+    assert_rel_close(out.loss, loss, what="loss")
+    for n in PARAMS:
+        assert_rel_close(getattr(sae, n).grad, p[n].grad, what=f"grad {n}")
+    if weight == 0:
+        assert out.loss.item() == pytest.approx(mse.item(), rel=1e-6)
 
 
 @pytest.mark.parametrize("arch", ["topk", "batchtopk", "matryoshka", "matryoshka_batch"])

@@ -35,7 +35,7 @@ NAME_PREFIX = {
     "lr_warmup_steps": "warm", "lr_decay_fraction": "decay", "l1_coefficient": "l1c",
     "l0_coefficient": "l0c", "jumprelu_init_threshold": "thr", "jumprelu_bandwidth": "bw",
     "auxk_coefficient": "auxk", "auxk_k": "auxkk", "dead_after_samples": "dead",
-    "model_layer": "L", "model_site": "",
+    "model_layer": "L", "model_site": "", "matryoshka_inner_weight": "iw",
 }
 SWEEPABLE = tuple(NAME_PREFIX)
 
@@ -45,7 +45,7 @@ USED_BY = {
     "k": TOPK_FAMILY, "auxk_coefficient": TOPK_FAMILY, "auxk_k": TOPK_FAMILY,
     "l1_coefficient": ("standard",),
     "l0_coefficient": ("jumprelu",), "jumprelu_init_threshold": ("jumprelu",),
-    "jumprelu_bandwidth": ("jumprelu",),
+    "jumprelu_bandwidth": ("jumprelu",), "matryoshka_inner_weight": ("matryoshka",),
 }
 MODEL_ONLY = ("model_layer", "model_site")  # read by the model source only (one forward pass hooks every one swept)
 MAX_NAME = 100

@@ -100,6 +100,7 @@ class SparseAutoencoder(PairedRows, nn.Module):
         jumprelu_bandwidth: float = 0.001,
         matryoshka_widths: tuple[int, ...] | None = None,
         matryoshka_selection: str = "sample",
+        matryoshka_inner_weight: float = 1.0,
         transcoder: bool = False,
         skip: bool = False,
         seed: int | None = None,
@@ -120,6 +121,7 @@ class SparseAutoencoder(PairedRows, nn.Module):
             if widths[-1] != d_sae or any(b <= a for a, b in zip(widths, widths[1:])) or widths[0] < 1:
                 raise ValueError(f"matryoshka widths {widths} must increase to d_sae = {d_sae}")
             self.matryoshka_widths = widths
+            self.matryoshka_inner_weight = matryoshka_inner_weight
 
         # Salted: the synthetic source draws its planted dictionary as randn(features, d_in) from
         # Generator(seed), so an unsalted init of the same seed would start at the truth.
@@ -241,14 +243,15 @@ class SparseAutoencoder(PairedRows, nn.Module):
     def _prefix_mse(self, enc, goal: Tensor) -> Tensor:
         """Matryoshka: the summed squared errors of each inner prefix's reconstruction alone (the
         whole dictionary's is the plain `mse`), against `goal`, what the latents must add to b_dec
-        (and a skip path) to reach the target. Each is the same sparse decode with the latents past
-        the prefix given weight 0: k rows gathered per sample a level, no dense pass."""
+        (and a skip path) to reach the target, times `matryoshka_inner_weight`. Each is the same
+        sparse decode with the latents past the prefix given weight 0: k rows gathered per sample a
+        level, no dense pass."""
         total = goal.new_zeros(())
         latent = enc.pattern.col
         for width in self.matryoshka_widths[:-1]:
             inner = sparse_decode(enc.acts * (latent < width).to(enc.acts.dtype), self.W_dec, enc.pattern)
             total = total + (inner - goal).pow(2).sum(-1).mean()
-        return total
+        return self.matryoshka_inner_weight * total
 
     @torch.no_grad()
     def _update_threshold(self, kept: Tensor) -> None:

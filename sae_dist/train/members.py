@@ -106,7 +106,9 @@ def build_sae(cfg: TrainConfig, device) -> SparseAutoencoder:
         auxk_k=cfg.resolved_auxk_k, jumprelu_init_threshold=cfg.jumprelu_init_threshold,
         jumprelu_bandwidth=cfg.jumprelu_bandwidth, seed=cfg.seed, device=device,
         matryoshka_widths=cfg.resolved_matryoshka_widths if cfg.architecture == "matryoshka" else None,
-        matryoshka_selection=cfg.matryoshka_selection or "sample", transcoder=cfg.transcode is not None,
+        matryoshka_selection=cfg.matryoshka_selection or "sample",
+        matryoshka_inner_weight=1.0 if cfg.matryoshka_inner_weight is None else cfg.matryoshka_inner_weight,
+        transcoder=cfg.transcode is not None,
         skip=cfg.skip)
 
 
