@@ -72,6 +72,27 @@ def train_and_evaluate(out: Path, kind: str) -> dict:
     return json.loads(result.read_text())
 
 
+def linear_baseline(out: Path) -> float:
+    """FVU on the held-out rows of the least-squares linear map from mlp_in to mlp_out (with an
+    intercept) fitted on the training rows: what a transcoder's latents add to must beat it."""
+    import torch
+    from safetensors.torch import load_file
+
+    from sae_dist.data.shard_format import read_layout
+
+    layout = read_layout(out / "data" / "pairs")
+    rows = torch.cat([next(iter(load_file(str(f)).values())) for f in layout.files]).double()
+    train, held = rows[:TRAIN_ROWS], rows[-HELDOUT:]
+    d = rows.shape[1] // 2
+
+    def with_one(x):
+        return torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], 1)
+
+    weight = torch.linalg.lstsq(with_one(train[:, :d]), train[:, d:]).solution
+    y = held[:, d:]
+    return float((y - with_one(held[:, :d]) @ weight).pow(2).sum() / (y - y.mean(0)).pow(2).sum())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path)
@@ -88,6 +109,7 @@ def main() -> int:
         cosine = (f"{check['spliced_cosine']:.3f} ({check['ablated_cosine']:.3f})"
                   if check.get("kind") == "sentence_cosine" else "—")
         print(f"| {kind} | {ev['fvu']:.4f} | {ev['l0']:.1f} | {ev['dead_fraction']:.1%} | {cosine} |")
+    print(f"| linear map from mlp_in (least squares, no latents) | {linear_baseline(ns.out):.4f} | — | — | — |")
     sae, plain, skip = (results[k] for k in KINDS)
     same_l0 = abs(plain["l0"] - sae["l0"]) <= 0.1 * sae["l0"]
     print(f"goal: the transcoder's FVU below the SAE's at the same L0 (within 10%): "
