@@ -34,7 +34,7 @@ from sae_dist.contract import (
 from sae_dist.contract.sweep_argv import SWEEP_KEY, stored_job_flags
 from sae_dist.db import get_engine
 from sae_dist.db.schema import PREEMPTED
-from sae_dist.paths import state_home
+from sae_dist.paths import safe_name, state_home
 from scheduler import cgroups, procs, proctrack
 from scheduler.devices import VIRTUAL_PREFIX, usable_cores, virtual_count, virtual_device_threads
 from scheduler.final_state import FinalState, record_until_stored
@@ -111,35 +111,66 @@ def job_cwd(job) -> str:
 
 def job_argv(job, devices: list[str], resume_from: str | None = None) -> list[str]:
     """The job's command; a training that ran before (requeued) and left a checkpoint in
-    `resume_from`, its run directory, goes on from it."""
+    `resume_from`, its run directory, goes on from it. A training the database will not record
+    (db = false) and that names no directory is given one (`unrecorded_run_dirs`), so that a
+    requeue finds it."""
     if job.kind == "train":  # its config was validated at submit: the stored dict is trusted
         devices_flag = device_channels(devices, _device_kind(devices))[1]
-        resume = ["--out-dir", resume_from, "--resume"] if resume_from else []
-        return [sys.executable, "-m", "sae_dist", "train",
-                *stored_job_flags(json.loads(job.train_config_json), devices_flag), *resume]
+        config = json.loads(job.train_config_json)
+        if resume_from:
+            where = ["--out-dir", resume_from, "--resume"]
+        else:
+            where = ["--out-dir", unrecorded_run_dirs(job)[0]] if _unnamed_unrecorded(config) else []
+        return [sys.executable, "-m", "sae_dist", "train", *stored_job_flags(config, devices_flag), *where]
     return json.loads(job.argv_json)
 
 
+def _unnamed_unrecorded(config: dict) -> bool:
+    return config.get("db") is False and not config.get("out_dir") and not config.get("name")
+
+
+def unrecorded_run_dirs(job) -> list[str]:
+    """The run directories a training the database does not record and that names none gets:
+    runs/job-<id> for its first run, runs/job-<id>-<n> for its n-th requeue that had no checkpoint
+    to go on from (its first directory is then taken), newest first."""
+    base = state_home() / "runs" / f"job-{job.id}"
+    return [str(base.with_name(f"{base.name}-{n}")) for n in range(job.requeue_count or 0, 0, -1)] + [str(base)]
+
+
 def checkpointed_run_dir(engine, job) -> str | None:
-    """A requeued training's run directory when its earlier run left a checkpoint there (the
-    trainer records each run, or sweep, with the job that ran it), else None."""
+    """A requeued training's run directory when its earlier run left a checkpoint there, else None.
+    The trainer records each run, or sweep, with the job that ran it; a run it does not record
+    (db = false) is where its settings put it, or where `job_argv` put it."""
     if job.kind != "train" or not job.requeue_count:
         return None
+    from sae_dist.train.checkpoint import latest_checkpoint
+
+    config = json.loads(job.train_config_json)
+    if config.get("db") is False:
+        if config.get("out_dir"):  # as the trainer reads it, from where the job runs
+            named = str(Path(job.workdir, Path(config["out_dir"]).expanduser()))
+        else:
+            named = str(state_home() / "runs" / safe_name(config["name"])) if config.get("name") else None
+        candidates = [named] if named else unrecorded_run_dirs(job)
+    else:
+        candidates = [_recorded_run_dir(engine, job, config)]
+    return next((d for d in candidates if d and latest_checkpoint(Path(d)) is not None), None)
+
+
+def _recorded_run_dir(engine, job, config: dict) -> str | None:
     from sqlalchemy import select
 
     from sae_dist.db.schema import Sweep, TrainingRun
-    from sae_dist.train.checkpoint import latest_checkpoint
 
-    table = Sweep if SWEEP_KEY in json.loads(job.train_config_json) else TrainingRun
+    table = Sweep if SWEEP_KEY in config else TrainingRun
     try:
         with engine.connect() as conn:
-            run_dir = conn.execute(select(table.run_dir).where(table.job_id == job.id)
-                                   .order_by(table.id.desc()).limit(1)).scalar()
+            return conn.execute(select(table.run_dir).where(table.job_id == job.id)
+                                .order_by(table.id.desc()).limit(1)).scalar()
     except Exception as e:
         if storage_problem(e) is None:
             raise
         return None  # unreadable now: it starts afresh, and says so if its run directory is taken
-    return run_dir if run_dir and latest_checkpoint(Path(run_dir)) is not None else None
 
 
 def _device_kind(devices: list[str]) -> str:

@@ -14,6 +14,7 @@ import pytest
 
 from conftest import LENGTH_FREE_SCHEDULE, kill_running_jobs, main_here, run_cli, start_daemon, stop_process, wait_for
 from sae_dist.db import get_engine
+from sae_dist.paths import state_home
 from scheduler.store import get_job
 from test_train import final_weights
 
@@ -90,11 +91,15 @@ def test_a_higher_priority_job_preempts_a_command_which_is_requeued(daemon, tmp_
     assert "PREEMPTED" not in cli("acct", "-j", str(victim)).stdout  # SLURM's sacct too: only with -D
 
 
-def test_a_preempted_training_resumes_and_ends_as_an_uninterrupted_one(daemon, tmp_path):
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "db-false-unnamed"])
+def test_a_preempted_training_resumes_and_ends_as_an_uninterrupted_one(daemon, tmp_path, recorded):
     """Rank 0 waits after step 4 until a signal comes (SAE_DIST_TEST_PAUSE_RANK_AT), so the
-    preemption always lands mid-run; the stop then checkpoints at that step's report."""
+    preemption always lands mid-run; the stop then checkpoints at that step's report. A run the
+    database does not record, with no name or directory of its own, is found again too: the
+    supervisor gave it runs/job-<id>."""
     engine = daemon
-    settings = {"name": "preempted", "d_in": 32, "d_sae": 128, "k": 8, "synthetic_features": 96,
+    named = {"name": "preempted"} if recorded else {"db": False}
+    settings = {**named, "d_in": 32, "d_sae": 128, "k": 8, "synthetic_features": 96,
                 "batch_size": 64, "steps": 12, "log_every": 2, "checkpoint_every": 0}
     flags = ["--d-in", "32", "--d-sae", "128", "--k", "8", "--synthetic-features", "96", "--batch-size", "64",
              "--steps", "12", "--log-every", "2", "--checkpoint-every", "0", *LENGTH_FREE_SCHEDULE]
@@ -105,7 +110,8 @@ def test_a_preempted_training_resumes_and_ends_as_an_uninterrupted_one(daemon, t
     victim = submit("--train", str(toml), "--preemptible", "--grace-time", "120",
                     "--env", "SAE_DIST_TEST_PAUSE_RANK_AT=0:4")
     wait_for(lambda: "step      2/12" in _log(get_job(engine, victim)), 300, "the training's first report")
-    run_dir = Path(_run_dir(engine, victim))
+    run_dir = Path(_run_dir(engine, victim) if recorded else state_home() / "runs" / f"job-{victim}")
+    assert run_dir.is_dir(), run_dir
     urgent = submit("--priority", "10", "--gpus", "1", "--", sys.executable, "-c", "print('urgent')")
     wait_for(lambda: get_job(engine, urgent).state == "COMPLETED", 180, "the urgent job to run")
     wait_for(lambda: get_job(engine, victim).state in ("COMPLETED", "FAILED"), 300, "the training to end")
@@ -135,3 +141,33 @@ def _log(job) -> str:
     return Path(job.stdout_path).read_text() if job.stdout_path and Path(job.stdout_path).exists() else ""
 
 
+
+
+def test_an_unrecorded_training_gets_a_directory_a_requeue_finds(tmp_path, monkeypatch):
+    """db = false and no name or out_dir: the first run writes runs/job-<id>; a requeue goes on
+    from the newest of its directories that holds a checkpoint, or starts in a new one."""
+    from types import SimpleNamespace
+
+    from scheduler.supervisor import checkpointed_run_dir, job_argv, unrecorded_run_dirs
+
+    monkeypatch.setenv("SAE_DIST_HOME", str(tmp_path))
+    config = json.dumps({"db": False, "steps": 5})
+    first = SimpleNamespace(id=7, kind="train", train_config_json=config, requeue_count=0, workdir=str(tmp_path))
+    runs = tmp_path / "runs"
+    assert job_argv(first, ["virtual-0"])[-2:] == ["--out-dir", str(runs / "job-7")]
+    again = SimpleNamespace(**{**vars(first), "requeue_count": 2})
+    assert unrecorded_run_dirs(again) == [str(runs / "job-7-2"), str(runs / "job-7-1"), str(runs / "job-7")]
+    assert checkpointed_run_dir(None, again) is None  # no checkpoint anywhere: a new directory
+    assert job_argv(again, ["virtual-0"])[-2:] == ["--out-dir", str(runs / "job-7-2")]
+    (runs / "job-7" / "checkpoints" / "step_00000004").mkdir(parents=True)
+    (runs / "job-7" / "checkpoints" / "step_00000004" / "trainer_state.pt").write_text("")
+    found = checkpointed_run_dir(None, again)
+    assert found == str(runs / "job-7"), found
+    assert job_argv(again, ["virtual-0"], found)[-3:] == ["--out-dir", str(runs / "job-7"), "--resume"]
+    # Named, or with its own out_dir (relative to where it runs), it is where its settings say.
+    named = SimpleNamespace(**{**vars(again), "train_config_json": json.dumps({"db": False, "out_dir": "mine"})})
+    (tmp_path / "mine" / "checkpoints" / "step_00000002").mkdir(parents=True)
+    (tmp_path / "mine" / "checkpoints" / "step_00000002" / "trainer_state.pt").write_text("")
+    assert checkpointed_run_dir(None, named) == str(tmp_path / "mine")
+    fresh = SimpleNamespace(**{**vars(named), "requeue_count": 0})
+    assert "--out-dir" not in job_argv(fresh, ["virtual-0"])  # only its own --out-dir=mine
