@@ -55,6 +55,7 @@ FORM_DEFAULTS = {
     "tr_checkpoint_every": DEFAULT["checkpoint_every"], "tr_balance": DEFAULT["balance"],
     "tr_rebalance": DEFAULT["rebalance"], "tr_on_rank_loss": DEFAULT["on_rank_loss"],
     "tr_name": "", "tr_priority": 0, "tr_time": "", "tr_matryoshka_widths": "", "tr_matryoshka_selection": "sample",
+    "tr_matryoshka_inner_weight": 1.0,
     "tr_skip": DEFAULT["skip"],
     "tr_auto": True,  # preselect the recommended devices until the user ticks one
     "tr_sweep": False, "tr_sw_architecture": [], "tr_sw_k": "", "tr_sw_expansion_factor": "", "tr_sw_lr": "",
@@ -217,14 +218,18 @@ def draw_device_rows(table: list[dict], widths: list[float]) -> list[str]:
     return selected
 
 
-def draw_matryoshka_fields() -> tuple[str, str]:
-    """Matryoshka's own fields: the prefixes' widths (blank: the default) and how latents are chosen."""
+def draw_matryoshka_fields() -> tuple[str, str, float]:
+    """Matryoshka's own fields: the prefixes' widths (blank: the default), how latents are chosen,
+    and the inner prefixes' loss weight."""
     error_slot("matryoshka_widths")
     widths = st.text_input("Prefix widths", key="tr_matryoshka_widths", placeholder="default",
                            help=HELP["matryoshka_widths"])
     selection = st.segmented_control("Latents chosen per", MATRYOSHKA_SELECTIONS, required=True,
                                      key="tr_matryoshka_selection", help=HELP["matryoshka_selection"])
-    return widths, selection
+    error_slot("matryoshka_inner_weight")
+    inner = st.number_input("Inner prefixes' weight", min_value=0.0, step=0.25, key="tr_matryoshka_inner_weight",
+                            help=HELP["matryoshka_inner_weight"])
+    return widths, selection, inner
 
 
 def draw_form() -> dict:
@@ -262,7 +267,8 @@ def draw_form() -> dict:
             error_slot("l0_coefficient")
             l0 = st.number_input("L0 coefficient", key="tr_l0", step=0.005, format="%.4f",
                                  help=HELP["l0_coefficient"])
-        prefix_widths, selection = draw_matryoshka_fields() if architecture == "matryoshka" else (None, None)
+        prefix_widths, selection, inner_weight = (draw_matryoshka_fields() if architecture == "matryoshka"
+                                                  else (None, None, None))
         error_slot("precision")
         precision = st.segmented_control("Precision", PRECISIONS, key="tr_precision", required=True,
                                          help=HELP["precision"])
@@ -299,6 +305,7 @@ def draw_form() -> dict:
               "expansion_factor": expansion if width_by != "d_sae" else None,
               "k": k if architecture in TOPK_FAMILY else None,
               "matryoshka_widths": prefix_widths, "matryoshka_selection": selection,
+              "matryoshka_inner_weight": inner_weight,
               "l1_coefficient": l1 if architecture == "standard" else None,
               "l0_coefficient": l0 if architecture not in (*TOPK_FAMILY, "standard") else None}
     return {"fields": fields, "sweep_texts": sweep_texts, "swept_architectures": swept_archs,

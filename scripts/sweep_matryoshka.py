@@ -13,8 +13,8 @@ their groups, and no point starts after `--budget` seconds, so the sweep fits a 
     .venv/bin/python scripts/sweep_matryoshka.py --out /tmp/msweep --truth   # the planted truth's own FVU
 
 Groups: budget (TopK and the default at 1x, 4x, 8x, 16x one pass), widths, lr, auxk, weight (the
-inner prefixes' loss weight), select, seed, h2. Results append to OUT/results.jsonl; a rerun skips
-the points already there.
+inner prefixes' loss weight), select, seed, alone (h1 whose parents fire alone 30% of the time),
+h2. Results append to OUT/results.jsonl; a rerun skips the points already there.
 """
 
 from __future__ import annotations
@@ -72,6 +72,9 @@ POINTS = [
     Point("select", "batch-4x", flags=mat(matryoshka_selection="batch"), passes=4),
     *[Point("seed", f"matryoshka-seed{s}", flags=mat(), seed=s) for s in (1, 2)],
     *[Point("seed", f"topk-seed{s}", seed=s) for s in (1, 2)],
+    # h1 with parents that fire alone 30% of the time: hedging is then not the inner prefix's optimum
+    Point("alone", "topk-child0.7", flags={"synthetic_child_prob": 0.7}),
+    Point("alone", "matryoshka-child0.7", flags=mat(synthetic_child_prob=0.7)),
     Point("h2", "topk", data="h2"), Point("h2", "matryoshka", data="h2", flags=mat()),
     Point("h2", "matryoshka-4x", data="h2", flags=mat(), passes=4),
 ]
@@ -89,14 +92,14 @@ def argv(point: Point, out: Path, device: str) -> list[str]:
     return [sys.executable, "-m", "sae_dist", "train", "--no-db", "--devices", f"{device}:1", *flags]
 
 
-def run_point(point: Point, out: Path, device: str) -> dict:
+def run_point(point: Point, out: Path, device: str, threads: int = 1) -> dict:
     run_dir = out / "runs" / point.data / point.name
     log = out / "logs" / f"{point.data}-{point.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with log.open("w") as f:
         done = subprocess.run(argv(point, run_dir, device), cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                              env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")})
+                              env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads))})
     row = {"key": point.key, "group": point.group, "data": point.data, "name": point.name, "passes": point.passes,
            "seed": point.seed, "flags": point.flags, "device": device, "seconds": round(time.monotonic() - started, 1)}
     if done.returncode != 0:
@@ -164,12 +167,15 @@ def main() -> int:
         return 0
     seen = {r["key"] for r in done if "error" not in r}
     todo = [pt for g in wanted for pt in POINTS if pt.group == g and pt.key not in seen]
+    # The cores shared out: spinning OpenMP threads of runs side by side that oversubscribe the
+    # cores made each several times slower (docs/testing.md saw the same in the tests).
+    threads = max(1, (os.cpu_count() or 1) // ns.parallel)
     deadline = time.monotonic() + ns.budget
     with ThreadPoolExecutor(ns.parallel) as pool, results_path.open("a") as results:
         running = set()
         while todo or running:
             while todo and len(running) < ns.parallel and time.monotonic() < deadline:
-                running.add(pool.submit(run_point, todo.pop(0), ns.out, ns.device))
+                running.add(pool.submit(run_point, todo.pop(0), ns.out, ns.device, threads))
             if not running:
                 break
             finished, running = wait(running, return_when=FIRST_COMPLETED)

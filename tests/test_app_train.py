@@ -386,6 +386,10 @@ def test_matryoshka_shows_its_prefix_widths_checked_above_the_field():
     assert selection.value == "sample" and list(selection.options) == ["sample", "batch"]
     selection.set_value("batch").run()
     assert not at.exception and not field_errors(at)
+    weight = at.number_input(key="tr_matryoshka_inner_weight")
+    assert weight.value == 1.0  # the paper's, the default: not written into the job's settings
+    weight.set_value(0.5).run()
+    assert not at.exception and not field_errors(at) and not at.button(key="tr_submit").disabled
 
 
 @pytest.mark.slow  # 1 s or more (AppTest runs of the page)

@@ -60,6 +60,14 @@ def test_the_form_s_fields_make_the_trainer_s_config():
         (512, "standard", 0.5, 3e-4, "run-a")
 
 
+def test_matryoshka_s_inner_weight_is_set_only_off_its_default():
+    mat = {**FIELDS, "architecture": "matryoshka", "matryoshka_inner_weight": 1.0}
+    config, *_ = train_form.form_config(mat, None, [])
+    assert config.matryoshka_inner_weight is None  # the default, left unset as the CLI leaves it
+    config, *_ = train_form.form_config({**mat, "matryoshka_inner_weight": 0.5}, None, [])
+    assert config.matryoshka_inner_weight == 0.5
+
+
 def test_each_bad_field_has_its_message_under_it():
     _, _, _, errors = train_form.form_config({**FIELDS, "lr_text": "fast"}, None, [])
     assert errors == {"lr": "'fast' is not a number; write e.g. 2e-4, or leave it blank for the default"}

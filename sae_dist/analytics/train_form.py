@@ -225,6 +225,9 @@ def form_config(fields: dict[str, Any], sweep_texts: dict[str, str] | None,
         values["matryoshka_widths"] = widths_text
     if fields["architecture"] == "matryoshka" and fields.get("matryoshka_selection"):
         values["matryoshka_selection"] = fields["matryoshka_selection"]
+    inner = fields.get("matryoshka_inner_weight")
+    if fields["architecture"] == "matryoshka" and inner is not None and inner != 1.0:  # 1: the default, unset
+        values["matryoshka_inner_weight"] = float(inner)
     lr_text = fields.get("lr_text", "").strip()
     if lr_text:
         try:
