@@ -14,7 +14,7 @@ held-out rows (the shards' tail, which no trainer saw), and the table and the go
 
     .venv/bin/python scripts/bench_quality.py --out quality/ --peers ../shared/peers
     .venv/bin/python scripts/bench_quality.py --out quality/ --sets q1 --trainers sae-dist
-    .venv/bin/python scripts/bench_quality.py --out quality/ --sets h1,h2 --trainers sae-dist,sae-dist-matryoshka
+    .venv/bin/python scripts/bench_quality.py --out quality/ --sets h1,h2,h3 --trainers sae-dist,sae-dist-matryoshka
 
 Peers' environments: `PEERS_VENV_DIR` (default /tmp/sae-peers), made by the peers' setup.sh.
 Finished SAEs are kept under OUT and reused, so an interrupted run continues.
@@ -80,6 +80,8 @@ SETS = [
             magnitude_sigma=0.5),
     DataSet("h2", d_in=128, features=2048, active=6, power_law=1.0, d_sae=2048, k=12, children=7, child_prob=0.7,
             magnitude_sigma=0.75),
+    DataSet("h3", d_in=256, features=2048, active=8, power_law=0.5, d_sae=4096, k=16, children=3, child_prob=0.7,
+            magnitude_sigma=0.5),  # h1 whose parents fire alone 30% of the time
     DataSet("minilm", d_sae=3072, k=32),
 ]
 
