@@ -15,7 +15,7 @@ from sae_dist.analytics import devices as dev
 from sae_dist.analytics import queries
 from sae_dist.analytics.tables import runs_table
 from sae_dist.errors import UserError
-from scheduler import status
+from scheduler import device_view, status
 from scheduler.store import JobNotFound, count_jobs, get_job
 from scheduler.submit import submit_demo
 from webui.sidebar import APP_ROOT, REFRESH_SECONDS, page_frame
@@ -76,7 +76,7 @@ elif demo is None and count_jobs(engine) == 0 and not queries.list_runs(engine, 
 def machine_overview() -> None:
     now = datetime.now(timezone.utc)
     devices, states, _ = status.devices_now(engine)
-    rows = status.device_rows(devices, states, status.latest_samples(engine), status.device_sharers(engine))
+    rows = status.device_rows(devices, states, status.latest_samples(engine), device_view.device_sharers(engine))
     st.subheader("Devices", anchor=False)
     if any(r["virtual"] for r in rows):
         st.caption("No NVIDIA GPU in use here: these are virtual devices, each one CPU-backed "

@@ -32,7 +32,7 @@ from sae_dist.data.shard_format import input_width, read_layout, shard_pair  # t
 from sae_dist.defaults import describe_resolved
 from sae_dist.errors import UserError
 from sae_dist.paths import default_run_name, run_dir_for
-from scheduler import status
+from scheduler import device_view, status
 from scheduler.recommend import recommend
 from scheduler.spec import MAX_PRIORITY, JobSpec, parse_time_limit
 from scheduler.submit import submit_spec
@@ -66,7 +66,7 @@ try:
 except UserError as error:
     st.error(str(error), title="The devices cannot be read")
     st.stop()
-rows = status.device_rows(devices, states, status.latest_samples(engine), status.device_sharers(engine))
+rows = status.device_rows(devices, states, status.latest_samples(engine), device_view.device_sharers(engine))
 all_virtual = bool(rows) and all(r["virtual"] for r in rows)
 if st.session_state.pop("tr_clear_name", False):  # a name is for one run: free it after a submit
     st.session_state["tr_name"] = ""

@@ -77,10 +77,11 @@ def device_table() -> list[DeviceRow]:
     return [DeviceRow(r[0], r[1], r[2], bool(r[3]), bool(r[4]), *r[5:]) for r in rows]
 
 
-def device_sharers() -> dict[str, list[dict]]:
+def device_sharers(engine=None) -> dict[str, list[dict]]:
     """Each shared device's shared jobs as the daemon last saw them (`sharers_json`: job,
-    declared and measured memory, whether it uses more than it declared), by uuid."""
-    rows = query('SELECT "uuid", "sharers_json" FROM "devices" WHERE "sharers_json" IS NOT NULL', {})
+    declared and measured memory, whether it uses more than it declared), by uuid; through
+    `engine` where one is open (the app's pages)."""
+    rows = query('SELECT "uuid", "sharers_json" FROM "devices" WHERE "sharers_json" IS NOT NULL', {}, engine)
     return {uuid: json.loads(text) for uuid, text in rows}
 
 

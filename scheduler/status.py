@@ -66,18 +66,6 @@ def latest_samples(engine: Engine, now: float | None = None,
             if r["time"] is not None and _ts(r["time"]) > now - max_age_s}
 
 
-def device_sharers(engine: Engine) -> dict[str, list[dict[str, Any]]]:
-    """Each shared device's `submit --shared` jobs as the daemon last saw them, by uuid (see
-    scheduler.sharing.sharers)."""
-    import json
-
-    from sae_dist.db.schema import Device
-
-    with engine.connect() as conn:
-        rows = conn.execute(select(Device.uuid, Device.sharers_json).where(Device.sharers_json.is_not(None)))
-        return {uuid: json.loads(text) for uuid, text in rows}
-
-
 def device_rows(devices: list[DeviceInfo], states: dict[str, DeviceState],
                 samples: dict[str, dict[str, Any]],
                 sharers: dict[str, list[dict]] | None = None) -> list[dict[str, Any]]:
