@@ -73,10 +73,16 @@ def default_run_name(cfg: TrainConfig, saes: int | None = None, now: datetime | 
 
 
 def run_dir_for(cfg: TrainConfig) -> tuple[str, Path]:
-    """(run name, run directory) of a config: --out-dir, else the state home's runs/<name>
-    (sae_dist.train.checkpoint.check_run_dir also checks that the directory fits)."""
+    """(run name, run directory) of a config (sae_dist.train.checkpoint.check_run_dir also checks
+    that the directory fits)."""
     name = cfg.name or default_run_name(cfg)
-    return name, Path(cfg.out_dir).expanduser() if cfg.out_dir else state_home() / "runs" / safe_name(name)
+    return name, run_dir_of(name, cfg.out_dir)
+
+
+def run_dir_of(name: str | None, out_dir: str | None) -> Path:
+    """Where a run writes: its --out-dir (relative to where it runs), else the state home's
+    runs/<name>."""
+    return Path(out_dir).expanduser() if out_dir else state_home() / "runs" / safe_name(name)
 
 
 # ---- the state database, without SQLAlchemy ----

@@ -34,7 +34,7 @@ from sae_dist.contract import (
 from sae_dist.contract.sweep_argv import SWEEP_KEY, stored_job_flags
 from sae_dist.db import get_engine
 from sae_dist.db.schema import PREEMPTED
-from sae_dist.paths import safe_name, state_home
+from sae_dist.paths import run_dir_of, state_home
 from scheduler import cgroups, procs, proctrack
 from scheduler.devices import VIRTUAL_PREFIX, usable_cores, virtual_count, virtual_device_threads
 from scheduler.final_state import FinalState, record_until_stored
@@ -146,14 +146,12 @@ def checkpointed_run_dir(engine, job) -> str | None:
     from sae_dist.train.checkpoint import latest_checkpoint
 
     config = json.loads(job.train_config_json)
-    if config.get("db") is False:
-        if config.get("out_dir"):  # as the trainer reads it, from where the job runs
-            named = str(Path(job.workdir, Path(config["out_dir"]).expanduser()))
-        else:
-            named = str(state_home() / "runs" / safe_name(config["name"])) if config.get("name") else None
-        candidates = [named] if named else unrecorded_run_dirs(job)
-    else:
+    if config.get("db") is not False:
         candidates = [_recorded_run_dir(engine, job, config)]
+    elif _unnamed_unrecorded(config):
+        candidates = unrecorded_run_dirs(job)
+    else:  # where its settings put it, as the trainer reads them from where the job runs
+        candidates = [str(Path(job.workdir, run_dir_of(config.get("name"), config.get("out_dir"))))]
     return next((d for d in candidates if d and latest_checkpoint(Path(d)) is not None), None)
 
 
