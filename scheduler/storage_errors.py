@@ -58,11 +58,10 @@ def storage_problem(error: BaseException, busy_timeout_s: float | None = None, f
 
 def _sqlite_problem(message: str, busy_timeout_s: float | None, ran_s: float | None = None) -> str:
     text = message.lower()
-    if ("locked" in text or "busy" in text) and busy_timeout_s is not None and ran_s is not None \
-            and ran_s < busy_timeout_s:
-        return (f"it is locked by another process (SQLite gave up after {ran_s:.1f} s, before its "
-                f"{busy_timeout_s:g} s busy timeout: SQLite's {message!r}); try again")
     if "locked" in text or "busy" in text:
+        if busy_timeout_s is not None and ran_s is not None and ran_s < busy_timeout_s:
+            return (f"it is locked by another process (SQLite gave up after {ran_s:.1f} s, before its "
+                    f"{busy_timeout_s:g} s busy timeout: SQLite's {message!r}); try again")
         waited = f"waited {busy_timeout_s:g} s; " if busy_timeout_s is not None else ""
         return (f"it is locked by another process ({waited}SAE_DIST_DB_BUSY_TIMEOUT_S sets how long "
                 "to wait); try again when that process is done")
