@@ -8,6 +8,8 @@ import sys
 from conftest import REPO
 
 SLEEPER = "import time\n\ndef test_quick():\n    pass\n\ndef test_sleeps():\n    time.sleep(0.6)\n"
+SLOW_SETUP = ("import time, pytest\n\n@pytest.fixture\ndef slow():\n    time.sleep(0.6)\n\n"
+              "def test_slow_fixture(slow):\n    pass\n")
 
 
 def run_sleeper(tmp_path, strict: bool, workers: bool = False) -> subprocess.CompletedProcess:
@@ -27,6 +29,14 @@ def test_a_test_over_the_limit_is_named_with_the_load_and_passes(tmp_path):
         assert "tests over the time limit" in result.stdout, result.stdout
         assert "test_sleeps (call) took" in result.stdout and "over the 0.3 s one test may take" in result.stdout
         assert "load average" in result.stdout and "test_quick" not in result.stdout.split("over the time limit")[-1]
+
+
+def test_a_slow_setup_is_named_too(tmp_path):
+    (tmp_path / "test_setup.py").write_text(SLOW_SETUP)
+    for workers in (False, True):
+        result = run_sleeper(tmp_path, strict=False, workers=workers)
+        assert result.returncode == 0, result.stdout
+        assert "test_slow_fixture (setup) took" in result.stdout, result.stdout
 
 
 def test_strict_fails_a_test_over_the_limit(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 
 TEST_TIME_LIMIT_S = float(os.environ.get("SAE_DIST_TEST_TIME_LIMIT_S", "120"))
 STRICT = os.environ.get("SAE_DIST_TEST_TIME_STRICT") == "1"
-_slow: list[str] = []
+SECTION = "over the time limit"  # the report's section that names a slow test (workers' reports carry it)
 
 
 def _over(item, call) -> str:
@@ -31,20 +31,21 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if report.passed and call.duration > TEST_TIME_LIMIT_S:
-        _slow.append(_over(item, call))
-        report.sections.append(("over the time limit", _slow[-1]))
+        report.sections.append((SECTION, _over(item, call)))
         if STRICT:
             report.outcome = "failed"
-            report.longrepr = _slow[-1]
+            report.longrepr = report.sections[-1][1]
 
 
 def pytest_terminal_summary(terminalreporter):
-    # With xdist the workers' reports reach the controller: their sections say which were slow.
-    slow = list(_slow) if not hasattr(terminalreporter.config, "workerinput") else []
-    for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", []):
-        for name, text in getattr(report, "sections", []):
-            if name == "over the time limit" and text not in slow:
-                slow.append(text)
+    # Every report of the run, whatever its category (a passed setup or teardown has none of its
+    # own) and wherever it ran (xdist's workers send theirs with their sections).
+    slow = []
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            for name, text in getattr(report, "sections", None) or []:
+                if name == SECTION and text not in slow:
+                    slow.append(text)
     if slow:
         terminalreporter.section("tests over the time limit")
         for line in slow:
