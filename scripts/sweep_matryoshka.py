@@ -1,7 +1,7 @@
 """Matryoshka's settings on planted hierarchies: what recovers the parents, at what budget.
 
 Each point trains one SAE with the real trainer (`python -m sae_dist train --no-db`, one device)
-on the synthetic source with one of bench_quality's hierarchical sets (h1, h2: the same planted
+on the synthetic source with one of bench_quality's hierarchical sets (h1, h2, h3: the same planted
 data `make-planted` writes for it), and reads the evaluation the run ends with (rows after its
 last sample): FVU, MCC, parents recovered at cos > 0.9, children at > 0.8, dead latents. Points
 run `--parallel` at a time (a GPU is far from full with one of these shapes), in the order of
@@ -13,7 +13,7 @@ their groups, and no point starts after `--budget` seconds, so the sweep fits a 
     .venv/bin/python scripts/sweep_matryoshka.py --out /tmp/msweep --truth   # the planted truth's own FVU
 
 Groups: budget (TopK and the default at 1x, 4x, 8x, 16x one pass), widths, lr, auxk, weight (the
-inner prefixes' loss weight), select, seed, alone (h1 whose parents fire alone 30% of the time),
+inner prefixes' loss weight), select, seed, alone (h3: h1 whose parents fire alone 30% of the time),
 h2. Results append to OUT/results.jsonl; a rerun skips the points already there.
 """
 
@@ -72,9 +72,8 @@ POINTS = [
     Point("select", "batch-4x", flags=mat(matryoshka_selection="batch"), passes=4),
     *[Point("seed", f"matryoshka-seed{s}", flags=mat(), seed=s) for s in (1, 2)],
     *[Point("seed", f"topk-seed{s}", seed=s) for s in (1, 2)],
-    # h1 with parents that fire alone 30% of the time: hedging is then not the inner prefix's optimum
-    Point("alone", "topk-child0.7", flags={"synthetic_child_prob": 0.7}),
-    Point("alone", "matryoshka-child0.7", flags=mat(synthetic_child_prob=0.7)),
+    # h3, h1 whose parents fire alone 30% of the time: hedging is then not the inner prefix's optimum
+    Point("alone", "topk", data="h3"), Point("alone", "matryoshka", data="h3", flags=mat()),
     Point("h2", "topk", data="h2"), Point("h2", "matryoshka", data="h2", flags=mat()),
     Point("h2", "matryoshka-4x", data="h2", flags=mat(), passes=4),
 ]
@@ -159,7 +158,7 @@ def main() -> int:
     ns.out.mkdir(parents=True, exist_ok=True)
     done = [json.loads(line) for line in results_path.read_text().splitlines()] if results_path.exists() else []
     if ns.truth:
-        for data in ("h1", "h2"):
+        for data in (s.name for s in SETS if s.children):
             print(f"{data}: the truth's FVU, each row's {SET[data].k} largest features: {truth_fvu(data):.4f}")
         return 0
     if ns.table:
