@@ -41,9 +41,10 @@ while not os.path.exists(release):
     time.sleep(0.1)
 """
 
-# (declared --mem, MiB held) of the two sharers: the second holds more than it declared. On a GPU
-# a process also holds its CUDA context (about 750 MiB on an H200), which NVML counts as its own.
-SHARERS = {False: ((4096, 1024), (1024, 2048)), True: ((512, 32), (64, 256))}
+# (declared --mem, MiB held) of the two sharers on a GPU and on a virtual device: the second holds
+# more than it declared. On a GPU a process also holds its CUDA context (about 750 MiB on an H200),
+# which NVML counts as its own.
+SHARERS = {"gpu": ((4096, 1024), (1024, 2048)), "virtual": ((512, 32), (64, 256))}
 
 
 def holder(home: Path, mib: int, release: Path, cuda: bool, once: Path | None = None) -> list[str]:
@@ -53,16 +54,17 @@ def holder(home: Path, mib: int, release: Path, cuda: bool, once: Path | None = 
 
 
 def tracking_of(job_id: int) -> str:
-    """How the job's processes are held: its process's cgroup, or that it has none of its own."""
+    """How the job's processes are held, once it runs: its process's cgroup, or that it has none
+    of its own."""
     from scheduler import cgroups
 
-    running = wait_for(lambda: (j := job(job_id)).pid and j, 30, f"job {job_id}'s pid")
+    running = wait_for(lambda: (j := job(job_id)).pid and j, 60, f"job {job_id} to run (its pid)")
     why = cgroups.why_not()
     return f"cgroup {cgroups.cgroup_of(running.pid)}" if why is None else f"no cgroup ({why})"
 
 
 def check_sharing(home: Path, cuda: bool) -> str:
-    (fit_mem, fit_hold), (over_mem, over_hold) = SHARERS[not cuda]
+    (fit_mem, fit_hold), (over_mem, over_hold) = SHARERS["gpu" if cuda else "virtual"]
     release = home / "release-shared"
     fits = submit("--gpus", "1", "--shared", "--mem", f"{fit_mem}M", "-J", "fits",
                   *holder(home, fit_hold, release, cuda))
@@ -97,8 +99,7 @@ def check_preemption(home: Path, cuda: bool) -> str:
     release = home / "release-victim"
     victim = submit("--gpus", "1", "--preemptible", "--grace-time", "5", "-J", "victim",
                     *holder(home, 256, release, cuda, once=home / "victim-ran"))
-    wait_for(lambda: job(victim).state == "RUNNING" and job(victim).pid, 60, f"victim {victim} to run")
-    tracking = tracking_of(victim)
+    tracking = tracking_of(victim)  # once it runs
     asked = time.monotonic()
     urgent = submit("--gpus", "1", "--priority", "10", "-J", "urgent", "--", sys.executable, "-c", "pass")
     wait_for(lambda: job(urgent).state in ("RUNNING", "COMPLETED"), 60, f"urgent job {urgent} to start")
