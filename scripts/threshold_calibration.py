@@ -40,13 +40,13 @@ def first_rows(shards: str, rows: int) -> torch.Tensor:
     return torch.cat(out)
 
 
-def calibrated_threshold(sae, rows: torch.Tensor, k: int) -> float:
+def calibrated_threshold(sae, rows: torch.Tensor, k: float) -> float:
     """The threshold at which the SAE's mean L0 over `rows` is k (pure but for the encode)."""
     open_sae = dataclasses.replace(sae, threshold=torch.zeros_like(sae.threshold))
     x = rows[:, :sae.d_in]  # a transcoder encodes its input half
     acts = open_sae.encode(x).flatten()
     positive = acts[acts > 0]
-    return float(positive.topk(min(k * x.shape[0], positive.numel())).values.min())
+    return float(positive.topk(max(1, min(round(k * x.shape[0]), positive.numel()))).values.min())
 
 
 def main() -> int:
