@@ -10,7 +10,7 @@ their groups, and no point starts after `--budget` seconds, so the sweep fits a 
     .venv/bin/python scripts/sweep_matryoshka.py --out /tmp/msweep --device cpu --groups budget
     python3 scripts/sweep_matryoshka.py --out $OUT/msweep --device cuda --parallel 6 --budget 300
     .venv/bin/python scripts/sweep_matryoshka.py --out /tmp/msweep --table   # what is done
-    .venv/bin/python scripts/sweep_matryoshka.py --out /tmp/msweep --truth   # the planted truth's own FVU
+    .venv/bin/python scripts/sweep_matryoshka.py --out /tmp/msweep --truth   # the truth's own FVU, two ways
 
 Groups: budget (TopK and the default at 1x, 4x, 8x, 16x one pass), widths, lr, auxk, weight (the
 inner prefixes' loss weight), select, seed, alone (h3: h1 whose parents fire alone 30% of the time),
@@ -111,21 +111,56 @@ def run_point(point: Point, out: Path, device: str, threads: int = 1) -> dict:
             "children_in_parents": rec.get("children_in_parents")}
 
 
-def truth_fvu(data: str, rows: int = 16384) -> float:
-    """FVU of the planted truth itself, kept to each row's k largest features (the SAE's budget),
-    on the rows after one pass: how low an SAE of the set's k could go."""
-    import torch
-
+def planted_source(data: str):
     from sae_dist.config import TrainConfig
     from sae_dist.data.sources.synthetic import SyntheticSource
 
     s = SET[data]
-    source = SyntheticSource(d_in=s.d_in, n_features=s.features, active=s.active, power_law=s.power_law,
-                             noise=TrainConfig().synthetic_noise, seed=0, rank=0, world_size=1, batch_size=1,
-                             children=s.children, child_prob=s.child_prob, magnitude_sigma=s.magnitude_sigma)
+    return SyntheticSource(d_in=s.d_in, n_features=s.features, active=s.active, power_law=s.power_law,
+                           noise=TrainConfig().synthetic_noise, seed=0, rank=0, world_size=1, batch_size=1,
+                           children=s.children, child_prob=s.child_prob, magnitude_sigma=s.magnitude_sigma)
+
+
+def truth_fvu(data: str, rows: int = 16384) -> float:
+    """FVU of the planted truth itself, kept to each row's k largest features (the SAE's budget),
+    on the rows after one pass: an oracle's codes, which no encoder of one layer computes."""
+    import torch
+
+    source, k = planted_source(data), SET[data].k
     x, codes = source.samples(STEPS * 1024, rows), source.codes(STEPS * 1024, rows)
-    keep = torch.zeros_like(codes).scatter_(1, codes.abs().topk(s.k, dim=1).indices, 1.0)
+    keep = torch.zeros_like(codes).scatter_(1, codes.abs().topk(k, dim=1).indices, 1.0)
     return float((x - (codes * keep) @ source.dictionary).pow(2).sum() / (x - x.mean(0)).pow(2).sum())
+
+
+def truth_sae_fvu(data: str, steps: int, rows: int = 16384, lr: float = 1e-3) -> float:
+    """FVU, on the same rows, of our TopK SAE whose decoder is the planted dictionary itself (every
+    feature recovered, held fixed) and whose encoder is trained for `steps` batches of fresh rows
+    (Adam, cosine decay): what an SAE that recovers the truth can reach with its k, the ceiling for
+    any goal that asks for both recovery and FVU."""
+    import torch
+
+    from sae_dist.models.sae import SparseAutoencoder
+
+    source, s = planted_source(data), SET[data]
+    truth = torch.nn.functional.normalize(source.dictionary.float(), dim=1)
+    sae = SparseAutoencoder(s.d_in, truth.shape[0], "topk", k=s.k, seed=0)
+    with torch.no_grad():
+        sae.W_dec.copy_(truth)
+        sae.W_enc.copy_(truth.t())
+    sae.W_dec.requires_grad_(False)
+    opt = torch.optim.Adam([sae.W_enc, sae.b_enc, sae.b_dec], lr=lr)
+    decay = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+    start = STEPS * 1024 + rows  # fresh rows after the judged ones
+    for step in range(steps):
+        x = source.samples(start + step * 1024, 1024)
+        loss = (sae.decode(sae.encode(x)) - x).pow(2).sum(-1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        decay.step()
+    x = source.samples(STEPS * 1024, rows)
+    with torch.no_grad():
+        return float((x - sae.decode(sae.encode(x))).pow(2).sum() / (x - x.mean(0)).pow(2).sum())
 
 
 def table(results: list[dict]) -> str:
@@ -149,6 +184,7 @@ def main() -> int:
     p.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated, of {', '.join(GROUPS)}")
     p.add_argument("--table", action="store_true", help="print the table of what is done, run nothing")
     p.add_argument("--truth", action="store_true", help="print the planted truth's FVU at each set's k, run nothing")
+    p.add_argument("--truth-steps", type=int, default=4096, help="--truth: batches that train the truth's encoder")
     ns = p.parse_args()
     wanted = ns.groups.split(",")
     if unknown := set(wanted) - set(GROUPS):
@@ -159,7 +195,9 @@ def main() -> int:
     done = [json.loads(line) for line in results_path.read_text().splitlines()] if results_path.exists() else []
     if ns.truth:
         for data in (s.name for s in SETS if s.children):
-            print(f"{data}: the truth's FVU, each row's {SET[data].k} largest features: {truth_fvu(data):.4f}")
+            print(f"{data}: the truth's FVU, each row's {SET[data].k} largest features: {truth_fvu(data):.4f}; "
+                  f"a TopK SAE whose decoder is the truth, its encoder trained on {ns.truth_steps} batches: "
+                  f"{truth_sae_fvu(data, ns.truth_steps):.4f}", flush=True)
         return 0
     if ns.table:
         print(table(done))
