@@ -97,19 +97,6 @@ def train_and_evaluate(out: Path, kind: str, passes: int) -> dict:
     return ev
 
 
-def held_out_pairs(out: Path):
-    """The held-out tail of the pair shards: (mlp_in, mlp_out) rows, float32."""
-    import torch
-    from safetensors.torch import load_file
-
-    from sae_dist.data.shard_format import read_layout
-
-    rows = torch.cat([next(iter(load_file(str(f)).values())) for f in read_layout(out / "data" / "pairs").files])
-    held = rows[-HELDOUT:].float()
-    d = held.shape[1] // 2
-    return held[:, :d], held[:, d:]
-
-
 def through_the_mlp(out: Path, sae_dir: Path) -> float:
     """FVU of mlp_out when the layer's MLP reads the SAE's reconstruction of its input instead of
     the input: the SAE's prediction of the MLP's output from what a transcoder reads."""
@@ -117,12 +104,14 @@ def through_the_mlp(out: Path, sae_dir: Path) -> float:
     from transformers import AutoModel
 
     from sae_dist.data.harvest.sites import site_module_path
-    from sae_dist.models.export import load_sae
+    from sae_dist.evaluate.data import heldout_rows
+    from sae_dist.evaluate.load import load_sae
 
     model = AutoModel.from_pretrained(model_dir()).eval()
     # In a BERT block mlp_in is the input of `intermediate`, whose output `output.dense` maps to mlp_out.
     first, second = (model.get_submodule(site_module_path(model.config, site, LAYER)) for site in ("mlp_in", "mlp_out"))
-    x, y = held_out_pairs(out)
+    pairs = heldout_rows(out / "data" / "pairs", HELDOUT)  # the same tokens as mlp_in's tail
+    x, y = pairs.tensor_split(2, dim=1)
     sae = load_sae(sae_dir)
     with torch.no_grad():
         predicted = second(first(sae.decode(sae.encode(x))))
