@@ -119,8 +119,9 @@ class ModelCheck:
 
 class _Splice:
     """A forward hook on the site (a pre-hook for a module's input): passes the output through
-    (mode None), or replaces it at the harvested positions by the SAE's reconstruction ("sae") or by zeros ("zero"). A transcoder's
-    output is its prediction from the input site's rows (`capture_input`'s hook)."""
+    (mode None), or replaces it at the harvested positions by the SAE's reconstruction ("sae")
+    or by zeros ("zero"). A transcoder's output is its prediction from the input site's rows
+    (`capture_input`'s hook)."""
 
     def __init__(self, sae: Any):
         self.sae = sae
