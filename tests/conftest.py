@@ -20,6 +20,20 @@ from sae_dist.contract import THREADS_PER_RANK_ENV  # torch-free
 
 REPO = Path(__file__).resolve().parents[1]
 
+
+def load_script(name: str):
+    """A script of scripts/ as a module (its pure functions tested on plain data); the scripts
+    beside it are importable, as they are when it runs."""
+    import importlib.util
+
+    if str(REPO / "scripts") not in sys.path:
+        sys.path.insert(0, str(REPO / "scripts"))
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, module)
+    spec.loader.exec_module(module)
+    return module
+
 # One torch thread in every process of the tests (this one, before torch is imported, and every
 # process it starts: 1-rank runs in it or in a process of their own, each rank of a multi-rank
 # run). Two xdist workers on two cores, each running torch's OpenMP pool of two threads beside

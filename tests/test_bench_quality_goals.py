@@ -2,21 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+from conftest import load_script
 
-from conftest import REPO
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("bench_quality", REPO / "scripts" / "bench_quality.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_quality", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-Q = load_script()
+Q = load_script("bench_quality")
 HIER = next(s for s in Q.SETS if s.name == "h1")
 FLAT = next(s for s in Q.SETS if s.name == "q1")
 

@@ -2,21 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+from conftest import load_script
 
-from conftest import REPO
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("bench_transcoder", REPO / "scripts" / "bench_transcoder.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_transcoder", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-T = load_script()
+T = load_script("bench_transcoder")
 
 
 def ev(fvu: float, l0: float) -> dict:

