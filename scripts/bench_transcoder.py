@@ -106,6 +106,7 @@ def through_the_mlp(out: Path, sae_dir: Path) -> float:
     from sae_dist.data.harvest.sites import site_module_path
     from sae_dist.evaluate.data import heldout_rows
     from sae_dist.evaluate.load import load_sae
+    from sae_dist.evaluate.metrics import fvu
 
     model = AutoModel.from_pretrained(model_dir()).eval()
     # In a BERT block mlp_in is the input of `intermediate`, whose output `output.dense` maps to mlp_out.
@@ -115,7 +116,7 @@ def through_the_mlp(out: Path, sae_dir: Path) -> float:
     sae = load_sae(sae_dir)
     with torch.no_grad():
         predicted = second(first(sae.decode(sae.encode(x))))
-    return float((y - predicted).pow(2).sum() / (y - y.mean(0)).pow(2).sum())
+    return fvu(y, predicted)
 
 
 def best_transcoder(results: dict[str, dict]) -> str:
@@ -180,6 +181,7 @@ def linear_baseline(out: Path) -> float:
     from safetensors.torch import load_file
 
     from sae_dist.data.shard_format import read_layout
+    from sae_dist.evaluate.metrics import fvu
 
     layout = read_layout(out / "data" / "pairs")
     rows = torch.cat([next(iter(load_file(str(f)).values())) for f in layout.files]).double()
@@ -190,8 +192,7 @@ def linear_baseline(out: Path) -> float:
         return torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], 1)
 
     weight = torch.linalg.lstsq(with_one(train[:, :d]), train[:, d:]).solution
-    y = held[:, d:]
-    return float((y - with_one(held[:, :d]) @ weight).pow(2).sum() / (y - y.mean(0)).pow(2).sum())
+    return fvu(held[:, d:], with_one(held[:, :d]) @ weight)
 
 
 def main() -> int:

@@ -126,10 +126,12 @@ def truth_fvu(data: str, rows: int = 16384) -> float:
     on the rows after one pass: an oracle's codes, which no encoder of one layer computes."""
     import torch
 
+    from sae_dist.evaluate.metrics import fvu
+
     source, k = planted_source(data), SET[data].k
     x, codes = source.samples(STEPS * 1024, rows), source.codes(STEPS * 1024, rows)
     keep = torch.zeros_like(codes).scatter_(1, codes.abs().topk(k, dim=1).indices, 1.0)
-    return float((x - (codes * keep) @ source.dictionary).pow(2).sum() / (x - x.mean(0)).pow(2).sum())
+    return fvu(x, (codes * keep) @ source.dictionary)
 
 
 def truth_sae_fvu(data: str, steps: int, start_only: bool = False, rows: int = 16384, lr: float = 1e-3) -> float:
@@ -141,6 +143,7 @@ def truth_sae_fvu(data: str, steps: int, start_only: bool = False, rows: int = 1
     would reach had it begun at the answer."""
     import torch
 
+    from sae_dist.evaluate.metrics import fvu
     from sae_dist.models.sae import SparseAutoencoder
 
     source, s = planted_source(data), SET[data]
@@ -164,7 +167,7 @@ def truth_sae_fvu(data: str, steps: int, start_only: bool = False, rows: int = 1
             sae.normalize_decoder()
     x = source.samples(STEPS * 1024, rows)
     with torch.no_grad():
-        return float((x - sae.decode(sae.encode(x))).pow(2).sum() / (x - x.mean(0)).pow(2).sum())
+        return fvu(x, sae.decode(sae.encode(x)))
 
 
 def table(results: list[dict]) -> str:

@@ -29,6 +29,7 @@ from sae_dist.evaluate import (
     recovery,
     write_planted_shards,
 )
+from sae_dist.evaluate.metrics import fvu
 from sae_dist.models.export import export_saelens
 from sae_dist.models.sae import SparseAutoencoder
 
@@ -97,6 +98,15 @@ def test_hand_computed_metrics(hand_sae):
     d = ev.to_dict()
     assert json.loads(json.dumps(d)) == d
     assert d["density"] == {"edges": list(DENSITY_EDGES), "counts": [0] * 15 + [2], "never": 1}
+
+
+def test_one_batchs_fvu_is_evaluates(hand_sae):
+    # the hand case above: x_hat = relu(x), 5 / 22.75, the same as the accumulator's
+    assert fvu(HAND_ROWS, HAND_ROWS.relu()) == pytest.approx(5 / 22.75, abs=1e-12)
+    assert fvu(HAND_ROWS, HAND_ROWS.relu()) == pytest.approx(evaluate_sae(load_sae(hand_sae), [HAND_ROWS]).fvu,
+                                                             abs=1e-12)
+    assert fvu(HAND_ROWS, HAND_ROWS) == 0.0
+    assert fvu(HAND_ROWS, HAND_ROWS.mean(0).expand_as(HAND_ROWS)) == pytest.approx(1.0, abs=1e-12)
 
 
 def test_density_histogram_bins():

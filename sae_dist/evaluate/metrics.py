@@ -275,6 +275,14 @@ def density_histogram(fired: Tensor, rows: int) -> Density:
 
 
 @torch.no_grad()
+def fvu(target: Tensor, predicted: Tensor) -> float:
+    """The fraction of variance unexplained of one batch held whole, as `Accumulator.result`
+    computes it over many: squared error over the rows' variance about their mean (float64)."""
+    target, predicted = target.double(), predicted.double()
+    return float((target - predicted).pow(2).sum() / (target - target.mean(0)).pow(2).sum())
+
+
+@torch.no_grad()
 def best_cosines(dictionary: Tensor, W_dec: Tensor, chunk: int = 8192) -> Tensor:
     """[F]: each planted feature's largest cosine with any decoder row (in chunks of decoder rows)."""
     truth = dictionary.double().cpu()
