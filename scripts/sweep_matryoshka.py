@@ -193,6 +193,9 @@ def main() -> int:
     p.add_argument("--truth", action="store_true", help="print the planted truth's FVU at each set's k, run nothing")
     p.add_argument("--truth-steps", type=int, default=4096, help="--truth: batches that train the truth's encoder")
     ns = p.parse_args()
+    for flag, value in (("--parallel", ns.parallel), ("--truth-steps", ns.truth_steps)):
+        if value < 1:
+            raise SystemExit(f"sweep_matryoshka: {flag} must be 1 or more, got {value}")
     wanted = ns.groups.split(",")
     if unknown := set(wanted) - set(GROUPS):
         raise SystemExit(f"sweep_matryoshka: unknown group(s) {', '.join(sorted(unknown))}; "
