@@ -145,7 +145,8 @@ def test_mcc_a_hierarchy_and_the_core_metrics_are_shown(state_home):
                 "rare_features": 10, "rare_mean_best_cos": 0.7, "rare_frac_above_0_9": 0.3, "rare_frac_above_0_8": 0.5,
                 "mcc": 0.512, "parents": 25, "parents_frac_above_0_9": 0.53, "children_frac_above_0_8": 0.045,
                 "precision": 0.6, "recall": 0.8, "f1": 0.686, "accuracy": 0.99, "absorbed_parents": 0.47,
-                "parent_in_children": 0.412}
+                "parent_in_children": 0.412, "uniqueness": 0.4375, "latents_on_a_feature": 0.37, "latents_mixed": 0.23,
+                "latents_on_none": 0.4, "firings_on_a_feature": 0.594, "firings_mixed": 0.397, "firings_on_none": 0.009}
     core = {"explained_variance": 0.875, "mse": 0.5, "cossim": 0.93, "l2_norm_in": 2.0, "l2_norm_out": 1.8,
             "l2_ratio": 0.9, "relative_reconstruction_bias": 0.97, "l0": 7.5, "l1": 12.25, "frac_alive": 0.94,
             "freq_over_1_percent": 0.5, "freq_over_10_percent": 0.0}
@@ -155,6 +156,7 @@ def test_mcc_a_hierarchy_and_the_core_metrics_are_shown(state_home):
     cards = shown(at)
     assert cards["MCC"] == "0.512" and cards["Parents > 0.9"] == "53.0%" and cards["Children > 0.8"] == "4.5%"
     assert cards["Detector F1"] == "0.686" and cards["Parent in children's latents"] == "0.412"
+    assert cards["Uniqueness"] == "0.438" and cards["Latents on a feature"] == "37.0%"
     (table,) = [d for d in at.dataframe if "Metric" in d.value.columns]
     rows = dict(zip(table.value["Metric"], table.value["Value"]))
     assert rows["relative_reconstruction_bias"] == "0.97" and rows["l1"] == "12.25"

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from sae_dist.data.sources.synthetic import SyntheticSource
-from sae_dist.evaluate.metrics import FiringMatch, matching_text, mean_correlation_coefficient, recovery
+from sae_dist.evaluate.metrics import FiringMatch, latent_census, matching_text, mean_correlation_coefficient, recovery
 from sae_dist.evaluate.planted import load_planted, planted_from_settings, presence_frequencies
 
 
@@ -126,11 +126,13 @@ SAELENS_SCRIPT = r"""
 import json, sys
 from pathlib import Path
 from safetensors.torch import load_file
-from sae_lens.synthetic.evals import compute_classification_metrics, mean_correlation_coefficient
+from sae_lens.synthetic.evals import compute_classification_metrics, feature_uniqueness, mean_correlation_coefficient
 
 root = Path(sys.argv[1])
 t = load_file(str(root / "features.safetensors"))
 out = {name: mean_correlation_coefficient(t["decoder_" + name], t["truth"]) for name in ("wide", "narrow", "same")}
+out["uniqueness"] = {name: feature_uniqueness(t["decoder_" + name], t["truth"]) for name in ("wide", "narrow", "same",
+                                                                                           "repeated")}
 m = compute_classification_metrics(t["latents"], t["codes"], t["decoder_wide"], t["truth"])
 out["classification"] = {"precision": m.precision, "recall": m.recall, "f1": m.f1_score, "accuracy": m.accuracy}
 (root / "mcc.json").write_text(json.dumps(out))
@@ -145,7 +147,8 @@ def matching_inputs() -> dict[str, torch.Tensor]:
     latents = torch.relu(torch.randn(200, 65, generator=g) - 0.8)  # and which latents
     latents[:, :40] += codes  # the matched ones mostly with their feature
     return {"truth": truth, "decoder_same": noisy, "decoder_wide": torch.cat([noisy, torch.randn(25, 12, generator=g)]),
-            "decoder_narrow": noisy[:30].clone(), "codes": codes, "latents": latents}
+            "decoder_narrow": noisy[:30].clone(), "decoder_repeated": torch.cat([noisy, -noisy[:20]]),  # 20 twice
+            "codes": codes, "latents": latents}
 
 
 def prepare_saelens(root: Path) -> tuple[str, list]:
@@ -167,6 +170,9 @@ def test_mcc_is_saelens_own_within_1e_4(tmp_path_factory):
     match = FiringMatch(t["decoder_wide"], t["truth"])
     match.add(t["latents"], t["codes"])
     assert match.result() == pytest.approx(theirs["classification"], abs=1e-4)
+    for name, value in theirs["uniqueness"].items():
+        assert latent_census(t["truth"], t["decoder_" + name], None) == {"uniqueness": pytest.approx(value, abs=1e-4)}
+    assert theirs["uniqueness"]["repeated"] == pytest.approx(40 / 60)  # the case it tells: 20 latents track twice
 
 
 def test_absorption_says_which_parents_lost_their_latent_and_what_the_children_carry():
@@ -201,3 +207,26 @@ def test_a_parent_latent_mixed_with_its_childrens_mean_is_measured():
     assert found["children_in_parents"] == pytest.approx((3**-0.5 + 0) / 2, abs=0.05)
     assert found["parents_frac_above_0_9"] == 0.5  # cos(p, p + mean of two children) = sqrt(2/3) = 0.82
     assert "parents' latents carry their children's mean at cos 0.2" in matching_text(found)
+
+
+def test_the_latent_census_sorts_the_latents_that_fired_by_what_they_match():
+    """Of five latents that fired (the sixth, child 4's, did not): parent 1's and child 5's are on
+    one feature, the two children's latents that absorbed parent 0 are mixed (cosine about 0.71
+    with each), and a random direction is on none (its best cosine in 256 dimensions about 0.2)."""
+    planted = planted_from_settings(256, 6, 2.0, 0.5, 0.0, 4, children=2)
+    d = planted.dictionary
+    stranger = torch.randn(256, generator=torch.Generator().manual_seed(9))
+    decoder = torch.stack([stranger, d[1], d[2] + d[0], d[3] + d[0], d[4], d[5]])
+    fired = torch.tensor([1, 10, 20, 20, 0, 49])
+    found = recovery(d, planted.frequencies, decoder, parents=2, fired=fired).to_dict()
+    assert (found["latents_on_a_feature"], found["latents_mixed"], found["latents_on_none"]) == (0.4, 0.4, 0.2)
+    assert (found["firings_on_a_feature"], found["firings_mixed"], found["firings_on_none"]) == \
+        pytest.approx((0.59, 0.40, 0.01))
+    assert 4 / 6 <= found["uniqueness"] <= 5 / 6  # the two mixed latents may both match parent 0
+    assert ("latents that fired: 40.0% on one feature (cos > 0.9; 59.0% of firings), 40.0% mixed (0.5-0.9; "
+            "40.0% of firings), 20.0% on none (1.0% of firings)") in matching_text(found)
+    # Without firings (a run's checkpoint recovery) or with none, only the uniqueness is measured.
+    assert set(recovery(d, planted.frequencies, decoder, fired=None).to_dict()) & {"uniqueness", "latents_mixed"} \
+        == {"uniqueness"}
+    assert "latents_mixed" not in recovery(d, planted.frequencies, decoder, fired=torch.zeros(6)).to_dict()
+    assert recovery(d, planted.frequencies, d, fired=torch.ones(6)).to_dict()["latents_on_a_feature"] == 1.0

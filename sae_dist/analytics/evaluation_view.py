@@ -89,6 +89,18 @@ def matching_cards(rec: dict[str, Any]) -> list[list[Card]]:
                         f"Each latent as a detector of its best-matching planted feature, over these rows: mean "
                         f"precision {fmt_number(_get(rec, 'precision'), 3)}, recall "
                         f"{fmt_number(_get(rec, 'recall'), 3)}, F1 (SAELens' synthetic evals)."))
+    if _get(rec, "uniqueness") is not None:
+        row.append(Card("Uniqueness", fmt_number(_get(rec, "uniqueness"), 3),
+                        "The distinct planted features that are some latent's best match, over the number of "
+                        "latents: 1 when each latent tracks a feature of its own (SAELens' synthetic evals)."))
+    if _get(rec, "latents_on_a_feature") is not None:
+        row.append(Card("Latents on a feature", fmt_percent(_get(rec, "latents_on_a_feature")),
+                        "Of the latents that fired on these rows, those whose best |cosine| with a planted "
+                        f"feature is over 0.9 ({fmt_percent(_get(rec, 'firings_on_a_feature'))} of the firings); "
+                        f"mixed, 0.5 to 0.9: {fmt_percent(_get(rec, 'latents_mixed'))} "
+                        f"({fmt_percent(_get(rec, 'firings_mixed'))} of the firings); on none: "
+                        f"{fmt_percent(_get(rec, 'latents_on_none'))} "
+                        f"({fmt_percent(_get(rec, 'firings_on_none'))})."))
     if _get(rec, "parents"):
         row.append(Card("Parents > 0.9", fmt_percent(_get(rec, "parents_frac_above_0_9")),
                         f"The hierarchy's {_count(_get(rec, 'parents'))} parent features with a best cosine over "

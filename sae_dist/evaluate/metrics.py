@@ -84,6 +84,18 @@ class Recovery:
     recall: float | None = None
     f1: float | None = None
     accuracy: float | None = None
+    # SAELens' uniqueness: the distinct planted features that are some latent's best match (by
+    # |cosine|), over the number of latents (1: every latent tracks a feature of its own).
+    uniqueness: float | None = None
+    # What the latents that fired on the rows are, by their best |cosine| with any planted feature:
+    # one feature (> 0.9), a mixture (0.5 to 0.9: a parent with a child, say), or none (0.5 or
+    # less), as shares of those latents and of their firings.
+    latents_on_a_feature: float | None = None
+    latents_mixed: float | None = None
+    latents_on_none: float | None = None
+    firings_on_a_feature: float | None = None
+    firings_mixed: float | None = None
+    firings_on_none: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """What was measured: a figure that was not (no hierarchy, too big to match) is absent."""
@@ -235,7 +247,7 @@ class Accumulator:
             dense_fraction=int((self.fired * DENSE_DIVISOR > n).sum()) / self.d_sae,
             density=density_histogram(self.fired, n),
             recovery=(recovery(planted.dictionary, planted.frequencies, W_dec, planted.settings.get("parents"),
-                               self.match.result() if self.match is not None else None)
+                               self.match.result() if self.match is not None else None, self.fired)
                       if planted is not None else None),
         )
 
@@ -297,12 +309,41 @@ def best_cosines(dictionary: Tensor, W_dec: Tensor, chunk: int = 8192) -> Tensor
 
 
 @torch.no_grad()
-def best_abs_matches(queries: Tensor, keys: Tensor, chunk: int = 1024) -> Tensor:
-    """[len(queries)]: the index of each query row's key row of largest |cosine|, `chunk` queries
-    at a time (a [chunk, keys] matrix, never the whole [queries, keys] one)."""
+def best_abs(queries: Tensor, keys: Tensor, chunk: int = 1024) -> tuple[Tensor, Tensor]:
+    """([len(queries)], [len(queries)]): each query row's largest |cosine| with a key row, and
+    that key row's index, `chunk` queries at a time (a [chunk, keys] matrix, never the whole
+    [queries, keys] one)."""
     q = F.normalize(queries.detach().double().cpu(), dim=1)
     k = F.normalize(keys.detach().double().cpu(), dim=1)
-    return torch.cat([(q[i:i + chunk] @ k.T).abs().argmax(dim=1) for i in range(0, q.shape[0], chunk)])
+    values, indices = zip(*((q[i:i + chunk] @ k.T).abs().max(dim=1) for i in range(0, q.shape[0], chunk)))
+    return torch.cat(values), torch.cat(indices)
+
+
+def best_abs_matches(queries: Tensor, keys: Tensor, chunk: int = 1024) -> Tensor:
+    """[len(queries)]: the index of each query row's key row of largest |cosine|."""
+    return best_abs(queries, keys, chunk)[1]
+
+
+MIXED_BELOW, NONE_AT_MOST = 0.9, 0.5  # a latent's best |cosine| with a planted feature: the census's bands
+
+
+def latent_census(dictionary: Tensor, W_dec: Tensor, fired: Tensor | None) -> dict[str, float]:
+    """SAELens' uniqueness, and what the latents that fired (`fired`: [d_sae] firings on the
+    rows) are: each latent's best |cosine| with a planted feature puts it on one feature (over
+    0.9), mixed (0.5 to 0.9) or on none, as shares of the latents that fired and of their firings.
+    Without firings (none counted, or none fired) only the uniqueness."""
+    best, feature = best_abs(W_dec, dictionary)
+    out = {"uniqueness": len(feature.unique()) / W_dec.shape[0]}
+    if fired is None or not bool((fired > 0).any()):
+        return out
+    on = fired.cpu() > 0
+    best, weight = best[on], fired.cpu()[on].double()
+    bands = {"on_a_feature": best > MIXED_BELOW, "mixed": (best > NONE_AT_MOST) & (best <= MIXED_BELOW),
+             "on_none": best <= NONE_AT_MOST}
+    for name, band in bands.items():
+        out[f"latents_{name}"] = float(band.double().mean())
+        out[f"firings_{name}"] = float(weight[band].sum() / weight.sum())
+    return out
 
 
 def dictionary_recovery(true_features: Tensor, W_dec: Tensor, threshold: float = 0.9) -> tuple[float, float]:
@@ -322,6 +363,13 @@ def matching_text(rec: dict[str, Any]) -> str:
     if rec.get("f1") is not None:
         parts.append(f"latents as feature detectors: precision {rec['precision']:.3f}, recall {rec['recall']:.3f}, "
                      f"F1 {rec['f1']:.3f}")
+    if rec.get("uniqueness") is not None:
+        parts.append(f"uniqueness {rec['uniqueness']:.3f}")
+    if rec.get("latents_on_a_feature") is not None:
+        parts.append("latents that fired: " + ", ".join(
+            f"{100 * rec['latents_' + key]:.1f}% {words} ({band}{100 * rec['firings_' + key]:.1f}% of firings)"
+            for key, words, band in (("on_a_feature", "on one feature", "cos > 0.9; "),
+                                     ("mixed", "mixed", "0.5-0.9; "), ("on_none", "on none", ""))))
     if rec.get("parents"):
         children = rec.get("children_frac_above_0_8")
         parts.append(f"parents {100 * rec['parents_frac_above_0_9']:.1f}% at cos > 0.9"
@@ -374,7 +422,7 @@ def absorption(dictionary: Tensor, W_dec: Tensor, parents: int, parents_best: Te
 
 
 def recovery(dictionary: Tensor, frequencies: Tensor, W_dec: Tensor, parents: int | None = None,
-             detection: dict[str, float] | None = None) -> Recovery:
+             detection: dict[str, float] | None = None, fired: Tensor | None = None) -> Recovery:
     if dictionary.shape[1] != W_dec.shape[1]:
         raise UserError(f"the planted dictionary has width {dictionary.shape[1]} but the SAE's d_in is "
                         f"{W_dec.shape[1]}")
@@ -400,7 +448,7 @@ def recovery(dictionary: Tensor, frequencies: Tensor, W_dec: Tensor, parents: in
                      **absorption(dictionary, W_dec, parents, best[:parents])}
     return Recovery(features=count, mean_best_cos=m, frac_above_0_9=f9, frac_above_0_8=f8,
                     rare_features=rare_n, rare_mean_best_cos=rm, rare_frac_above_0_9=rf9, rare_frac_above_0_8=rf8,
-                    mcc=mcc, **hierarchy, **(detection or {}))
+                    mcc=mcc, **hierarchy, **(detection or {}), **latent_census(dictionary, W_dec, fired))
 
 
 def _device_of(sae: Evaluable) -> torch.device:
