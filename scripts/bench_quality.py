@@ -254,21 +254,22 @@ def main() -> int:
 
     print(f"\nHeld-out evaluation ({HELDOUT:,} rows no trainer saw), one pass of {TRAIN_ROWS:,} rows, batch {BATCH}:")
     print("| data | trainer | FVU | recovered cos>0.9 | rarest tenth >0.9 | MCC | parents >0.9 | children >0.8 "
-          "| dead | dense | L0 |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| uniqueness | firings of mixed latents | dead | dense | L0 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     goals = []
     for ds in sets:
         for trainer in trainers:
             if (ds.name, trainer) not in results:
-                print(f"| {ds.name} | {trainer} | not run | | | | | | | | |")
+                print(f"| {ds.name} | {trainer} | not run | | | | | | | | | | |")
                 continue
             r = results[ds.name, trainer]
             rec = r.get("recovery") or {}
-            mcc = rec.get("mcc")
+            mcc, unique = rec.get("mcc"), rec.get("uniqueness")
             print(f"| {ds.name} | {trainer} | {r['fvu']:.3f} | {fmt_percent(rec.get('frac_above_0_9'))} | "
                   f"{fmt_percent(rec.get('rare_frac_above_0_9'))} | {'—' if mcc is None else f'{mcc:.3f}'} | "
                   f"{fmt_percent(rec.get('parents_frac_above_0_9'))} | "
-                  f"{fmt_percent(rec.get('children_frac_above_0_8'))} | {fmt_percent(r['dead_fraction'])} | "
+                  f"{fmt_percent(rec.get('children_frac_above_0_8'))} | {'—' if unique is None else f'{unique:.3f}'} | "
+                  f"{fmt_percent(rec.get('firings_mixed'))} | {fmt_percent(r['dead_fraction'])} | "
                   f"{fmt_percent(r['dense_fraction'])} | {r['l0']:.1f} |")
         goals += goals_for(ds, {t: results[ds.name, t] for t in TRAINERS if (ds.name, t) in results})
     print()
