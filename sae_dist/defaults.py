@@ -16,6 +16,7 @@ WARMUP_FRACTION = 0.05  # of the run's steps
 WARMUP_MAX_STEPS = 1000
 DECAY_FRACTION = 0.2  # linear decay to 0 over the last fifth of the steps
 DEAD_AFTER_FRACTION = 0.1  # of the run's samples
+DEAD_CHECK_STEPS = 10  # the dead-latent set moves every this many steps, whatever --log-every
 DEAD_AFTER_MAX = 10_000_000  # the usual window of long runs (sparsify, OpenAI)
 
 

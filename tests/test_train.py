@@ -156,6 +156,20 @@ def test_resume_reaches_the_same_weights(tmp_path, source, devices, architecture
     assert [m.step for m in step_metrics(engine, run.id)] == list(range(2, 13, 2))
 
 
+def test_how_often_a_run_reports_does_not_change_how_it_trains(tmp_path):
+    """The dead-latent set AuxK trains moves every 10 steps whatever --log-every (before, it moved
+    at each report): reports every 3 steps and every 25 end on the same weights. Latents die
+    after 64 samples (4 steps) without firing, so the set changes within the run."""
+    args = [*SMALL, "--d-sae", "1024", "--batch-size", "16", "--steps", "40", "--checkpoint-every", "0", "--no-db",
+            "--dead-after-samples", "64", "--devices", "cpu:1", "--eval-rows", "0"]
+    out = {every: ok(main_here("train", *args, "--log-every", every, "--out-dir", str(tmp_path / every))).stdout
+           for every in ("3", "25")}
+    often, seldom = final_weights(tmp_path / "3"), final_weights(tmp_path / "25")
+    assert all(torch.equal(often[name], seldom[name]) for name in often)
+    dead = [float(v) for v in re.findall(r"\| dead ([\d.]+)%", out["3"])]
+    assert len(dead) >= 13 and max(dead) > 0, out["3"]  # AuxK was at work: the dead set mattered
+
+
 def test_a_stop_during_training_checkpoints_and_resumes_exactly(tmp_path):
     """A SIGTERM to one rank mid-run (a preemption, a cancel): every rank stops at the next report
     with one checkpoint of that step, the run is STOPPED saying so, and --resume ends equal to an

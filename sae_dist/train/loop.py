@@ -45,6 +45,7 @@ from sae_dist.contract import (
 from sae_dist.contract.sweep import Sweep
 from sae_dist.data.harvest.sites import check_trainable
 from sae_dist.data.sources.make import make_source, source_in_words
+from sae_dist.defaults import DEAD_CHECK_STEPS
 from sae_dist.errors import TrainingStopped
 from sae_dist.evaluate.end_of_run import end_of_run_evaluations, summary_lines
 from sae_dist.evaluate.metrics import dictionary_recovery
@@ -219,6 +220,10 @@ def _run(job: Job) -> TrainResult:
                 grad_norms[i] = result.grad_norm
         for m in job.members:
             m.window.end_step(t0, compute)
+        if step % DEAD_CHECK_STEPS == 0:
+            for m in job.members:
+                if m.live:
+                    m.window.check_dead(m.state, DEAD_CHECK_STEPS * stream.plan.global_batch, m.cfg.dead_after_samples)
         if kill_at and step == kill_at[0]:  # test-only: a device that dies, or a preemption, for real
             os.kill(os.getpid(), kill_at[1]) if kill_at[1] else _wait_for_a_signal()
         if not report:
@@ -242,7 +247,7 @@ def _run(job: Job) -> TrainResult:
             _apply_balance(job, stream, step, decision, lead, limited, limited_reported)
             limited_reported = limited
         if at_checkpoint:
-            write_checkpoint(cfg, ctx, job.members, job.source, stream, step, job.run_dir)
+            _write_checkpoint(job, stream, step)
         if step < cfg.steps and stop_agreed(ctx):
             _stop_with_checkpoint(job, stream, step, at_checkpoint)
         for m in job.members:
@@ -250,6 +255,16 @@ def _run(job: Job) -> TrainResult:
 
     deferred_stop.clear()  # the evaluation and export: a signal stops them at once
     return _finish(job, stream, step, lead.peak_bytes if lead else None, estimate)
+
+
+def _write_checkpoint(job: Job, stream: Stream, step: int) -> None:
+    """The step's checkpoint, the firings since the last dead-set check parked in it first
+    (none to park at a check's own step)."""
+    if step % DEAD_CHECK_STEPS:
+        for m in job.members:
+            if m.live:
+                m.window.park_fired(m.state)
+    write_checkpoint(job.cfg, job.ctx, job.members, job.source, stream, step, job.run_dir)
 
 
 def stop_agreed(ctx: D.DistContext) -> bool:
@@ -263,7 +278,7 @@ def _stop_with_checkpoint(job: Job, stream: Stream, step: int, written: bool) ->
     """A stop asked for during the steps (a cancel, a preemption, a time limit's warning, Ctrl-C):
     the step's checkpoint, so `--resume` goes on from here exactly as if nothing had happened."""
     if not written:
-        write_checkpoint(job.cfg, job.ctx, job.members, job.source, stream, step, job.run_dir)
+        _write_checkpoint(job, stream, step)
     if job.ctx.is_main:
         log.info("stopping at step %d: checkpoint written; --resume goes on from it", step)
     raise TrainingStopped(received_stop[0] if received_stop else signal.SIGTERM, checkpoint_step=step)

@@ -53,6 +53,10 @@ class TrainState:
     fire_total: Tensor  # times each latent fired: the export's feature density
     plan: BatchPlan  # how the SAE's group shares each global micro-batch
     dead: Tensor | None = None  # latents dead long enough for AuxK; None when none are
+    # Firings since the last dead-set check, all-reduced when a checkpoint was written between two
+    # checks (so a resume, or a stop's checkpoint, moves the dead set at the same steps as a run
+    # that never stopped); None: none parked.
+    parked_fired: Tensor | None = None
 
     def refresh_dead(self, dead_after_samples: int) -> Tensor:
         """The dead mask; kept as None when no latent is dead (read at reports only: no device sync
@@ -121,6 +125,8 @@ def resume(cfg: TrainConfig, ctx: D.DistContext, members: list, source: Activati
         m.state.step, m.state.samples_total = step, int(counters["samples_total"])
         m.state.since_fired.copy_(counters["since_fired"])
         m.state.fire_total.copy_(counters["fire_total"])
+        parked = counters.get("parked_fired")  # absent before 2026-11-28: checkpoints were at checks
+        m.state.parked_fired = None if parked is None else parked.to(m.state.fire_total.device)
         m.state.refresh_dead(m.cfg.dead_after_samples)
         if m.here and m.live:
             own = (weights, saved) if m.run_dir == run_dir else _sae_checkpoint(m, ctx, step)
@@ -171,6 +177,8 @@ def write_checkpoint(cfg: TrainConfig, ctx: D.DistContext, members: list, source
         for m in members:
             counters = {"samples_total": m.state.samples_total, "since_fired": m.state.since_fired.cpu(),
                         "fire_total": m.state.fire_total.cpu(), "failed": m.failed}
+            if m.state.parked_fired is not None:
+                counters["parked_fired"] = m.state.parked_fired.cpu()
             if m.run_dir == run_dir:
                 weights = dict(m.sae.state_dict())
                 saved.update(counters, optimizer=m.opt.state_dict())

@@ -2,8 +2,10 @@
 into the run's numbers with a few small collectives (no device sync per step).
 
 A report is also where the run checks itself: NaN or inf in the data or the loss stops it (the
-last good checkpoint left as it was), and the dead-latent counters move on. Both come from
-all-reduced sums, so every rank sees the same numbers and takes the same decisions.
+last good checkpoint left as it was). The dead-latent counters move on at their own cadence, every
+DEAD_CHECK_STEPS steps (`check_dead`), not at reports: how often a run reports does not change
+how it trains. Both come from all-reduced sums, so every rank sees the same numbers and takes the
+same decisions.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ class MetricsWindow:
         self.device = device
         self.sums = torch.zeros(len(SUMS) + d_in, dtype=torch.float64, device=device)  # then sum(x)
         self.fired = torch.zeros(d_sae, dtype=torch.float64, device=device)
+        self.fired_since_check = torch.zeros(d_sae, dtype=torch.float64, device=device)
         self.step_times: list[float] = []
         self.compute_times: list[float] = []
         self.started = time.perf_counter()
@@ -99,6 +102,7 @@ class MetricsWindow:
                 acc[IDX["bad_loss"]] += (~torch.isfinite(out.loss.detach())).double()
                 acc[len(SUMS):] += x.sum(0, dtype=torch.float64)
                 self.fired += out.fired.detach().double()
+                self.fired_since_check += out.fired.detach().double()
 
     def end_step(self, started: float, compute_s: float) -> None:
         """The step's times; on a GPU it waits for the step first, so the time is the step's own."""
@@ -118,7 +122,7 @@ class MetricsWindow:
             raise _diverged(m, step - len(self.step_times) + 1, step, run_dir)
         state.samples_total += m.samples
         state.fire_total += self.fired
-        dead_mask = state.latents_fired(self.fired, m.samples, dead_after_samples)
+        dead_mask = state.refresh_dead(dead_after_samples)
         elapsed = time.perf_counter() - self.started
         peak_bytes = peak.peak_bytes()  # read before this report's checkpoint adds its own copies
         per_rank, times = self._gather_times(peak_bytes)
@@ -129,6 +133,23 @@ class MetricsWindow:
         return WindowReport(m, state.samples_total, float(dead_mask.double().mean()),
                             m.samples / elapsed if elapsed > 0 else None, peak_bytes, per_rank, times,
                             find_stragglers([r[1] for r in per_rank]))
+
+    def check_dead(self, state: TrainState, samples: int, dead_after_samples: int) -> None:
+        """The dead-latent set moved on by the `samples` global samples since the last check (one
+        small all-reduce, on every rank at the same steps)."""
+        fired = D.all_reduce_sum(self.fired_since_check)
+        if state.parked_fired is not None:
+            fired = fired + state.parked_fired
+            state.parked_fired = None
+        state.latents_fired(fired, samples, dead_after_samples)
+        self.fired_since_check.zero_()
+
+    def park_fired(self, state: TrainState) -> None:
+        """Before a checkpoint between two checks: the firings so far all-reduced into `state`,
+        which the checkpoint keeps, so the next check counts them whether or not the run stops."""
+        fired = D.all_reduce_sum(self.fired_since_check).clone()  # (the buffer is zeroed below)
+        state.parked_fired = fired if state.parked_fired is None else state.parked_fired + fired
+        self.fired_since_check.zero_()
 
     def _gather_times(self, peak_bytes: int | None) -> tuple[list[list[float]], list[WindowTimes]]:
         # Medians and quartiles: the first step after a start carries one-time costs that are not
