@@ -59,8 +59,8 @@ class TrainState:
     parked_fired: Tensor | None = None
 
     def refresh_dead(self, dead_after_samples: int) -> Tensor:
-        """The dead mask; kept as None when no latent is dead (read at reports only: no device sync
-        per step)."""
+        """The dead mask; kept as None when no latent is dead (read at checks and reports only: no
+        device sync per step)."""
         mask = self.since_fired >= dead_after_samples
         self.dead = mask if bool(mask.any()) else None
         return mask
@@ -125,7 +125,7 @@ def resume(cfg: TrainConfig, ctx: D.DistContext, members: list, source: Activati
         m.state.step, m.state.samples_total = step, int(counters["samples_total"])
         m.state.since_fired.copy_(counters["since_fired"])
         m.state.fire_total.copy_(counters["fire_total"])
-        parked = counters.get("parked_fired")  # absent before 2026-11-28: checkpoints were at checks
+        parked = counters.get("parked_fired")  # absent before 2026-11-28, when each report moved the set
         m.state.parked_fired = None if parked is None else parked.to(m.state.fire_total.device)
         m.state.refresh_dead(m.cfg.dead_after_samples)
         if m.here and m.live:
