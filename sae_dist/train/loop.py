@@ -366,7 +366,7 @@ def _close_windows(job: Job, step: int, peak: PeakMemory) -> list[tuple[int, Win
         if not m.live:
             continue
         try:
-            closed.append((i, m.window.report(step, m.state, m.cfg.dead_after_samples, m.run_dir, peak)))
+            closed.append((i, m.window.report(step, m.state, m.run_dir, peak)))
         except TrainingDiverged as e:
             if job.sweep is None:
                 raise

@@ -111,10 +111,10 @@ class MetricsWindow:
         self.step_times.append(time.perf_counter() - started)
         self.compute_times.append(compute_s)
 
-    def report(self, step: int, state: TrainState, dead_after_samples: int, run_dir: Path,
-               peak: PeakMemory) -> WindowReport:
-        """All-reduce the window, stop on NaN / inf, move `state`'s dead-latent counters and sample
-        count on, gather every rank's times; the window then starts again empty."""
+    def report(self, step: int, state: TrainState, run_dir: Path, peak: PeakMemory) -> WindowReport:
+        """All-reduce the window, stop on NaN / inf, move `state`'s sample and firing counts on
+        (its dead set moves at checks, not here), gather every rank's times; the window then
+        starts again empty."""
         D.all_reduce_sum(self.sums)
         D.all_reduce_sum(self.fired)
         m = window_metrics(self.sums)
@@ -122,7 +122,7 @@ class MetricsWindow:
             raise _diverged(m, step - len(self.step_times) + 1, step, run_dir)
         state.samples_total += m.samples
         state.fire_total += self.fired
-        dead_mask = state.refresh_dead(dead_after_samples)
+        dead_fraction = 0.0 if state.dead is None else float(state.dead.double().mean())  # as the last check left it
         elapsed = time.perf_counter() - self.started
         peak_bytes = peak.peak_bytes()  # read before this report's checkpoint adds its own copies
         per_rank, times = self._gather_times(peak_bytes)
@@ -130,23 +130,21 @@ class MetricsWindow:
         self.fired.zero_()
         self.step_times.clear()
         self.compute_times.clear()
-        return WindowReport(m, state.samples_total, float(dead_mask.double().mean()),
+        return WindowReport(m, state.samples_total, dead_fraction,
                             m.samples / elapsed if elapsed > 0 else None, peak_bytes, per_rank, times,
                             find_stragglers([r[1] for r in per_rank]))
 
     def check_dead(self, state: TrainState, samples: int, dead_after_samples: int) -> None:
         """The dead-latent set moved on by the `samples` global samples since the last check (one
         small all-reduce, on every rank at the same steps)."""
-        fired = D.all_reduce_sum(self.fired_since_check)
-        if state.parked_fired is not None:
-            fired = fired + state.parked_fired
-            state.parked_fired = None
-        state.latents_fired(fired, samples, dead_after_samples)
-        self.fired_since_check.zero_()
+        self.park_fired(state)
+        state.latents_fired(state.parked_fired, samples, dead_after_samples)
+        state.parked_fired = None
 
     def park_fired(self, state: TrainState) -> None:
-        """Before a checkpoint between two checks: the firings so far all-reduced into `state`,
-        which the checkpoint keeps, so the next check counts them whether or not the run stops."""
+        """The firings since the last check, all-reduced, added to `state`'s parked ones: before a
+        checkpoint between two checks (which keeps them, so the next check counts them whether or
+        not the run stops), and at a check."""
         fired = D.all_reduce_sum(self.fired_since_check).clone()  # (the buffer is zeroed below)
         state.parked_fired = fired if state.parked_fired is None else state.parked_fired + fired
         self.fired_since_check.zero_()
