@@ -81,6 +81,9 @@ class TrainConfig:
     auxk_coefficient: float = _f(1 / 32, "AuxK loss weight for dead latents (topk, batchtopk, matryoshka); "
                                          "0 turns it off")
     auxk_k: int | None = _f(None, "latents the AuxK loss uses; default d_in // 2")
+    refit_fraction: float = _f(
+        0.0, "topk, batchtopk, matryoshka: at the end, the decoder refit by least squares to the codes of this "
+             "last fraction of the steps (0.2: the lr decay's); 0 (the default) turns it off (docs/training.md)")
     dead_after_samples: int | None = _f(
         None, "a latent is dead (AuxK revives it) when it has not fired in this many samples; "
               "default a tenth of the run's samples, at least one batch, at most 10M")
@@ -277,6 +280,11 @@ class TrainConfig:
         self._validate_transcoder()
         if self.lr_decay_fraction is not None and not 0.0 <= self.lr_decay_fraction <= 1.0:
             raise ConfigError("lr_decay_fraction", f"must be between 0 and 1, got {self.lr_decay_fraction}")
+        if not 0.0 <= self.refit_fraction <= 1.0:  # (also NaN)
+            raise ConfigError("refit_fraction", f"must be between 0 and 1, got {self.refit_fraction}")
+        if self.refit_fraction and self.architecture not in TOPK_FAMILY:
+            raise ConfigError("refit_fraction", f"refits a decoder to TopK-family codes ({', '.join(TOPK_FAMILY)}); "
+                                                f"the architecture is {self.architecture}")
         if self.source == "shards" and not self.shards_path:
             raise ConfigError("shards_path", "source = shards needs the directory of the shards")
         if self.source != "shards" and self.shards_path:

@@ -9,7 +9,7 @@ rank's anonymous memory (pages of memory-mapped shards are the page cache's, not
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sae_dist.config import TOPK_FAMILY
 from sae_dist.config import batch_level as is_batch_level  # (the argument's name is batch_level)
@@ -50,15 +50,17 @@ class MemoryEstimate:
     activations: int
     heap: int = 0  # CPU: what glibc's heap keeps of the step's freed temporaries (see estimate_memory)
     runtime: int = 0  # the process before its model: see runtime_bytes
+    refit: int = 0  # the decoder refit's sums and solve (refit_bytes), when the run refits
 
-    PARTS = ("params", "grads", "optimizer", "ddp_buckets", "activations", "heap", "runtime")
+    PARTS = ("params", "grads", "optimizer", "ddp_buckets", "activations", "heap", "runtime", "refit")
 
     @property
     def total(self) -> int:
         return sum(getattr(self, name) for name in self.PARTS)
 
     def describe(self) -> str:
-        parts = ", ".join(f"{name} {fmt_bytes(getattr(self, name))}" for name in self.PARTS)
+        parts = ", ".join(f"{name} {fmt_bytes(getattr(self, name))}" for name in self.PARTS
+                          if name != "refit" or self.refit)
         return f"{fmt_bytes(self.total)} per device ({parts})"
 
 
@@ -153,9 +155,20 @@ def estimate_for_config(cfg, world_size: int, device_type: str | None = None) ->
         device_type = "cpu" if str(cfg.devices).strip().lower().startswith("cpu") else "cuda"
     act_bytes = 2 if device_type != "cpu" and cfg.precision in ("auto", "bf16") else 4
     levels = len(cfg.resolved_matryoshka_widths) if cfg.architecture == "matryoshka" else 1
-    return estimate_memory(cfg.d_in, cfg.resolved_d_sae, cfg.batch_size, cfg.architecture, cfg.k, world_size,
-                           act_bytes=act_bytes, device_type=device_type, levels=levels, batch_level=cfg.batch_level,
-                           skip=cfg.skip)
+    estimate = estimate_memory(cfg.d_in, cfg.resolved_d_sae, cfg.batch_size, cfg.architecture, cfg.k, world_size,
+                               act_bytes=act_bytes, device_type=device_type, levels=levels,
+                               batch_level=cfg.batch_level, skip=cfg.skip)
+    if getattr(cfg, "refit_fraction", 0):
+        estimate = replace(estimate, refit=refit_bytes(cfg.resolved_d_sae, cfg.d_in))
+    return estimate
+
+
+def refit_bytes(d_sae: int, d_out: int) -> int:
+    """The decoder refit (sae_dist.models.refit): its int64 sums, Z^T Z [d_sae, d_sae] and Z^T Y
+    [d_sae, d_out], kept through the window, and at the end their float64 copies and the solve's
+    factor, an upper bound (the solve runs after the last step, when the step's activations are
+    gone)."""
+    return 3 * 8 * d_sae * d_sae + 2 * 8 * d_sae * d_out
 
 
 class PeakMemory:

@@ -53,6 +53,10 @@ from sae_dist.train.metrics import find_stragglers
     ({"synthetic_children": 4, "synthetic_features": 3}, "synthetic_features", "cannot hold one parent with 4"),
     ({"synthetic_magnitude_sigma": -0.5}, "synthetic_magnitude_sigma", "non-negative"),
     ({"synthetic_correlation": 1.5}, "synthetic_correlation", "must be between 0 and 1, got 1.5"),
+    ({"refit_fraction": 1.5}, "refit_fraction", "must be between 0 and 1, got 1.5"),
+    ({"refit_fraction": float("nan")}, "refit_fraction", "must be between 0 and 1"),
+    ({"architecture": "standard", "refit_fraction": 0.2}, "refit_fraction",
+     "refits a decoder to TopK-family codes (topk, batchtopk, matryoshka); the architecture is standard"),
 ])
 def test_bad_values_name_the_field(values, field, words):
     with pytest.raises(ConfigError) as e:

@@ -35,14 +35,14 @@ NAME_PREFIX = {
     "lr_warmup_steps": "warm", "lr_decay_fraction": "decay", "l1_coefficient": "l1c",
     "l0_coefficient": "l0c", "jumprelu_init_threshold": "thr", "jumprelu_bandwidth": "bw",
     "auxk_coefficient": "auxk", "auxk_k": "auxkk", "dead_after_samples": "dead",
-    "model_layer": "L", "model_site": "", "matryoshka_inner_weight": "iw",
+    "model_layer": "L", "model_site": "", "matryoshka_inner_weight": "iw", "refit_fraction": "refit",
 }
 SWEEPABLE = tuple(NAME_PREFIX)
 
 # Settings one architecture never reads (sae_dist/models/sae.py): two points that differ only there
 # train the same SAE.
 USED_BY = {
-    "k": TOPK_FAMILY, "auxk_coefficient": TOPK_FAMILY, "auxk_k": TOPK_FAMILY,
+    "k": TOPK_FAMILY, "auxk_coefficient": TOPK_FAMILY, "auxk_k": TOPK_FAMILY, "refit_fraction": TOPK_FAMILY,
     "l1_coefficient": ("standard",),
     "l0_coefficient": ("jumprelu",), "jumprelu_init_threshold": ("jumprelu",),
     "jumprelu_bandwidth": ("jumprelu",), "matryoshka_inner_weight": ("matryoshka",),

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from sae_dist.config import TOPK_FAMILY, batch_level
 from sae_dist.data.sources.paired import PairedRows
-from sae_dist.models.sparse_ops import sparse_decode, sparse_encode
+from sae_dist.models.sparse_ops import Encoded, sparse_decode, sparse_encode
 
 INIT_SALT = 0x5AE_D157  # added to the seed of the weights' initialisation (see __init__)
 
@@ -47,6 +47,10 @@ class SaeOutput:
     prefix_mse: Tensor  # matryoshka: the inner prefixes' squared errors summed (in `loss`); 0 otherwise
     l0: Tensor  # mean active latents per sample
     fired: Tensor  # [d_sae] how many samples each latent fired on in this batch (float)
+    # TopK family: the selected latents and what they had to add to b_dec (and a skip path) to
+    # reach the target, detached; the trainer's decoder refit reads them (sae_dist.models.refit).
+    codes: Encoded | None = None
+    goal: Tensor | None = None
 
 
 class _JumpReLU(torch.autograd.Function):
@@ -225,8 +229,8 @@ class SparseAutoencoder(PairedRows, nn.Module):
         if self.batch_level and self.training:
             self._update_threshold(enc.acts.detach())
         mse = (x_hat - target).pow(2).sum(-1).mean()
-        prefix_mse = (self._prefix_mse(enc, target - self.b_dec - skip) if self.architecture == "matryoshka"
-                      else x_hat.new_zeros(()))
+        goal = target - self.b_dec - skip
+        prefix_mse = self._prefix_mse(enc, goal) if self.architecture == "matryoshka" else x_hat.new_zeros(())
         auxk = x_hat.new_zeros(())
         if num_dead:
             # AuxK (Gao et al. 2024): predict the residual e = x - x_hat from the top dead latents,
@@ -238,7 +242,7 @@ class SparseAutoencoder(PairedRows, nn.Module):
         return SaeOutput(x_hat=x_hat, loss=mse + prefix_mse + self.auxk_coefficient * auxk, mse=mse,
                          sparsity_loss=x_hat.new_zeros(()), auxk_loss=auxk, prefix_mse=prefix_mse,
                          l0=active.sum() / x.shape[0],
-                         fired=enc.pattern.column_sums(active))
+                         fired=enc.pattern.column_sums(active), codes=enc, goal=goal.detach())
 
     def _prefix_mse(self, enc, goal: Tensor) -> Tensor:
         """Matryoshka: the summed squared errors of each inner prefix's reconstruction alone (the

@@ -51,6 +51,7 @@ class Member:
     failed: str | None = None  # why it stopped (NaN / inf), the same on every rank
     site: int | None = None  # its slice of rows of several model sites (None: rows are its own)
     last_metrics: dict = field(default_factory=dict)
+    refit: Any = None  # its decoder refit's sums inside the refit window (sae_dist.train.refit), on its group's ranks
 
     @property
     def here(self) -> bool:

@@ -24,6 +24,7 @@ from sae_dist import distributed as D
 from sae_dist.config import TrainConfig
 from sae_dist.data.sources.base import ActivationSource
 from sae_dist.errors import UserError
+from sae_dist.train import refit
 from sae_dist.train.balance import BalanceState, BatchPlan
 from sae_dist.train.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
 from sae_dist.train.shares import first_plan, resumed_plan
@@ -132,6 +133,7 @@ def resume(cfg: TrainConfig, ctx: D.DistContext, members: list, source: Activati
             own = (weights, saved) if m.run_dir == run_dir else _sae_checkpoint(m, ctx, step)
             m.sae.load_state_dict(own[0])
             m.opt.load_state_dict(own[1]["optimizer"])
+            refit.from_checkpoint(m, own[1], ctx.rank, step, cfg.steps)
     if ctx.is_main:
         log.info("resumed from %s at step %d%s", latest, step,
                  f" ({saved_world} ranks then, {ctx.world_size} now: {why})" if saved_world != ctx.world_size else "")
@@ -162,11 +164,12 @@ def write_checkpoint(cfg: TrainConfig, ctx: D.DistContext, members: list, source
     the shares and the rebalancer, every SAE's counters, and the weights and optimizer of the SAE
     whose folder is the run's (a single run: one file, as it always was)."""
     data_states = D.gather_objects(source.state_dict())
+    refits = {m.name: refit.to_checkpoint(m, ctx.rank) for m in members}  # each group's sums onto its leader
     apart = [m for m in members if m.run_dir != run_dir]
     for m in apart:
         if m.live and ctx.rank == m.leader:
             save_checkpoint(m.run_dir, step=step, weights=dict(m.sae.state_dict()),
-                            state={"optimizer": m.opt.state_dict(), "step": step},
+                            state={"optimizer": m.opt.state_dict(), "step": step, **refits[m.name]},
                             meta={"sweep_point": m.name, "config": m.cfg.to_dict()}, keep=cfg.keep_checkpoints)
     if apart:
         D.barrier()  # the run's checkpoint exists only once every SAE's of its step is written
@@ -181,7 +184,7 @@ def write_checkpoint(cfg: TrainConfig, ctx: D.DistContext, members: list, source
                 counters["parked_fired"] = m.state.parked_fired.cpu()
             if m.run_dir == run_dir:
                 weights = dict(m.sae.state_dict())
-                saved.update(counters, optimizer=m.opt.state_dict())
+                saved.update(counters, optimizer=m.opt.state_dict(), **refits[m.name])
             else:
                 saved.setdefault("saes", {})[m.name] = counters
         meta = {"world_size": ctx.world_size, "config": cfg.to_dict(),

@@ -1,0 +1,117 @@
+"""A least-squares refit of a TopK-family decoder to the codes of the run's last steps.
+
+SGD leaves each decoder row where its last noisy steps put it. Given which latents fired and how
+strongly (the codes Z of the training rows) and what they had to add to b_dec (the goal Y), the
+decoder that reconstructs those rows best is one linear solve: W = (Z^T Z + r I)^-1 (Z^T Y + r W_old),
+the ridge r pulling latents that barely fired towards their trained rows (the method of optimal
+directions of dictionary learning). The trainer gathers Z^T Z and Z^T Y from the forward passes of
+its last steps, so the refit costs no pass over the data of its own; the encoder is left as it is,
+so every row's codes are unchanged and only what they write moves.
+
+The sums are kept in fixed point (int64): integer sums do not depend on their order, so a run
+resumed from a checkpoint taken inside the window, on any number of ranks, refits to exactly the
+decoder of a run that never stopped.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from sae_dist.models.sparse_ops import Pattern
+
+FRACTION_BITS = 24  # a product of two values at the window's largest magnitudes is 2**24 units
+RIDGE = 1e-4  # of the mean squared code of a latent, over all latents
+
+
+def _scale_of(largest: float) -> float:
+    """A power of two at least `largest` (1 for nothing seen): the fixed point's unit is set by it."""
+    return 2.0 ** math.ceil(math.log2(largest)) if largest > 0 and math.isfinite(largest) else 1.0
+
+
+class DecoderRefit:
+    """Z^T Z and Z^T Y of the rows seen since the window began, on this rank."""
+
+    def __init__(self, d_sae: int, d_out: int, device: torch.device | str):
+        self.gram = torch.zeros(d_sae, d_sae, dtype=torch.int64, device=device)
+        self.cross = torch.zeros(d_sae, d_out, dtype=torch.int64, device=device)
+        self.scales: tuple[float, float] | None = None  # (codes, goal): set by the window's first batch
+
+    def set_scales(self, acts: Tensor, goal: Tensor, group=None, ranks: int = 1) -> None:
+        """The fixed point's units from the first batch's largest |code| and |goal|, the largest
+        over the SAE's ranks so that every rank counts in the same units."""
+        largest = torch.stack([acts.detach().abs().max() if acts.numel() else acts.new_zeros(()),
+                               goal.detach().abs().max() if goal.numel() else goal.new_zeros(())]).double()
+        if ranks > 1:
+            dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=group)
+        self.scales = (_scale_of(float(largest[0])), _scale_of(float(largest[1])))
+
+    @torch.no_grad()
+    def add(self, pattern: Pattern, acts: Tensor, goal: Tensor) -> None:
+        """One micro-batch: `acts` in `pattern`'s order (sparse_ops.Encoded), `goal` [rows, d_out]
+        what the latents had to add to b_dec (and a skip path) to reach each row's target."""
+        assert self.scales is not None, "set_scales before the window's first add"
+        unit_z, unit_y = self.scales
+        z = acts.detach().double() / unit_z
+        y = goal.detach().double() / unit_y
+        rows = pattern.row_of_entry()
+        # Each row's latents as a padded [rows, most] block: the pairs of one row are its Z^T Z terms.
+        counts = pattern.crow.diff()
+        most = int(counts.max()) if counts.numel() else 0
+        if most == 0:
+            return
+        slot = torch.arange(pattern.col.numel(), device=z.device) - pattern.crow[:-1][rows]
+        cols = torch.zeros(pattern.n_rows, most, dtype=torch.int64, device=z.device)
+        vals = torch.zeros(pattern.n_rows, most, dtype=torch.float64, device=z.device)
+        cols[rows, slot], vals[rows, slot] = pattern.col, z
+        d_sae = self.gram.shape[0]
+        pairs = (cols[:, :, None] * d_sae + cols[:, None, :]).reshape(-1)
+        products = (vals[:, :, None] * vals[:, None, :]).reshape(-1)
+        self.gram.view(-1).index_add_(0, pairs, _fixed(products))
+        self.cross.index_add_(0, pattern.col, _fixed(z[:, None] * y[rows]))
+
+    def reduce_to(self, leader: int, group=None, ranks: int = 1, is_leader: bool = True) -> None:
+        """The SAE's ranks' sums onto its leader, the others left at zero: where a checkpoint
+        keeps them and the solve reads them (the total stays exact, whatever rank holds it)."""
+        if ranks > 1:
+            for t in (self.gram, self.cross):
+                dist.reduce(t, dst=leader, group=group)
+                if not is_leader:
+                    t.zero_()
+
+    def solve(self, w_old: Tensor) -> Tensor:
+        """The refit decoder [d_sae, d_out] from the (reduced) sums."""
+        assert self.scales is not None
+        unit_z, unit_y = self.scales
+        gram = self.gram.double() * (unit_z * unit_z / 2.0 ** FRACTION_BITS)
+        cross = self.cross.double() * (unit_z * unit_y / 2.0 ** FRACTION_BITS)
+        return refit_decoder(gram, cross, w_old)
+
+    def state_dict(self) -> dict:
+        return {"gram": self.gram.cpu(), "cross": self.cross.cpu(), "scales": self.scales}
+
+    def load_state_dict(self, state: dict, keep: bool = True) -> None:
+        """Sums saved at a checkpoint (the leader's total); `keep` False: this rank starts at zero."""
+        self.scales = tuple(state["scales"]) if state["scales"] is not None else None
+        for name in ("gram", "cross"):
+            own = getattr(self, name)
+            own.copy_(state[name]) if keep else own.zero_()
+
+
+def _fixed(values: Tensor) -> Tensor:
+    return torch.round(values * 2.0 ** FRACTION_BITS).to(torch.int64)
+
+
+def refit_decoder(gram: Tensor, cross: Tensor, w_old: Tensor, ridge: float = RIDGE) -> Tensor:
+    """argmin_W ||Y - Z W||^2 + r ||W - w_old||^2 from gram = Z^T Z and cross = Z^T Y (float64), r
+    the ridge times the mean of gram's diagonal: a latent that never fired keeps its old row. In
+    w_old's dtype and device."""
+    r = ridge * float(gram.diagonal().mean()) if gram.numel() else 0.0
+    if r <= 0:  # nothing fired in the window
+        return w_old.detach().clone()
+    lhs = gram + r * torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
+    rhs = cross + r * w_old.detach().to(gram)
+    return torch.linalg.solve(lhs, rhs).to(w_old)

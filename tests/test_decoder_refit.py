@@ -1,0 +1,151 @@
+"""The decoder refit: its sums and solve on plain data, its window, and in a run (one and two
+ranks, a resume inside its window, the command line's errors)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import LENGTH_FREE_SCHEDULE, main_here, run_cli
+from sae_dist.config import TrainConfig
+from sae_dist.memory import estimate_for_config, refit_bytes
+from sae_dist.models.refit import DecoderRefit, refit_decoder
+from sae_dist.models.sae import SparseAutoencoder
+from sae_dist.models.sparse_ops import Pattern
+from sae_dist.train.checkpoint import STATE, latest_checkpoint
+from sae_dist.train.refit import window_start
+
+SMALL = ["--d-in", "32", "--d-sae", "128", "--k", "8", "--synthetic-features", "96", "--log-every", "2",
+         "--eval-rows", "0", "--architecture", "matryoshka", "--seed", "3"]
+
+
+def sparse_codes(rows: int, d_sae: int, k: int, seed: int) -> tuple[Pattern, torch.Tensor, torch.Tensor]:
+    """k distinct latents a row with positive values: (pattern, values in its order, the dense Z)."""
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.rand(rows, d_sae, generator=gen).topk(k, dim=1).indices
+    vals = torch.rand(rows, k, generator=gen) + 0.1
+    dense = torch.zeros(rows, d_sae).scatter_(1, idx, vals)
+    return Pattern.per_row(idx, d_sae), vals.reshape(-1), dense
+
+
+def test_the_sums_are_z_transpose_z_and_z_transpose_y_in_any_order():
+    pattern, vals, z = sparse_codes(200, 40, 5, seed=0)
+    y = torch.randn(200, 6, generator=torch.Generator().manual_seed(1))
+    whole = DecoderRefit(40, 6, "cpu")
+    whole.set_scales(vals, y)
+    whole.add(pattern, vals, y)
+    unit_z, unit_y = whole.scales
+    fixed = 2.0 ** 24
+    gram = whole.gram.double() * unit_z * unit_z / fixed
+    cross = whole.cross.double() * unit_z * unit_y / fixed
+    assert torch.allclose(gram, (z.T @ z).double(), atol=1e-5)
+    assert torch.allclose(cross, (z.T @ y).double(), atol=1e-5)
+    # The same rows in two halves, the later first: the same integers (a resume's sums are exact).
+    halves = DecoderRefit(40, 6, "cpu")
+    halves.scales = whole.scales
+    for part in (slice(100, 200), slice(0, 100)):
+        p, v, _ = sparse_codes(200, 40, 5, seed=0)
+        sub = Pattern.per_row(p.col.view(200, 5)[part], 40)
+        halves.add(sub, v.view(200, 5)[part].reshape(-1), y[part])
+    assert torch.equal(halves.gram, whole.gram) and torch.equal(halves.cross, whole.cross)
+
+
+def test_rows_of_unequal_counts_pair_only_their_own_latents():
+    """BatchTopK's rows fire different numbers of latents: a row's pairs are its own."""
+    crow = torch.tensor([0, 1, 4, 4, 6])  # 1, 3, 0 and 2 latents
+    col = torch.tensor([2, 0, 1, 3, 3, 4])
+    vals = torch.tensor([1.0, 2.0, 0.5, 1.5, 3.0, 0.25])
+    pattern = Pattern(crow, col, 5)
+    z = pattern.csr(vals).to_dense()
+    y = torch.arange(8.0).view(4, 2)
+    refit = DecoderRefit(5, 2, "cpu")
+    refit.set_scales(vals, y)
+    refit.add(pattern, vals, y)
+    unit_z, unit_y = refit.scales
+    assert torch.allclose(refit.gram.double() * unit_z ** 2 / 2 ** 24, (z.T @ z).double(), atol=1e-6)
+    assert torch.allclose(refit.cross.double() * unit_z * unit_y / 2 ** 24, (z.T @ y).double(), atol=1e-6)
+
+
+def test_the_solve_finds_the_decoder_that_wrote_the_rows_and_keeps_unfired_rows():
+    _, _, z = sparse_codes(500, 30, 4, seed=2)
+    z[:, 7] = 0  # latent 7 never fires
+    truth = torch.randn(30, 8, generator=torch.Generator().manual_seed(3))
+    y = z @ truth
+    old = torch.randn(30, 8, generator=torch.Generator().manual_seed(4))
+    new = refit_decoder((z.T @ z).double(), (z.T @ y).double(), old, ridge=1e-9)
+    fired = torch.arange(30) != 7
+    assert torch.allclose(new[fired], truth[fired], atol=1e-4)
+    assert torch.allclose(new[7], old[7])
+    assert new.dtype == old.dtype
+    nothing = torch.zeros(30, 30, dtype=torch.float64), torch.zeros(30, 8, dtype=torch.float64)
+    assert torch.equal(refit_decoder(*nothing, old), old)  # no firing in the window: the old decoder
+
+
+def test_the_refit_decoder_reconstructs_the_rows_it_was_fit_on_better():
+    """Least squares given the codes: on the window's own rows the refit cannot do worse."""
+    torch.manual_seed(0)
+    sae = SparseAutoencoder(16, 64, "matryoshka", k=4, matryoshka_widths=(16, 64), seed=0)
+    x = torch.randn(2048, 16) @ torch.randn(16, 16)
+    refit = DecoderRefit(64, 16, "cpu")
+    for chunk in x.split(256):
+        out = sae(chunk)
+        if refit.scales is None:
+            refit.set_scales(out.codes.acts, out.goal)
+        refit.add(out.codes.pattern, out.codes.acts, out.goal)
+    before = float(sae(x).mse.detach())
+    with torch.no_grad():
+        sae.W_dec.copy_(refit.solve(sae.W_dec))
+    after = float(sae(x).mse.detach())
+    assert after < 0.9 * before, (before, after)
+
+
+@pytest.mark.parametrize("steps, fraction, start", [
+    (100, 0.2, 80), (100, 0.0, 100), (10, 0.01, 9), (10, 1.0, 0), (7, 0.5, 3)])
+def test_the_window_is_the_last_fraction_of_the_steps_and_at_least_one(steps, fraction, start):
+    assert window_start(steps, fraction) == start
+
+
+def test_the_estimate_counts_the_refit():
+    base = TrainConfig(d_in=32, d_sae=128, architecture="matryoshka")
+    refit = TrainConfig(d_in=32, d_sae=128, architecture="matryoshka", refit_fraction=0.2)
+    a, b = estimate_for_config(base, 1, "cpu"), estimate_for_config(refit, 1, "cpu")
+    assert a.refit == 0 and "refit" not in a.describe()
+    assert b.total - a.total == refit_bytes(128, 32) > 0 and "refit" in b.describe()
+
+
+def decoder(run_dir) -> torch.Tensor:
+    return load_file(str(latest_checkpoint(run_dir) / "sae.safetensors"))["W_dec"]
+
+
+def test_a_stop_inside_the_window_on_two_ranks_refits_as_a_straight_run(tmp_path):
+    """2 ranks stopped by a SIGTERM after step 5 of 12 (checkpoint at the report of step 6, inside
+    the window from step 4: the sums are in it), then resumed: the decoder equals an uninterrupted
+    run's on 1 rank, and differs from the decoder trained without the refit."""
+    args = [*SMALL, "--checkpoint-every", "0", *LENGTH_FREE_SCHEDULE, "--steps", "12"]
+    refit = ["--refit-fraction", "0.75"]
+    for name, extra in (("straight", refit), ("plain", [])):
+        ran = main_here("train", *args, *extra, "--no-db", "--devices", "cpu:1", "--batch-size", "128",
+                        "--out-dir", str(tmp_path / name))
+        assert ran.returncode == 0, ran.stderr
+    split = [*args, *refit, "--devices", "cpu:2", "--batch-size", "64", "--out-dir", str(tmp_path / "split")]
+    stopped = run_cli("train", *split, env={"SAE_DIST_TEST_TERM_RANK_AT": "1:5"})
+    assert stopped.returncode != 0 and latest_checkpoint(tmp_path / "split").name == "step_00000006"
+    assert "refit" in torch.load(latest_checkpoint(tmp_path / "split") / STATE, weights_only=False)
+    done = run_cli("train", *split, "--resume")
+    assert done.returncode == 0, done.stderr
+    assert "decoder refit by least squares to the codes of the last 9 steps" in done.stdout + done.stderr
+    straight, resumed, plain = decoder(tmp_path / "straight"), decoder(tmp_path / "split"), decoder(tmp_path / "plain")
+    assert (resumed - straight).norm() / straight.norm() < 1e-5
+    assert (plain - straight).norm() / straight.norm() > 1e-3  # the refit moved the decoder
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--refit-fraction", "2"], "refit_fraction: must be between 0 and 1, got 2.0"),
+    (["--architecture", "jumprelu", "--refit-fraction", "0.2"], "the architecture is jumprelu"),
+])
+def test_a_bad_refit_is_one_line_and_exit_2(tmp_path, flags, words):
+    ran = main_here("train", "--no-db", "--steps", "2", "--out-dir", str(tmp_path / "r"), *flags)
+    lines = ran.stderr.strip().splitlines()
+    assert ran.returncode == 2 and len(lines) == 1 and words in lines[0], ran.stderr
+    assert not (tmp_path / "r").exists()
