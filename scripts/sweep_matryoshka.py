@@ -14,7 +14,8 @@ their groups, and no point starts after `--budget` seconds, so the sweep fits a 
 
 Groups: budget (TopK and the default at 1x, 4x, 8x, 16x one pass), widths, lr, auxk, weight (the
 inner prefixes' loss weight), select, seed, alone (h3: h1 whose parents fire alone 30% of the time),
-h2. Results append to OUT/results.jsonl; a rerun skips the points already there.
+h2, refit (the decoder refit, `--refit-fraction`, on h1-h3). Results append to OUT/results.jsonl; a
+rerun skips the points already there.
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ POINTS = [
     Point("alone", "topk", data="h3"), Point("alone", "matryoshka", data="h3", flags=mat()),
     Point("h2", "topk", data="h2"), Point("h2", "matryoshka", data="h2", flags=mat()),
     Point("h2", "matryoshka-4x", data="h2", flags=mat(), passes=4),
+    # the decoder refit to the codes of the last fifth (the lr decay's) and half of the steps
+    *[Point("refit", f"{name}-refit{f}", data=d, flags={**flags, "refit_fraction": f})
+      for d in ("h1", "h2", "h3") for name, flags in (("matryoshka", mat()), ("topk", {})) for f in (0.2, 0.5)],
 ]
 GROUPS = list(dict.fromkeys(p.group for p in POINTS))
 
