@@ -29,7 +29,7 @@ def sparse_codes(rows: int, d_sae: int, k: int, seed: int) -> tuple[Pattern, tor
     return Pattern.per_row(idx, d_sae), vals.reshape(-1), dense
 
 
-def test_the_sums_are_z_transpose_z_and_z_transpose_y_in_any_order():
+def test_the_sums_are_z_transpose_z_and_z_transpose_y_whatever_the_split():
     pattern, vals, z = sparse_codes(200, 40, 5, seed=0)
     y = torch.randn(200, 6, generator=torch.Generator().manual_seed(1))
     whole = DecoderRefit(40, 6, "cpu")
@@ -41,14 +41,15 @@ def test_the_sums_are_z_transpose_z_and_z_transpose_y_in_any_order():
     cross = whole.cross.double() * unit_z * unit_y / fixed
     assert torch.allclose(gram, (z.T @ z).double(), atol=1e-5)
     assert torch.allclose(cross, (z.T @ y).double(), atol=1e-5)
-    # The same rows in two halves, the later first: the same integers (a resume's sums are exact).
+    # The same rows in two halves, the later first: Z^T Z the same integers; Z^T Y, summed a
+    # micro-batch at a time before it is rounded to the grid, within a unit of it a micro-batch.
     halves = DecoderRefit(40, 6, "cpu")
     halves.scales = whole.scales
     for part in (slice(100, 200), slice(0, 100)):
         p, v, _ = sparse_codes(200, 40, 5, seed=0)
         sub = Pattern.per_row(p.col.view(200, 5)[part], 40)
         halves.add(sub, v.view(200, 5)[part].reshape(-1), y[part])
-    assert torch.equal(halves.gram, whole.gram) and torch.equal(halves.cross, whole.cross)
+    assert torch.equal(halves.gram, whole.gram) and int((halves.cross - whole.cross).abs().max()) <= 2
 
 
 def test_rows_of_unequal_counts_pair_only_their_own_latents():
@@ -111,7 +112,7 @@ def test_the_estimate_counts_the_refit():
     refit = TrainConfig(d_in=32, d_sae=128, architecture="matryoshka", refit_fraction=0.2)
     a, b = estimate_for_config(base, 1, "cpu"), estimate_for_config(refit, 1, "cpu")
     assert a.refit == 0 and "refit" not in a.describe()
-    assert b.total - a.total == refit_bytes(128, 32) > 0 and "refit" in b.describe()
+    assert b.total - a.total == refit_bytes(128, 32, base.batch_size, base.k) > 0 and "refit" in b.describe()
 
 
 def decoder(run_dir) -> torch.Tensor:

@@ -9,8 +9,9 @@ its last steps, so the refit costs no pass over the data of its own; the encoder
 so every row's codes are unchanged and only what they write moves.
 
 The sums are kept in fixed point (int64): integer sums do not depend on their order, so a run
-resumed from a checkpoint taken inside the window, on any number of ranks, refits to exactly the
-decoder of a run that never stopped.
+stopped and resumed inside the window refits to the decoder of a run that never stopped (exactly
+on the same ranks; on others, as its weights, to rounding: Z^T Y is rounded to the grid a
+micro-batch at a time).
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ class DecoderRefit:
         pairs = (cols[:, :, None] * d_sae + cols[:, None, :]).reshape(-1)
         products = (vals[:, :, None] * vals[:, None, :]).reshape(-1)
         self.gram.view(-1).index_add_(0, pairs, _fixed(products))
-        self.cross.index_add_(0, pattern.col, _fixed(z[:, None] * y[rows]))
+        # Z^T Y in float64 first (no [entries, d_out] block), then in fixed point: the micro-batch's
+        # own sum is rounded to the grid, far finer than a row's share of it.
+        self.cross += _fixed(pattern.t_matmul(z, y))
 
     def reduce_to(self, leader: int, group=None, ranks: int = 1, is_leader: bool = True) -> None:
         """The SAE's ranks' sums onto its leader, the others left at zero: where a checkpoint
