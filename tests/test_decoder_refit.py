@@ -29,16 +29,18 @@ def sparse_codes(rows: int, d_sae: int, k: int, seed: int) -> tuple[Pattern, tor
     return Pattern.per_row(idx, d_sae), vals.reshape(-1), dense
 
 
+def sums(refit: DecoderRefit) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Z^T Z, Z^T Y) as the solve reads them."""
+    return refit.normal_equations()
+
+
 def test_the_sums_are_z_transpose_z_and_z_transpose_y_whatever_the_split():
     pattern, vals, z = sparse_codes(200, 40, 5, seed=0)
     y = torch.randn(200, 6, generator=torch.Generator().manual_seed(1))
     whole = DecoderRefit(40, 6, "cpu")
     whole.set_scales(vals, y)
     whole.add(pattern, vals, y)
-    unit_z, unit_y = whole.scales
-    fixed = 2.0 ** 24
-    gram = whole.gram.double() * unit_z * unit_z / fixed
-    cross = whole.cross.double() * unit_z * unit_y / fixed
+    gram, cross = sums(whole)
     assert torch.allclose(gram, (z.T @ z).double(), atol=1e-5)
     assert torch.allclose(cross, (z.T @ y).double(), atol=1e-5)
     # The same rows in two halves, the later first: Z^T Z the same integers; Z^T Y, summed a
@@ -63,9 +65,9 @@ def test_rows_of_unequal_counts_pair_only_their_own_latents():
     refit = DecoderRefit(5, 2, "cpu")
     refit.set_scales(vals, y)
     refit.add(pattern, vals, y)
-    unit_z, unit_y = refit.scales
-    assert torch.allclose(refit.gram.double() * unit_z ** 2 / 2 ** 24, (z.T @ z).double(), atol=1e-6)
-    assert torch.allclose(refit.cross.double() * unit_z * unit_y / 2 ** 24, (z.T @ y).double(), atol=1e-6)
+    gram, cross = sums(refit)
+    assert torch.allclose(gram, (z.T @ z).double(), atol=1e-6)
+    assert torch.allclose(cross, (z.T @ y).double(), atol=1e-6)
 
 
 def test_the_solve_finds_the_decoder_that_wrote_the_rows_and_keeps_unfired_rows():

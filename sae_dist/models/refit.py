@@ -58,20 +58,15 @@ class DecoderRefit:
         unit_z, unit_y = self.scales
         z = acts.detach().double() / unit_z
         y = goal.detach().double() / unit_y
-        rows = pattern.row_of_entry()
-        # Each row's latents as a padded [rows, most] block: the pairs of one row are its Z^T Z terms.
-        counts = pattern.crow.diff()
-        most = int(counts.max()) if counts.numel() else 0
-        if most == 0:
+        cols, vals = _rows_block(pattern, z)
+        if cols.shape[1] == 0:
             return
-        slot = torch.arange(pattern.col.numel(), device=z.device) - pattern.crow[:-1][rows]
-        cols = torch.zeros(pattern.n_rows, most, dtype=torch.int64, device=z.device)
-        vals = torch.zeros(pattern.n_rows, most, dtype=torch.float64, device=z.device)
-        cols[rows, slot], vals[rows, slot] = pattern.col, z
+        # Each unordered pair of a row's latents once (slot a <= b): Z^T Z is this sum plus its
+        # transpose less its diagonal (`solve`), at about half the additions.
+        a, b = torch.triu_indices(cols.shape[1], cols.shape[1], device=cols.device)
         d_sae = self.gram.shape[0]
-        pairs = (cols[:, :, None] * d_sae + cols[:, None, :]).reshape(-1)
-        products = (vals[:, :, None] * vals[:, None, :]).reshape(-1)
-        self.gram.view(-1).index_add_(0, pairs, _fixed(products))
+        pairs = (cols[:, a] * d_sae + cols[:, b]).reshape(-1)
+        self.gram.view(-1).index_add_(0, pairs, _fixed((vals[:, a] * vals[:, b]).reshape(-1)))
         # Z^T Y in float64 first (no [entries, d_out] block), then in fixed point: the micro-batch's
         # own sum is rounded to the grid, far finer than a row's share of it.
         self.cross += _fixed(pattern.t_matmul(z, y))
@@ -85,13 +80,20 @@ class DecoderRefit:
                 if not is_leader:
                     t.zero_()
 
-    def solve(self, w_old: Tensor) -> Tensor:
-        """The refit decoder [d_sae, d_out] from the (reduced) sums."""
+    def normal_equations(self) -> tuple[Tensor, Tensor]:
+        """(Z^T Z, Z^T Y) in float64 from the (reduced) sums: the half kept made whole."""
         assert self.scales is not None
         unit_z, unit_y = self.scales
-        gram = self.gram.double() * (unit_z * unit_z / 2.0 ** FRACTION_BITS)
-        cross = self.cross.double() * (unit_z * unit_y / 2.0 ** FRACTION_BITS)
-        return refit_decoder(gram, cross, w_old)
+        diagonal = self.gram.diagonal().double()
+        gram = self.gram.double()
+        gram = gram + gram.T  # (one float64 copy at a time beside the sums: the estimate's bound)
+        gram.diagonal().sub_(diagonal)
+        gram *= unit_z * unit_z / 2.0 ** FRACTION_BITS
+        return gram, self.cross.double() * (unit_z * unit_y / 2.0 ** FRACTION_BITS)
+
+    def solve(self, w_old: Tensor) -> Tensor:
+        """The refit decoder [d_sae, d_out] from the (reduced) sums."""
+        return refit_decoder(*self.normal_equations(), w_old)
 
     def state_dict(self) -> dict:
         return {"gram": self.gram.cpu(), "cross": self.cross.cpu(), "scales": self.scales}
@@ -104,17 +106,33 @@ class DecoderRefit:
             own.copy_(state[name]) if keep else own.zero_()
 
 
+def _rows_block(pattern: Pattern, values: Tensor) -> tuple[Tensor, Tensor]:
+    """Each row's latents and values as [rows, most] blocks: a view where every row has the same
+    count (TopK), else padded with latent 0 at value 0 (BatchTopK), which adds nothing."""
+    counts = pattern.crow.diff()
+    most = int(counts.max()) if counts.numel() else 0
+    if pattern.n_rows and bool((counts == most).all()):
+        return pattern.col.view(pattern.n_rows, most), values.view(pattern.n_rows, most)
+    rows = pattern.row_of_entry()
+    slot = torch.arange(pattern.col.numel(), device=values.device) - pattern.crow[:-1][rows]
+    cols = torch.zeros(pattern.n_rows, most, dtype=torch.int64, device=values.device)
+    vals = torch.zeros(pattern.n_rows, most, dtype=values.dtype, device=values.device)
+    cols[rows, slot], vals[rows, slot] = pattern.col, values
+    return cols, vals
+
+
 def _fixed(values: Tensor) -> Tensor:
     return torch.round(values * 2.0 ** FRACTION_BITS).to(torch.int64)
 
 
-def refit_decoder(gram: Tensor, cross: Tensor, w_old: Tensor, ridge: float = RIDGE) -> Tensor:
+def refit_decoder(gram: Tensor, cross: Tensor, w_old: Tensor, ridge: float = RIDGE, keep_gram: bool = False) -> Tensor:
     """argmin_W ||Y - Z W||^2 + r ||W - w_old||^2 from gram = Z^T Z and cross = Z^T Y (float64), r
     the ridge times the mean of gram's diagonal: a latent that never fired keeps its old row. In
-    w_old's dtype and device."""
+    w_old's dtype and device. `gram` is used up (its diagonal raised) unless `keep_gram`."""
     r = ridge * float(gram.diagonal().mean()) if gram.numel() else 0.0
     if r <= 0:  # nothing fired in the window
         return w_old.detach().clone()
-    lhs = gram + r * torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
+    lhs = gram.clone() if keep_gram else gram  # (the caller's copy, or changed in place: one d_sae^2 less)
+    lhs.diagonal().add_(r)
     rhs = cross + r * w_old.detach().to(gram)
     return torch.linalg.solve(lhs, rhs).to(w_old)
