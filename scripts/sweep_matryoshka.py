@@ -80,6 +80,8 @@ POINTS = [
     # the decoder refit to the codes of the last fifth (the lr decay's) and half of the steps
     *[Point("refit", f"{name}-refit{f}", data=d, flags={**flags, "refit_fraction": f})
       for d in ("h1", "h2", "h3") for name, flags in (("matryoshka", mat()), ("topk", {})) for f in (0.2, 0.5)],
+    Point("refit", "matryoshka", data="q1", flags=mat()),  # flat features
+    Point("refit", "matryoshka-refit0.2", data="q1", flags=mat(refit_fraction=0.2)),
 ]
 GROUPS = list(dict.fromkeys(p.group for p in POINTS))
 
