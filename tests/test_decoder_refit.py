@@ -152,3 +152,19 @@ def test_a_bad_refit_is_one_line_and_exit_2(tmp_path, flags, words):
     lines = ran.stderr.strip().splitlines()
     assert ran.returncode == 2 and len(lines) == 1 and words in lines[0], ran.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_a_sweeps_sae_refits_as_it_would_alone(tmp_path):
+    """A sweep over the fraction on 2 ranks: its refit SAE's decoder equals the same SAE trained
+    alone on 1 rank (the sweep's promise), and its unrefit one differs from it."""
+    args = [*SMALL, "--checkpoint-every", "0", "--steps", "8", "--no-db"]
+    alone = main_here("train", *args, "--refit-fraction", "0.5", "--devices", "cpu:1", "--batch-size", "128",
+                      "--out-dir", str(tmp_path / "alone"))
+    assert alone.returncode == 0, alone.stderr
+    swept = run_cli("train", *args, "--sweep", "refit_fraction=0,0.5", "--devices", "cpu:2", "--batch-size", "64",
+                    "--out-dir", str(tmp_path / "sweep"))
+    assert swept.returncode == 0, swept.stderr
+    straight = decoder(tmp_path / "alone")
+    refit, plain = decoder(tmp_path / "sweep" / "saes" / "refit0.5"), decoder(tmp_path / "sweep" / "saes" / "refit0")
+    assert (refit - straight).norm() / straight.norm() < 1e-5
+    assert (plain - straight).norm() / straight.norm() > 1e-3
