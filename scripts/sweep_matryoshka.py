@@ -82,6 +82,8 @@ POINTS = [
       for d in ("h1", "h2", "h3") for name, flags in (("matryoshka", mat()), ("topk", {})) for f in (0.2, 0.5)],
     Point("refit", "matryoshka", data="q1", flags=mat()),  # flat features
     Point("refit", "matryoshka-refit0.2", data="q1", flags=mat(refit_fraction=0.2)),
+    Point("refit", "matryoshka-seed1", data="h2", flags=mat(), seed=1),  # h2's goal at a second seed
+    Point("refit", "matryoshka-refit0.5-seed1", data="h2", flags=mat(refit_fraction=0.5), seed=1),
 ]
 GROUPS = list(dict.fromkeys(p.group for p in POINTS))
 
