@@ -29,20 +29,26 @@ def sparse_codes(rows: int, d_sae: int, k: int, seed: int) -> tuple[Pattern, tor
     return Pattern.per_row(idx, d_sae), vals.reshape(-1), dense
 
 
-def sums(refit: DecoderRefit) -> tuple[torch.Tensor, torch.Tensor]:
-    """(Z^T Z, Z^T Y) as the solve reads them."""
-    return refit.normal_equations()
+def summed(pattern: Pattern, vals: torch.Tensor, y: torch.Tensor) -> DecoderRefit:
+    """One micro-batch's sums, the scales set from it."""
+    refit = DecoderRefit(pattern.n_latents, y.shape[1], "cpu")
+    refit.set_scales(vals, y)
+    refit.add(pattern, vals, y)
+    return refit
+
+
+def assert_sums_are(refit: DecoderRefit, z: torch.Tensor, y: torch.Tensor, atol: float) -> None:
+    """(Z^T Z, Z^T Y) as the solve reads them are the dense products."""
+    gram, cross = refit.normal_equations()
+    assert torch.allclose(gram, (z.T @ z).double(), atol=atol)
+    assert torch.allclose(cross, (z.T @ y).double(), atol=atol)
 
 
 def test_the_sums_are_z_transpose_z_and_z_transpose_y_whatever_the_split():
     pattern, vals, z = sparse_codes(200, 40, 5, seed=0)
     y = torch.randn(200, 6, generator=torch.Generator().manual_seed(1))
-    whole = DecoderRefit(40, 6, "cpu")
-    whole.set_scales(vals, y)
-    whole.add(pattern, vals, y)
-    gram, cross = sums(whole)
-    assert torch.allclose(gram, (z.T @ z).double(), atol=1e-5)
-    assert torch.allclose(cross, (z.T @ y).double(), atol=1e-5)
+    whole = summed(pattern, vals, y)
+    assert_sums_are(whole, z, y, atol=1e-5)
     # The same rows in two halves, the later first: Z^T Z the same integers; Z^T Y, summed a
     # micro-batch at a time before it is rounded to the grid, within a unit of it a micro-batch.
     halves = DecoderRefit(40, 6, "cpu")
@@ -62,12 +68,7 @@ def test_rows_of_unequal_counts_pair_only_their_own_latents():
     pattern = Pattern(crow, col, 5)
     z = pattern.csr(vals).to_dense()
     y = torch.arange(8.0).view(4, 2)
-    refit = DecoderRefit(5, 2, "cpu")
-    refit.set_scales(vals, y)
-    refit.add(pattern, vals, y)
-    gram, cross = sums(refit)
-    assert torch.allclose(gram, (z.T @ z).double(), atol=1e-6)
-    assert torch.allclose(cross, (z.T @ y).double(), atol=1e-6)
+    assert_sums_are(summed(pattern, vals, y), z, y, atol=1e-6)
 
 
 def test_the_solve_finds_the_decoder_that_wrote_the_rows_and_keeps_unfired_rows():
