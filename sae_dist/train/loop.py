@@ -217,8 +217,7 @@ def _run(job: Job) -> TrainResult:
                                 loss_scale=m.plan.loss_scale(m.group_rank(ctx.rank)), slowdown=slowdown)
             compute += result.forward_done - m_started
             m.window.add([m.sae.split(x)[1] for x in xs], result.outputs)  # a transcoder is judged on y
-            if refit.in_window(m, step, cfg.steps):
-                refit.gather(m, result.outputs)
+            refit.gather(m, result.outputs, step, cfg.steps)  # (inside the refit's window only)
             if report and ctx.rank == m.leader:
                 grad_norms[i] = result.grad_norm
         for m in job.members:
@@ -227,9 +226,8 @@ def _run(job: Job) -> TrainResult:
             for m in job.members:
                 if m.live:
                     m.window.check_dead(m.state, DEAD_CHECK_STEPS * stream.plan.global_batch, m.cfg.dead_after_samples)
-        if step == cfg.steps:  # before the last checkpoint, which keeps the refit decoder
-            for m in job.members:
-                refit.refit_decoder(m, ctx.rank, cfg.steps)
+        if step == cfg.steps:  # before the last checkpoint, which keeps the refit decoders
+            refit.refit_decoders(job.members, ctx.rank, cfg.steps)
         if kill_at and step == kill_at[0]:  # test-only: a device that dies, or a preemption, for real
             os.kill(os.getpid(), kill_at[1]) if kill_at[1] else _wait_for_a_signal()
         if not report:

@@ -30,8 +30,11 @@ def in_window(m, step: int, steps: int) -> bool:
     return bool(m.cfg.refit_fraction) and step > window_start(steps, m.cfg.refit_fraction)
 
 
-def gather(m, outputs: list[SaeOutput]) -> None:
-    """This rank's micro-batches of the step into the SAE's sums (started at the window's first)."""
+def gather(m, outputs: list[SaeOutput], step: int, steps: int) -> None:
+    """This rank's micro-batches of the step into the SAE's sums, inside the window (started at
+    its first step); nothing outside it."""
+    if not in_window(m, step, steps):
+        return
     if m.refit is None:
         m.refit = DecoderRefit(m.sae.d_sae, m.sae.d_in, m.sae.W_dec.device)
     if m.refit.scales is None:
@@ -59,6 +62,12 @@ def from_checkpoint(m, state: dict, rank: int, step: int, steps: int) -> None:
         return
     m.refit = DecoderRefit(m.sae.d_sae, m.sae.d_in, m.sae.W_dec.device)
     m.refit.load_state_dict(saved, keep=rank == m.leader)
+
+
+def refit_decoders(members: list, rank: int, steps: int) -> None:
+    """After the last step, every SAE's of the job that has sums (the same order on every rank)."""
+    for m in members:
+        refit_decoder(m, rank, steps)
 
 
 def refit_decoder(m, rank: int, steps: int) -> None:
