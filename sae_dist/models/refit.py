@@ -125,14 +125,14 @@ def _fixed(values: Tensor) -> Tensor:
     return torch.round(values * 2.0 ** FRACTION_BITS).to(torch.int64)
 
 
-def refit_decoder(gram: Tensor, cross: Tensor, w_old: Tensor, ridge: float = RIDGE, keep_gram: bool = False) -> Tensor:
+def refit_decoder(gram: Tensor, cross: Tensor, w_old: Tensor, ridge: float = RIDGE) -> Tensor:
     """argmin_W ||Y - Z W||^2 + r ||W - w_old||^2 from gram = Z^T Z and cross = Z^T Y (float64), r
     the ridge times the mean of gram's diagonal: a latent that never fired keeps its old row. In
-    w_old's dtype and device. `gram` is used up (its diagonal raised) unless `keep_gram`."""
+    w_old's dtype and device. `gram` is used up: its diagonal is raised in place (one d_sae^2 copy
+    less at the solve)."""
     r = ridge * float(gram.diagonal().mean()) if gram.numel() else 0.0
     if r <= 0:  # nothing fired in the window
         return w_old.detach().clone()
-    lhs = gram.clone() if keep_gram else gram  # (the caller's copy, or changed in place: one d_sae^2 less)
-    lhs.diagonal().add_(r)
     rhs = cross + r * w_old.detach().to(gram)
-    return torch.linalg.solve(lhs, rhs).to(w_old)
+    gram.diagonal().add_(r)
+    return torch.linalg.solve(gram, rhs).to(w_old)
