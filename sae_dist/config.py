@@ -22,6 +22,7 @@ from sae_dist.defaults import (
     default_dead_after_samples,
     default_lr,
     default_matryoshka_widths,
+    default_refit_fraction,
     default_warmup_steps,
 )
 from sae_dist.errors import ConfigError
@@ -81,9 +82,10 @@ class TrainConfig:
     auxk_coefficient: float = _f(1 / 32, "AuxK loss weight for dead latents (topk, batchtopk, matryoshka); "
                                          "0 turns it off")
     auxk_k: int | None = _f(None, "latents the AuxK loss uses; default d_in // 2")
-    refit_fraction: float = _f(
-        0.0, "topk, batchtopk, matryoshka: at the end, the decoder refit by least squares to the codes of this "
-             "last fraction of the steps (0.2: the lr decay's); 0 (the default) turns it off (docs/training.md)")
+    refit_fraction: float | None = _f(
+        None, "topk, batchtopk, matryoshka: at the end, the decoder refit by least squares to the codes of this "
+              "last fraction of the steps; 0 turns it off; default 0.5 for a matryoshka SAE of at most 16,384 "
+              "latents (the solve needs 24 x d_sae^2 bytes), else 0 (docs/training.md)")
     dead_after_samples: int | None = _f(
         None, "a latent is dead (AuxK revives it) when it has not fired in this many samples; "
               "default a tenth of the run's samples, at least one batch, at most 10M")
@@ -185,6 +187,7 @@ class TrainConfig:
             lr_decay_fraction=self.lr_decay_fraction if self.lr_decay_fraction is not None else DECAY_FRACTION,
             dead_after_samples=(self.dead_after_samples if self.dead_after_samples is not None
                                 else default_dead_after_samples(self.steps * global_batch, global_batch)),
+            refit_fraction=self.resolved_refit_fraction,
         )
 
     def _unchecked(self, **changes: Any) -> TrainConfig:
@@ -195,6 +198,12 @@ class TrainConfig:
         for name, value in changes.items():
             setattr(new, name, value)
         return new
+
+    @property
+    def resolved_refit_fraction(self) -> float:
+        if self.refit_fraction is not None:
+            return self.refit_fraction
+        return default_refit_fraction(self.architecture, self.resolved_d_sae, transcoder=self.transcode is not None)
 
     @property
     def resolved_matryoshka_widths(self) -> tuple[int, ...]:
@@ -280,7 +289,7 @@ class TrainConfig:
         self._validate_transcoder()
         if self.lr_decay_fraction is not None and not 0.0 <= self.lr_decay_fraction <= 1.0:
             raise ConfigError("lr_decay_fraction", f"must be between 0 and 1, got {self.lr_decay_fraction}")
-        if not 0.0 <= self.refit_fraction <= 1.0:  # (also NaN)
+        if self.refit_fraction is not None and not 0.0 <= self.refit_fraction <= 1.0:  # (also NaN)
             raise ConfigError("refit_fraction", f"must be between 0 and 1, got {self.refit_fraction}")
         if self.refit_fraction and self.architecture not in TOPK_FAMILY:
             raise ConfigError("refit_fraction", f"refits a decoder to TopK-family codes ({', '.join(TOPK_FAMILY)}); "

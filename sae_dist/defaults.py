@@ -27,6 +27,21 @@ MATRYOSHKA_LR_FACTOR = 2.0
 MATRYOSHKA_FRACTIONS = (4, 1)  # d_sae // each
 
 
+# The decoder refit (sae_dist.models.refit) over the last half of the steps, for Matryoshka SAEs:
+# it lowered FVU and raised MCC and children on every planted hierarchy, on flat data and on
+# MiniLM, and half the steps edged out a fifth on h2 (docs/quality.md, "The decoder refit").
+# Off by default above REFIT_MAX_D_SAE latents: its float64 solve holds 3 d_sae^2 matrices
+# (6.4 GB at 16,384; 103 GB at 65,536), so larger dictionaries ask for it by --refit-fraction.
+REFIT_FRACTION = 0.5
+REFIT_MAX_D_SAE = 16_384
+
+
+def default_refit_fraction(architecture: str, d_sae: int, transcoder: bool = False) -> float:
+    """The decoder refit's share of the steps when none is given: REFIT_FRACTION for a Matryoshka
+    SAE of at most REFIT_MAX_D_SAE latents, else 0 (off; TopK's results stay as measured)."""
+    return REFIT_FRACTION if architecture == "matryoshka" and not transcoder and d_sae <= REFIT_MAX_D_SAE else 0.0
+
+
 def default_lr(global_batch: int, d_sae: int, k: int, d_in: int, architecture: str = "topk") -> float:
     """Adam learning rate for a TopK-family SAE of this shape trained with this global batch."""
     del global_batch, d_sae, k  # too few swept shapes to fit these terms (docs/quality.md)
@@ -62,6 +77,8 @@ def describe_resolved(given, resolved) -> str:
         mark("lr_warmup_steps", f"warm-up {resolved.lr_warmup_steps:,} steps"),
         mark("lr_decay_fraction", f"decay to 0 over the last {resolved.lr_decay_fraction:.0%} of the steps"),
         mark("dead_after_samples", f"dead after {resolved.dead_after_samples:,} samples without firing"),
+        mark("refit_fraction", f"decoder refit to the last {resolved.refit_fraction:.0%} of the steps"
+             if resolved.refit_fraction else "no decoder refit"),
     ])
 
 

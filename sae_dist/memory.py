@@ -158,7 +158,7 @@ def estimate_for_config(cfg, world_size: int, device_type: str | None = None) ->
     estimate = estimate_memory(cfg.d_in, cfg.resolved_d_sae, cfg.batch_size, cfg.architecture, cfg.k, world_size,
                                act_bytes=act_bytes, device_type=device_type, levels=levels,
                                batch_level=cfg.batch_level, skip=cfg.skip)
-    if getattr(cfg, "refit_fraction", 0):
+    if cfg.resolved_refit_fraction:
         estimate = replace(estimate, refit=refit_bytes(cfg.resolved_d_sae, cfg.d_in, cfg.batch_size, cfg.k))
     return estimate
 

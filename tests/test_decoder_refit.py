@@ -111,8 +111,8 @@ def test_the_window_is_the_last_fraction_of_the_steps_and_at_least_one(steps, fr
 
 
 def test_the_estimate_counts_the_refit():
-    base = TrainConfig(d_in=32, d_sae=128, architecture="matryoshka")
-    refit = TrainConfig(d_in=32, d_sae=128, architecture="matryoshka", refit_fraction=0.2)
+    base = TrainConfig(d_in=32, d_sae=128, architecture="matryoshka", refit_fraction=0)
+    refit = TrainConfig(d_in=32, d_sae=128, architecture="matryoshka")  # Matryoshka's default refits
     a, b = estimate_for_config(base, 1, "cpu"), estimate_for_config(refit, 1, "cpu")
     assert a.refit == 0 and "refit" not in a.describe()
     assert b.total - a.total == refit_bytes(128, 32, base.batch_size, base.k) > 0 and "refit" in b.describe()

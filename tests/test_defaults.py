@@ -47,5 +47,30 @@ def test_a_config_resolves_the_rules_for_its_global_batch_and_keeps_what_it_was_
     r = given.resolved(world_size=4)
     assert (r.lr, r.lr_warmup_steps, r.lr_decay_fraction, r.dead_after_samples) == (1e-2, 7, 0.0, 123)
     assert describe_resolved(given, r) == ("lr 0.01, warm-up 7 steps, decay to 0 over the last 0% of the steps, "
-                                           "dead after 123 samples without firing")
+                                           "dead after 123 samples without firing, no decoder refit (default)")
     assert "lr 0.0018 (default)" in describe_resolved(cfg, cfg.resolved(1))
+
+
+@pytest.mark.parametrize("settings, fraction", [
+    ({"architecture": "matryoshka", "d_sae": 4096}, 0.5),  # Matryoshka refits by default...
+    ({"architecture": "matryoshka", "d_sae": 16_384}, 0.5),
+    ({"architecture": "matryoshka", "d_sae": 16_385}, 0.0),  # ...up to the size whose solve is 6.4 GB
+    ({"architecture": "matryoshka", "d_sae": 65_536, "refit_fraction": 0.2}, 0.2),  # asked for: always
+    ({"architecture": "matryoshka", "d_sae": 4096, "refit_fraction": 0.0}, 0.0),
+    ({"architecture": "topk", "d_sae": 4096}, 0.0),  # TopK's results stay as measured
+    ({"architecture": "batchtopk", "d_sae": 4096}, 0.0),
+    ({"architecture": "standard", "d_sae": 4096}, 0.0),
+])
+def test_the_decoder_refit_is_matryoshkas_default_up_to_a_size(settings, fraction):
+    cfg = TrainConfig(d_in=256, k=16, steps=100, **settings)
+    resolved = cfg.resolved(world_size=1)
+    assert cfg.resolved_refit_fraction == resolved.refit_fraction == fraction
+    described = describe_resolved(cfg, resolved)
+    assert (f"decoder refit to the last {fraction:.0%} of the steps" if fraction else "no decoder refit") in described
+    assert described.endswith("(default)") == ("refit_fraction" not in settings)
+
+
+def test_a_matryoshka_transcoder_is_not_refit_by_default():
+    cfg = TrainConfig(d_in=256, d_sae=4096, k=16, architecture="matryoshka", matryoshka_selection="batch",
+                      source="shards", shards_path="x", transcode="a:b")
+    assert cfg.resolved_refit_fraction == 0.0

@@ -134,7 +134,8 @@ def test_resume_reaches_the_same_weights(tmp_path, source, devices, architecture
         write_shards(tmp_path / "acts", [torch.randn(700, 32, generator=gen) for _ in range(3)])
         args += ["--source", "shards", "--shards-path", str(tmp_path / "acts")]
     args += ["--checkpoint-every", "4", *LENGTH_FREE_SCHEDULE,
-             "--dead-after-samples", "512"]  # latents die early: AuxK and its counters matter
+             "--dead-after-samples", "512",  # latents die early: AuxK and its counters matter
+             "--refit-fraction", "0"]  # a finished run refits its decoder, and the split run finishes at 6
     ranks = int(devices.split(":")[1])
     ok(main_here("train", *args, "--devices", "cpu:1", "--batch-size", str(64 * ranks), "--steps", "12",
                  "--out-dir", str(tmp_path / "straight")))
@@ -241,6 +242,10 @@ def test_every_architecture_trains_on_two_ranks(tmp_path, architecture):
                      "--lr", "3e-3", "--out-dir", str(tmp_path / "r")))
     fvus = [float(v) for v in re.findall(r"fvu ([\d.]+)", out.stdout)]
     assert len(fvus) == 3 and fvus[-1] < fvus[0] and fvus[-1] < 0.8, out.stdout
+    # Matryoshka's decoder is refit by default (the window's sums on two ranks), and the run says so.
+    assert ("decoder refit to the last 50% of the steps" in out.stdout) == (architecture == "matryoshka")
+    assert ("decoder refit by least squares to the codes of the last 15 steps" in out.stdout) == (
+        architecture == "matryoshka"), out.stdout
     sae = load_sae(tmp_path / "r" / "sae")
     # Exported as SAELens runs it: batch-level top-k as a JumpReLU, Matryoshka (each sample's top k) as TopK.
     assert sae.architecture == {"standard": "standard", "matryoshka": "topk"}.get(architecture, "jumprelu")
@@ -253,7 +258,10 @@ def test_memory_estimate_within_25_percent(tmp_path, architecture):
     # process of its own: in this one, pytest's and earlier tests' memory would count as the run's.
     # The measured peak is of the training steps; the end-of-run evaluation comes after it (and
     # costs more than the steps at this size), so the run leaves it out.
-    out = ok(run_cli("train", "--no-db", "--architecture", architecture, "--d-in", "128", "--d-sae", "16384",
+    # (Without Matryoshka's default decoder refit, whose solve after the last step, 6.4 GB here,
+    # the estimate counts as an upper bound: test_decoder_refit checks that part.)
+    refit = ["--refit-fraction", "0"] if architecture == "matryoshka" else []
+    out = ok(run_cli("train", "--no-db", "--architecture", architecture, "--d-in", "128", "--d-sae", "16384", *refit,
                      "--batch-size", "1024", "--steps", "6", "--log-every", "3", "--checkpoint-every", "0",
                      "--eval-rows", "0", "--devices", "cpu:1", "--out-dir", str(tmp_path / "m")))
     found = re.search(r"peak memory: measured ([\d.]+) MiB, estimated ([\d.]+) MiB", out.stdout)

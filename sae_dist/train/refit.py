@@ -27,7 +27,7 @@ def window_start(steps: int, fraction: float) -> int:
 
 
 def in_window(m, step: int, steps: int) -> bool:
-    return bool(m.cfg.refit_fraction) and step > window_start(steps, m.cfg.refit_fraction)
+    return bool(m.cfg.resolved_refit_fraction) and step > window_start(steps, m.cfg.resolved_refit_fraction)
 
 
 def gather(m, outputs: list[SaeOutput], step: int, steps: int) -> None:
@@ -81,7 +81,7 @@ def refit_decoder(m, rank: int, steps: int) -> None:
     if leader:
         w.copy_(m.refit.solve(w))
         log.info("%sdecoder refit by least squares to the codes of the last %d steps",
-                 f"{m.name}: " if m.name else "", steps - window_start(steps, m.cfg.refit_fraction))
+                 f"{m.name}: " if m.name else "", steps - window_start(steps, m.cfg.resolved_refit_fraction))
     if len(m.ranks) > 1:
         dist.broadcast(w, src=m.leader, group=m.group)
     m.refit = None
