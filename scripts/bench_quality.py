@@ -4,7 +4,8 @@ For each data set (planted dictionaries of several shapes, flat and hierarchical
 activations harvested here), every trainer gets the same rows and the same budget (one pass over
 1,048,576 rows, batch 1024, the same d_sae and k) with its own recipe:
   * sae-dist: `python -m sae_dist train --source shards` with nothing else set (its defaults);
-  * sae-dist-matryoshka: the same with `--architecture matryoshka` (its default prefixes);
+  * sae-dist-matryoshka: the same with `--architecture matryoshka` (its defaults: prefixes, lr and,
+    since 2026-11-29, the decoder refit);
   * sparsify: its Trainer's defaults (SignSGD + schedule-free averaging), evaluated on the
     weights it saves (peers/train_sparsify_recipe.py);
   * SAELens: SAETrainer with its defaults (peers/train_saelens_recipe.py).
