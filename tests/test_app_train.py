@@ -96,7 +96,7 @@ def test_the_resolved_defaults_are_shown_before_submit():
     assert optimisation(at).startswith("Optimisation: lr 0.001, warm-up 75 steps (default)")
     assert "dead after 38,400 samples" in optimisation(at)
     at.segmented_control(key="tr_architecture").set_value("matryoshka").run()  # refits its decoder by default
-    assert optimisation(at).endswith("decoder refit to the last 50% of the steps (default).")
+    assert optimisation(at).endswith("decoder refit to the last 20% of the steps (default).")
 
 
 @pytest.mark.slow  # 1 s or more (AppTest runs of the page)
