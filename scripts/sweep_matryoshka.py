@@ -16,7 +16,7 @@ Groups: budget (TopK and the default at 1x, 4x, 8x, 16x one pass), widths, lr, a
 inner prefixes' loss weight), select, seed, alone (h3: h1 whose parents fire alone 30% of the time),
 h2, refit (the decoder refit, `--refit-fraction`, on h1-h3). Results append to OUT/results.jsonl; a
 rerun skips the points already there. A Matryoshka point runs with the trainer's defaults, which
-since 2026-11-29 refit the decoder over the last half of the steps: the figures measured before
+since 2026-11-29 refit the decoder over the last fifth of the steps: the figures measured before
 ran without it (`refit_fraction=0` repeats them).
 """
 
