@@ -84,8 +84,9 @@ class TrainConfig:
     auxk_k: int | None = _f(None, "latents the AuxK loss uses; default d_in // 2")
     refit_fraction: float | None = _f(
         None, "topk, batchtopk, matryoshka: at the end, the decoder refit by least squares to the codes of this "
-              "last fraction of the steps; 0 turns it off; default 0.2 for a matryoshka SAE of at most 16,384 "
-              "latents (the solve needs 24 x d_sae^2 bytes), else 0 (docs/training.md)")
+              "last fraction of the steps; 0 turns it off; default 0.2 for a matryoshka SAE or a batchtopk or "
+              "matryoshka transcoder of at most 16,384 latents (the solve needs 24 x d_sae^2 bytes), else 0 "
+              "(docs/training.md)")
     dead_after_samples: int | None = _f(
         None, "a latent is dead (AuxK revives it) when it has not fired in this many samples; "
               "default a tenth of the run's samples, at least one batch, at most 10M")

@@ -31,16 +31,21 @@ MATRYOSHKA_FRACTIONS = (4, 1)  # d_sae // each
 # Matryoshka SAEs: it lowered FVU and raised MCC and children on every planted hierarchy, on flat
 # data and on MiniLM; the last half did no better (h1 worse by 0.001, h2 better by 0.0004, h3
 # the same) at x1.27 the run's time on CPU against x1.1 (docs/quality.md, "The decoder refit").
-# Off by default above REFIT_MAX_D_SAE latents: its float64 solve holds 3 d_sae^2 matrices
-# (6.4 GB at 16,384; 103 GB at 65,536), so larger dictionaries ask for it by --refit-fraction.
+# TopK-family transcoders too: on MiniLM's MLP at one pass it took the transcoder's FVU from
+# 0.129 to 0.121 and the skip transcoder's from 0.108 to 0.102 (docs/quality.md, "Transcoders"),
+# where a BatchTopK SAE gained nothing. Off by default above REFIT_MAX_D_SAE latents: its float64
+# solve holds 3 d_sae^2 matrices (6.4 GB at 16,384; 103 GB at 65,536), so larger dictionaries ask
+# for it by --refit-fraction.
 REFIT_FRACTION = 0.2
 REFIT_MAX_D_SAE = 16_384
 
 
 def default_refit_fraction(architecture: str, d_sae: int, transcoder: bool = False) -> float:
     """The decoder refit's share of the steps when none is given: REFIT_FRACTION for a Matryoshka
-    SAE of at most REFIT_MAX_D_SAE latents, else 0 (off; TopK's results stay as measured)."""
-    return REFIT_FRACTION if architecture == "matryoshka" and not transcoder and d_sae <= REFIT_MAX_D_SAE else 0.0
+    SAE or a TopK-family transcoder of at most REFIT_MAX_D_SAE latents, else 0 (off: TopK's and
+    BatchTopK's SAEs stay as measured)."""
+    wanted = architecture == "matryoshka" or (transcoder and architecture in ("topk", "batchtopk", "matryoshka"))
+    return REFIT_FRACTION if wanted and d_sae <= REFIT_MAX_D_SAE else 0.0
 
 
 def default_lr(global_batch: int, d_sae: int, k: int, d_in: int, architecture: str = "topk") -> float:

@@ -70,7 +70,12 @@ def test_the_decoder_refit_is_matryoshkas_default_up_to_a_size(settings, fractio
     assert described.endswith("(default)") == ("refit_fraction" not in settings)
 
 
-def test_a_matryoshka_transcoder_is_not_refit_by_default():
-    cfg = TrainConfig(d_in=256, d_sae=4096, k=16, architecture="matryoshka", matryoshka_selection="batch",
-                      source="shards", shards_path="x", transcode="a:b")
-    assert cfg.resolved_refit_fraction == 0.0
+@pytest.mark.parametrize("architecture, fraction", [("batchtopk", 0.2), ("matryoshka", 0.2), ("jumprelu", 0.0),
+                                                    ("standard", 0.0)])
+def test_a_topk_family_transcoder_is_refit_by_default(architecture, fraction):
+    selection = {"matryoshka_selection": "batch"} if architecture == "matryoshka" else {}
+    cfg = TrainConfig(d_in=256, d_sae=4096, k=16, architecture=architecture, source="shards", shards_path="x",
+                      transcode="a:b", **selection)
+    assert cfg.resolved_refit_fraction == fraction
+    assert TrainConfig(d_in=256, d_sae=16_385, k=16, architecture=architecture, source="shards", shards_path="x",
+                       transcode="a:b", **selection).resolved_refit_fraction == 0.0
