@@ -204,7 +204,8 @@ class TrainConfig:
     def resolved_refit_fraction(self) -> float:
         if self.refit_fraction is not None:
             return self.refit_fraction
-        return default_refit_fraction(self.architecture, self.resolved_d_sae, transcoder=self.transcode is not None)
+        return default_refit_fraction(self.architecture, self.resolved_d_sae, topk_family_transcoder=(
+            self.transcode is not None and self.architecture in TOPK_FAMILY))
 
     @property
     def resolved_matryoshka_widths(self) -> tuple[int, ...]:

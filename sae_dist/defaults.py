@@ -40,11 +40,11 @@ REFIT_FRACTION = 0.2
 REFIT_MAX_D_SAE = 16_384
 
 
-def default_refit_fraction(architecture: str, d_sae: int, transcoder: bool = False) -> float:
+def default_refit_fraction(architecture: str, d_sae: int, topk_family_transcoder: bool = False) -> float:
     """The decoder refit's share of the steps when none is given: REFIT_FRACTION for a Matryoshka
     SAE or a TopK-family transcoder of at most REFIT_MAX_D_SAE latents, else 0 (off: TopK's and
     BatchTopK's SAEs stay as measured)."""
-    wanted = architecture == "matryoshka" or (transcoder and architecture in ("topk", "batchtopk", "matryoshka"))
+    wanted = architecture == "matryoshka" or topk_family_transcoder
     return REFIT_FRACTION if wanted and d_sae <= REFIT_MAX_D_SAE else 0.0
 
 

@@ -477,12 +477,12 @@ def _log_start(job: Job, stream: Stream, estimate: MemoryEstimate, latest: Path 
     shares = (f"shares of each micro-batch: {list(plan.shares)}, {plan.micro_steps} micro-batch"
               f"{'es' if plan.micro_steps > 1 else ''} a step ({stream.why})")
     if job.sweep is None:
-        refit_note = f", decoder refit to the last {cfg.resolved_refit_fraction:.0%} of the steps"
+        fraction = cfg.resolved_refit_fraction  # (0: no refit)
         log.info("run %s: %s SAE d_in=%d d_sae=%d on %d x %s (%s), global batch %d, lr %.2e%s%s",
                  job.record.run_id if job.record.run_id is not None else "(no db)", cfg.architecture, cfg.d_in,
                  cfg.resolved_d_sae, ctx.world_size, ctx.device.type, ctx.backend, plan.global_batch,
                  cfg.resolved_lr, ", bf16 autocast" if use_bf16(cfg, ctx.device) else "",
-                 refit_note if cfg.resolved_refit_fraction else "")
+                 f", decoder refit to the last {fraction:.0%} of the steps" if fraction else "")
         log.info("%s", shares)
         log.info("memory estimate: %s", estimate.describe())
         log.info("run directory: %s", job.run_dir)
