@@ -82,9 +82,10 @@ POINTS = [
     # the decoder refit to the codes of the last fifth (the lr decay's) and half of the steps
     *[Point("refit", f"{name}-refit{f}", data=d, flags={**flags, "refit_fraction": f})
       for d in ("h1", "h2", "h3") for name, flags in (("matryoshka", mat()), ("topk", {})) for f in (0.2, 0.5)],
-    Point("refit", "matryoshka", data="q1", flags=mat()),  # flat features
+    # (the baselines say refit_fraction=0: the refit is Matryoshka's default since 2026-11-29)
+    Point("refit", "matryoshka", data="q1", flags=mat(refit_fraction=0)),  # flat features
     Point("refit", "matryoshka-refit0.2", data="q1", flags=mat(refit_fraction=0.2)),
-    Point("refit", "matryoshka-seed1", data="h2", flags=mat(), seed=1),  # h2's goal at a second seed
+    Point("refit", "matryoshka-seed1", data="h2", flags=mat(refit_fraction=0), seed=1),  # h2 at a second seed
     Point("refit", "matryoshka-refit0.5-seed1", data="h2", flags=mat(refit_fraction=0.5), seed=1),
 ]
 GROUPS = list(dict.fromkeys(p.group for p in POINTS))
