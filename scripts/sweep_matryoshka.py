@@ -14,7 +14,8 @@ their groups, and no point starts after `--budget` seconds, so the sweep fits a 
 
 Groups: budget (TopK and the default at 1x, 4x, 8x, 16x one pass), widths, lr, auxk, weight (the
 inner prefixes' loss weight), select, seed, alone (h3: h1 whose parents fire alone 30% of the time),
-h2, refit (the decoder refit, `--refit-fraction`, on h1-h3). Results append to OUT/results.jsonl; a
+h2, refit (the decoder refit, `--refit-fraction`, on h1-h3), reread (runs with and
+without the refit that scripts/refit_offline.py reads again). Results append to OUT/results.jsonl; a
 rerun skips the points already there. A Matryoshka point runs with the trainer's defaults, which
 since 2026-11-29 refit the decoder over the last fifth of the steps: the figures measured before
 ran without it (`refit_fraction=0` repeats them).
@@ -87,6 +88,10 @@ POINTS = [
     Point("refit", "matryoshka-refit0.2", data="q1", flags=mat(refit_fraction=0.2)),
     Point("refit", "matryoshka-seed1", data="h2", flags=mat(refit_fraction=0), seed=1),  # h2 at a second seed
     Point("refit", "matryoshka-refit0.5-seed1", data="h2", flags=mat(refit_fraction=0.5), seed=1),
+    # runs for scripts/refit_offline.py (a second read of the last rows): h1-h3 with the default
+    # (the refit) and without the refit
+    *[Point("reread", name, data=d, flags=mat(**flags)) for d in ("h1", "h2", "h3")
+      for name, flags in (("matryoshka", {}), ("matryoshka-refit0", {"refit_fraction": 0}))],
 ]
 GROUPS = list(dict.fromkeys(p.group for p in POINTS))
 
