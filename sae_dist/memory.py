@@ -165,10 +165,11 @@ def estimate_for_config(cfg, world_size: int, device_type: str | None = None) ->
 
 def refit_bytes(d_sae: int, d_out: int, batch_size: int, k: int) -> int:
     """The decoder refit (sae_dist.models.refit): its int64 sums, Z^T Z [d_sae, d_sae] and Z^T Y
-    [d_sae, d_out], kept through the window, and at the end their float64 copies and the solve's
-    factor, an upper bound (the solve runs after the last step, when the step's activations are
-    gone); a step's k x k pairs a row (index, product, fixed point: 24 bytes each)."""
-    return 3 * 8 * d_sae * d_sae + 3 * 8 * d_sae * d_out + 24 * batch_size * k * k
+    [d_sae, d_out], and each latent's firings, kept through the window, and at the end their
+    float64 copies and the solve's factor, an upper bound (the solve runs after the last step, when
+    the step's activations are gone); a step's k x k pairs a row (index, product, fixed point: 24
+    bytes each)."""
+    return 3 * 8 * d_sae * d_sae + 3 * 8 * d_sae * d_out + 3 * 8 * d_sae + 24 * batch_size * k * k
 
 
 class PeakMemory:

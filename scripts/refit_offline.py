@@ -49,16 +49,18 @@ def refit_fresh(sae: LoadedSae, source, first: int, last: int, every: int) -> No
     d_sae, d_in = sae.W_dec.shape
     gram = torch.zeros(d_sae * d_sae, dtype=torch.float64)
     cross = torch.zeros(d_sae, d_in, dtype=torch.float64)
+    firings = torch.zeros(d_sae, dtype=torch.int64)
     for start in range(first, last, BLOCK * every):
         x = source.samples(start, min(BLOCK, last - start))
         z = sae.encode(x)
         vals, idx = z.topk(sae.k, dim=1)
+        firings += torch.bincount(idx[vals > 0], minlength=d_sae)
         vals = vals.double()
         gram.index_add_(0, (idx[:, :, None] * d_sae + idx[:, None, :]).reshape(-1),
                         (vals[:, :, None] * vals[:, None, :]).reshape(-1))
         goal = (x - sae.b_dec).double()
         cross.index_add_(0, idx.reshape(-1), (vals[:, :, None] * goal[:, None, :]).reshape(-1, d_in))
-    sae.W_dec = refit_decoder(gram.view(d_sae, d_sae), cross, sae.W_dec)
+    sae.W_dec = refit_decoder(gram.view(d_sae, d_sae), cross, sae.W_dec, firings=firings)
 
 
 def train_encoder(sae: LoadedSae, source, first: int, last: int, lr: float, batch: int = 1024) -> None:

@@ -3,6 +3,8 @@ ranks, a resume inside its window, the command line's errors)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -84,6 +86,64 @@ def test_the_solve_finds_the_decoder_that_wrote_the_rows_and_keeps_unfired_rows(
     assert new.dtype == old.dtype
     nothing = torch.zeros(30, 30, dtype=torch.float64), torch.zeros(30, 8, dtype=torch.float64)
     assert torch.equal(refit_decoder(*nothing, old), old)  # no firing in the window: the old decoder
+
+
+def test_each_latents_firings_are_counted():
+    pattern, vals, z = sparse_codes(300, 40, 5, seed=5)
+    vals = vals.clone()
+    vals[:7] = 0  # a value of 0 (BatchTopK's padding, a ReLU at 0) is no firing
+    z = pattern.csr(vals).to_dense()
+    refit = summed(pattern, vals, torch.randn(300, 6))
+    assert torch.equal(refit.firings, (z != 0).sum(0))
+
+
+def test_a_latent_that_fired_a_few_times_stays_near_its_trained_row():
+    """Its least-squares row would fit its few rows' noise; its trained row counts as
+    `pseudo_firings` more firings. A latent that fired often is solved as before."""
+    _, _, z = sparse_codes(2000, 30, 4, seed=6)
+    z[:, 7] = 0
+    z[:3, 7] = 1.0  # latent 7 fires in the first 3 rows only
+    gen = torch.Generator().manual_seed(7)
+    truth = torch.randn(30, 8, generator=gen)
+    y = z @ truth + 0.3 * torch.randn(2000, 8, generator=gen)
+    old = truth + 0.05 * torch.randn(30, 8, generator=gen)
+    firings = (z != 0).sum(0)
+    plain = refit_decoder((z.T @ z).double(), (z.T @ y).double(), old, ridge=1e-9)
+    held = refit_decoder((z.T @ z).double(), (z.T @ y).double(), old, ridge=1e-9, firings=firings,
+                         pseudo_firings=32)
+    assert int(firings[7]) == 3 and int(firings[torch.arange(30) != 7].min()) > 200
+    assert (held[7] - old[7]).norm() < 0.25 * (plain[7] - old[7]).norm()
+    often = firings > 200
+    assert int(often.sum()) >= 25 and torch.allclose(held[often], plain[often], atol=0.05)
+
+
+def test_a_short_runs_refit_does_not_fit_its_few_rows_noise(tmp_path):
+    """A 40-step run: its window's latents fire a few times each. With one ridge for every latent
+    the default refit took held-out FVU from 0.41 to 6.5; it must not do worse than no refit."""
+    fvu = {}
+    for fraction in ("0", "0.2"):
+        out = tmp_path / fraction
+        ran = main_here("train", "--no-db", "--devices", "cpu:1", "--architecture", "matryoshka", "--d-in", "32",
+                        "--synthetic-features", "128", "--d-sae", "512", "--k", "8", "--batch-size", "64",
+                        "--steps", "40", "--refit-fraction", fraction, "--eval-rows", "4096",
+                        "--checkpoint-every", "0", "--out-dir", str(out))
+        assert ran.returncode == 0, ran.stderr
+        fvu[fraction] = json.loads((out / "evaluation.json").read_text())["fvu"]
+    assert fvu["0.2"] <= fvu["0"], fvu
+
+
+def test_sums_saved_before_the_firings_were_counted_still_solve():
+    pattern, vals, _ = sparse_codes(100, 20, 3, seed=8)
+    y = torch.randn(100, 4, generator=torch.Generator().manual_seed(9))
+    refit = summed(pattern, vals, y)
+    old = torch.randn(20, 4)
+    state = refit.state_dict()
+    assert torch.equal(state["firings"], refit.firings)
+    del state["firings"]  # a checkpoint of the ninth and tenth sessions' trainer
+    loaded = DecoderRefit(20, 4, "cpu")
+    loaded.load_state_dict(state)
+    assert loaded.firings is None
+    assert torch.allclose(loaded.solve(old), refit_decoder(*refit.normal_equations(), old))
 
 
 def test_the_refit_decoder_reconstructs_the_rows_it_was_fit_on_better():
