@@ -30,7 +30,8 @@ from sae_dist.config import TrainConfig  # noqa: E402
 from sae_dist.evaluate.load import LoadedSae, load_sae  # noqa: E402
 from sae_dist.evaluate.metrics import evaluate_sae  # noqa: E402
 from sae_dist.evaluate.planted import planted_from_settings  # noqa: E402
-from sae_dist.models.refit import refit_decoder  # noqa: E402
+from sae_dist.models.refit import DecoderRefit  # noqa: E402
+from sae_dist.models.sparse_ops import Pattern  # noqa: E402
 
 BLOCK = 4096  # rows a forward
 
@@ -44,23 +45,18 @@ def report(tag: str, sae: LoadedSae, source, rows: int, planted) -> None:
 
 @torch.no_grad()
 def refit_fresh(sae: LoadedSae, source, first: int, last: int, every: int) -> None:
-    """The trainer's solve (ridge and all) on the final encoder's codes of rows [first, last),
-    every `every`-th block of them."""
+    """The trainer's refit (its sums and solve) on the final encoder's codes of rows [first,
+    last), every `every`-th block of them."""
     d_sae, d_in = sae.W_dec.shape
-    gram = torch.zeros(d_sae * d_sae, dtype=torch.float64)
-    cross = torch.zeros(d_sae, d_in, dtype=torch.float64)
-    firings = torch.zeros(d_sae, dtype=torch.int64)
+    refit = DecoderRefit(d_sae, d_in, "cpu")
     for start in range(first, last, BLOCK * every):
         x = source.samples(start, min(BLOCK, last - start))
-        z = sae.encode(x)
-        vals, idx = z.topk(sae.k, dim=1)
-        firings += torch.bincount(idx[vals > 0], minlength=d_sae)
-        vals = vals.double()
-        gram.index_add_(0, (idx[:, :, None] * d_sae + idx[:, None, :]).reshape(-1),
-                        (vals[:, :, None] * vals[:, None, :]).reshape(-1))
-        goal = (x - sae.b_dec).double()
-        cross.index_add_(0, idx.reshape(-1), (vals[:, :, None] * goal[:, None, :]).reshape(-1, d_in))
-    sae.W_dec = refit_decoder(gram.view(d_sae, d_sae), cross, sae.W_dec, firings=firings)
+        vals, idx = sae.encode(x).topk(sae.k, dim=1)
+        goal = x - sae.b_dec
+        if refit.scales is None:
+            refit.set_scales(vals, goal)
+        refit.add(Pattern.per_row(idx, d_sae), vals.reshape(-1), goal)
+    sae.W_dec = refit.solve(sae.W_dec)
 
 
 def train_encoder(sae: LoadedSae, source, first: int, last: int, lr: float, batch: int = 1024) -> None:
