@@ -14,22 +14,25 @@ from __future__ import annotations
 
 import pytest
 
-# Sum of each file's test times, quiet, 2 workers (a junit report of ./scripts/test.sh, at 9b885c3;
-# test_scheduler_proctrack.py's measured alone, with the file's parallel runs as in the suite).
+# Sum of each file's test times (a junit report of ./scripts/test.sh at 81223ab, 2 workers, on the
+# 2-core machine of 2026-11-29, whose suite took 18 min 40 s).
 # Only an order: a file that grew or shrank since costs some balance, never a result. Files not
 # listed take under 5 s each.
 HEAVY = {
-    "test_train.py": 126, "test_harvest.py": 118, "test_balance_train.py": 117, "test_bench.py": 89,
-    "test_slurm.py": 67, "test_nvml_scheduler.py": 60, "test_e2e.py": 58, "test_scheduler.py": 55,
-    "test_daemon_death.py": 50, "test_scheduler_proctrack.py": 45, "test_device_faults.py": 38,
-    "test_sweep_train.py": 25,
-    "test_memory.py": 24, "test_app_train.py": 22, "test_evaluate.py": 22, "test_app_monitor_queue.py": 22,
-    "test_postgres.py": 21, "test_sweep_model.py": 19, "test_scheduler_arrays.py": 19, "test_sae.py": 16,
-    "test_scheduler_cli.py": 15, "test_scheduler_storage_faults.py": 15, "test_end_of_run_eval.py": 13,
-    "test_nvml_emulated.py": 12, "test_app_compare.py": 12, "test_chaos.py": 12, "test_export.py": 11,
-    "test_app_cards.py": 10, "test_scheduler_sweep.py": 10, "test_db.py": 9, "test_bench_reliability.py": 9,
-    "test_app.py": 9, "test_app_links_progress.py": 8, "test_scheduler_exclusive.py": 8,
-    "test_app_evaluation.py": 7, "test_model_check.py": 7, "test_analytics.py": 7, "test_kernels.py": 6,
+    "test_train.py": 227, "test_balance_train.py": 217, "test_e2e.py": 154, "test_harvest.py": 127,
+    "test_scheduler.py": 114, "test_gpu_check.py": 112, "test_bench.py": 103, "test_nvml_scheduler.py": 98,
+    "test_slurm.py": 73, "test_transcoder.py": 71, "test_device_faults.py": 60, "test_kernels.py": 60,
+    "test_scheduler_proctrack.py": 56, "test_daemon_death.py": 47, "test_sweep_train.py": 47,
+    "test_scheduler_preemption.py": 47, "test_sae.py": 40, "test_memory.py": 34, "test_decoder_refit.py": 33,
+    "test_evaluate.py": 31, "test_postgres.py": 25, "test_app_monitor_queue.py": 25,
+    "test_scheduler_cli.py": 23, "test_scheduler_metrics.py": 23, "test_app_train.py": 21,
+    "test_bench_script_inputs.py": 21, "test_sweep_model.py": 20, "test_nvml_emulated.py": 19,
+    "test_scheduler_storage_faults.py": 16, "test_scheduler_sweep.py": 15, "test_scheduler_arrays.py": 13,
+    "test_chaos.py": 11, "test_time_limit.py": 10, "test_end_of_run_eval.py": 10,
+    "test_scheduler_batch_script.py": 10, "test_db.py": 10, "test_scheduler_snapshot.py": 8,
+    "test_scheduler_exclusive.py": 8, "test_app_links_progress.py": 8, "test_report_offline.py": 8,
+    "test_app_compare.py": 7, "test_analytics.py": 7, "test_model_check.py": 6, "test_app.py": 6,
+    "test_bench_reliability.py": 6, "test_app_cards.py": 6, "test_app_sweeps.py": 5,
 }
 
 
