@@ -80,7 +80,9 @@ class DecoderRefit:
         """The SAE's ranks' sums onto its leader, the others left at zero: where a checkpoint
         keeps them and the solve reads them (the total stays exact, whatever rank holds it)."""
         if ranks > 1:
-            for t in (self.gram, self.cross, *([self.firings] if self.firings is not None else [])):
+            for t in (self.gram, self.cross, self.firings):
+                if t is None:  # a checkpoint from before the firing counts resumed
+                    continue
                 dist.reduce(t, dst=leader, group=group)
                 if not is_leader:
                     t.zero_()
