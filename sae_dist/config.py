@@ -19,9 +19,12 @@ from typing import Any, Literal
 
 from sae_dist.defaults import (
     DECAY_FRACTION,
+    RARE_BIAS_STEP,
+    RARE_BIAS_UNTIL,
     default_dead_after_samples,
     default_lr,
     default_matryoshka_widths,
+    default_rare_bias_floor,
     default_refit_fraction,
     default_warmup_steps,
 )
@@ -87,6 +90,14 @@ class TrainConfig:
               "last fraction of the steps; 0 turns it off; default 0.2 for a matryoshka SAE or a batchtopk or "
               "matryoshka transcoder of at most 16,384 latents (the solve needs 24 x d_sae^2 bytes), else 0 "
               "(docs/training.md)")
+    rare_bias_floor: float | None = _f(
+        None, "topk, batchtopk, matryoshka: a latent firing on fewer rows than this fraction of the average rate "
+              "k/d_sae gets a bias that only chooses which latents fire (their values stay unbiased), raised "
+              "until it fires more; 0 turns it off; default 0.1 for matryoshka, else 0 (docs/training.md)")
+    rare_bias_step: float | None = _f(
+        None, "with the rare-latent bias: each step it moves by this times the mean chosen activation; default 0.01")
+    rare_bias_until: float | None = _f(
+        None, "with the rare-latent bias: the fraction of the steps after which it is gone; default 0.7")
     dead_after_samples: int | None = _f(
         None, "a latent is dead (AuxK revives it) when it has not fired in this many samples; "
               "default a tenth of the run's samples, at least one batch, at most 10M")
@@ -189,6 +200,9 @@ class TrainConfig:
             dead_after_samples=(self.dead_after_samples if self.dead_after_samples is not None
                                 else default_dead_after_samples(self.steps * global_batch, global_batch)),
             refit_fraction=self.resolved_refit_fraction,
+            rare_bias_floor=self.resolved_rare_bias_floor,
+            rare_bias_step=self.rare_bias_step if self.rare_bias_step is not None else RARE_BIAS_STEP,
+            rare_bias_until=self.rare_bias_until if self.rare_bias_until is not None else RARE_BIAS_UNTIL,
         )
 
     def _unchecked(self, **changes: Any) -> TrainConfig:
@@ -206,6 +220,10 @@ class TrainConfig:
             return self.refit_fraction
         return default_refit_fraction(self.architecture, self.resolved_d_sae, topk_family_transcoder=(
             self.transcode is not None and self.architecture in TOPK_FAMILY))
+
+    @property
+    def resolved_rare_bias_floor(self) -> float:
+        return self.rare_bias_floor if self.rare_bias_floor is not None else default_rare_bias_floor(self.architecture)
 
     @property
     def resolved_matryoshka_widths(self) -> tuple[int, ...]:
@@ -291,11 +309,7 @@ class TrainConfig:
         self._validate_transcoder()
         if self.lr_decay_fraction is not None and not 0.0 <= self.lr_decay_fraction <= 1.0:
             raise ConfigError("lr_decay_fraction", f"must be between 0 and 1, got {self.lr_decay_fraction}")
-        if self.refit_fraction is not None and not 0.0 <= self.refit_fraction <= 1.0:  # (also NaN)
-            raise ConfigError("refit_fraction", f"must be between 0 and 1, got {self.refit_fraction}")
-        if self.refit_fraction and self.architecture not in TOPK_FAMILY:
-            raise ConfigError("refit_fraction", f"refits a decoder to TopK-family codes ({', '.join(TOPK_FAMILY)}); "
-                                                f"the architecture is {self.architecture}")
+        self._validate_topk_family_settings()
         if self.source == "shards" and not self.shards_path:
             raise ConfigError("shards_path", "source = shards needs the directory of the shards")
         if self.source != "shards" and self.shards_path:
@@ -346,6 +360,26 @@ class TrainConfig:
             if self.matryoshka_selection not in MATRYOSHKA_SELECTIONS:
                 raise ConfigError("matryoshka_selection", f"unknown value {self.matryoshka_selection!r}; choose one "
                                                           f"of {', '.join(MATRYOSHKA_SELECTIONS)}")
+
+    def _validate_topk_family_settings(self) -> None:
+        """The decoder refit's and the rare-latent bias's settings: fractions, for TopK-family SAEs."""
+        if self.refit_fraction is not None and not 0.0 <= self.refit_fraction <= 1.0:  # (also NaN)
+            raise ConfigError("refit_fraction", f"must be between 0 and 1, got {self.refit_fraction}")
+        if self.refit_fraction and self.architecture not in TOPK_FAMILY:
+            raise ConfigError("refit_fraction", f"refits a decoder to TopK-family codes ({', '.join(TOPK_FAMILY)}); "
+                                                f"the architecture is {self.architecture}")
+        bounds = {"rare_bias_floor": (0.0, 1.0, True), "rare_bias_step": (0.0, 1.0, False),
+                  "rare_bias_until": (0.0, 1.0, False)}
+        for name, (low, high, zero) in bounds.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not (low <= value <= high and (zero or value > low)):  # (also NaN)
+                side = "from 0" if zero else "above 0"
+                raise ConfigError(name, f"must be a fraction {side} up to 1, got {value}")
+            if self.architecture not in TOPK_FAMILY and (value or name != "rare_bias_floor"):
+                raise ConfigError(name, f"biases which latents a TopK-family SAE chooses ({', '.join(TOPK_FAMILY)}); "
+                                        f"the architecture is {self.architecture}")
 
     def _validate_transcoder(self) -> None:
         if self.skip and not self.transcode:

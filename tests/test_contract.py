@@ -43,7 +43,7 @@ SYNTHETIC_EVERYTHING = TrainConfig(
     checkpoint_every=0, keep_checkpoints=5, eval_rows=0, resume=True, db=False)
 SHARDS = TrainConfig(source="shards", shards_path="-shards dir/x", lr=0.1, architecture="matryoshka",
                      matryoshka_widths="256,1024,4096", matryoshka_selection="batch", matryoshka_inner_weight=0.5,
-                     refit_fraction=0.2,
+                     refit_fraction=0.2, rare_bias_floor=0.3 + 0.1, rare_bias_step=1 / 3, rare_bias_until=0.75,
                      ddp_compress="fp16",
                      balance="memory", name="--looks-like-a-flag")
 MODEL = TrainConfig(source="model", model_path="--model", text_path="-text.txt", model_site="attn_out",

@@ -36,6 +36,7 @@ NAME_PREFIX = {
     "l0_coefficient": "l0c", "jumprelu_init_threshold": "thr", "jumprelu_bandwidth": "bw",
     "auxk_coefficient": "auxk", "auxk_k": "auxkk", "dead_after_samples": "dead",
     "model_layer": "L", "model_site": "", "matryoshka_inner_weight": "iw", "refit_fraction": "refit",
+    "rare_bias_floor": "rare", "rare_bias_step": "rstep", "rare_bias_until": "runtil",
 }
 SWEEPABLE = tuple(NAME_PREFIX)
 
@@ -43,6 +44,7 @@ SWEEPABLE = tuple(NAME_PREFIX)
 # train the same SAE.
 USED_BY = {
     "k": TOPK_FAMILY, "auxk_coefficient": TOPK_FAMILY, "auxk_k": TOPK_FAMILY, "refit_fraction": TOPK_FAMILY,
+    "rare_bias_floor": TOPK_FAMILY, "rare_bias_step": TOPK_FAMILY, "rare_bias_until": TOPK_FAMILY,
     "l1_coefficient": ("standard",),
     "l0_coefficient": ("jumprelu",), "jumprelu_init_threshold": ("jumprelu",),
     "jumprelu_bandwidth": ("jumprelu",), "matryoshka_inner_weight": ("matryoshka",),

@@ -88,6 +88,15 @@ class _Step(torch.autograd.Function):
         return torch.zeros_like(x), (-(1.0 / eps) * near * grad).sum(0), None
 
 
+def _unbiased(enc: Encoded, bias: Tensor) -> Encoded:
+    """The chosen latents' values without the selection bias that chose them (at least 0: one the
+    bias alone lifted fires with 0, firing nothing and learning nothing from this row)."""
+    def less(acts, pattern):
+        return None if acts is None else (acts - bias[pattern.col]).clamp_min(0)
+
+    return Encoded(less(enc.acts, enc.pattern), enc.pattern, less(enc.aux_acts, enc.aux_pattern), enc.aux_pattern)
+
+
 class SparseAutoencoder(PairedRows, nn.Module):
     def __init__(
         self,
@@ -196,10 +205,14 @@ class SparseAutoencoder(PairedRows, nn.Module):
         return x @ self.W_skip.t() if self.skip else 0.0
 
     # ---- training forward ----
-    def forward(self, rows: Tensor, dead_mask: Tensor | None = None) -> SaeOutput:
+    def forward(self, rows: Tensor, dead_mask: Tensor | None = None,
+                selection_bias: Tensor | None = None) -> SaeOutput:
+        """The training forward. `dead_mask`: the latents AuxK revives; `selection_bias` (TopK
+        family): added to each latent's pre-activation only to choose the k that fire, the chosen
+        values kept unbiased (sae_dist.train.rare_bias)."""
         x, target = self.split(rows)
         if self.architecture in TOPK_FAMILY:
-            return self._forward_sparse(x, target, dead_mask)
+            return self._forward_sparse(x, target, dead_mask, selection_bias)
         pre = self.pre_acts(x)
         if self.architecture == "standard":
             acts = pre.relu()
@@ -217,12 +230,16 @@ class SparseAutoencoder(PairedRows, nn.Module):
                          l0=active.sum(-1).to(pre.dtype).mean(),
                          fired=active.sum(0).to(pre.dtype))
 
-    def _forward_sparse(self, x: Tensor, target: Tensor, dead_mask: Tensor | None) -> SaeOutput:
+    def _forward_sparse(self, x: Tensor, target: Tensor, dead_mask: Tensor | None,
+                        selection_bias: Tensor | None) -> SaeOutput:
         """TopK / BatchTopK through sparse_ops: one dense product, everything else on the k latents."""
         num_dead = int(dead_mask.sum()) if dead_mask is not None and self.auxk_coefficient > 0 else 0
-        enc = sparse_encode(x, self.input_offset, self.W_enc, self.b_enc, self.k,
+        b_enc = self.b_enc if selection_bias is None else self.b_enc + selection_bias.to(self.b_enc.dtype)
+        enc = sparse_encode(x, self.input_offset, self.W_enc, b_enc, self.k,
                             batch_level=self.batch_level,
                             dead_mask=dead_mask if num_dead else None, k_aux=min(self.auxk_k, num_dead))
+        if selection_bias is not None:
+            enc = _unbiased(enc, selection_bias.to(enc.acts.dtype))
         skip = self._skip_of(x)  # once a step: the prefixes' reconstructions share it
         x_hat = sparse_decode(enc.acts, self.W_dec, enc.pattern) + self.b_dec + skip
         active = (enc.acts > 0).to(enc.acts.dtype)

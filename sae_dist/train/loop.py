@@ -70,7 +70,7 @@ from sae_dist.train.members import (
 from sae_dist.train.run_record import RunRecord
 from sae_dist.train.shares import slowdown_for_tests
 from sae_dist.train.state import Stream, first_stream, on_main, resume, write_checkpoint
-from sae_dist.train.step import autocast_for, train_step, use_bf16, wrap_ddp
+from sae_dist.train.step import StepResult, autocast_for, train_step, use_bf16, wrap_ddp
 from sae_dist.train.window import TrainingDiverged, WindowReport, progress_line
 
 log = logging.getLogger(__name__)
@@ -208,16 +208,10 @@ def _run(job: Job) -> TrainResult:
         for i, m in enumerate(job.members):
             if not (m.here and m.live):
                 continue
-            lr = lr_at(step, m.cfg.resolved_lr, cfg.steps, m.cfg.lr_warmup_steps, m.cfg.lr_decay_fraction)
-            for group in m.opt.param_groups:
-                group["lr"] = lr
             xs = m.rows(local[m.site], gathered[m.site] if len(m.ranks) < ctx.world_size else None, ctx.rank)
             m_started = time.perf_counter()
-            result = train_step(m.model, m.sae, m.opt, xs, m.state.dead, autocast, grad_norm=report,
-                                loss_scale=m.plan.loss_scale(m.group_rank(ctx.rank)), slowdown=slowdown)
+            result = _train_member(job, m, xs, step, report, autocast)
             compute += result.forward_done - m_started
-            m.window.add([m.sae.split(x)[1] for x in xs], result.outputs)  # a transcoder is judged on y
-            refit.gather(m, result.outputs, step, cfg.steps)  # (inside the refit's window only)
             if report and ctx.rank == m.leader:
                 grad_norms[i] = result.grad_norm
         for m in job.members:
@@ -225,7 +219,8 @@ def _run(job: Job) -> TrainResult:
         if step % DEAD_CHECK_STEPS == 0:
             for m in job.members:
                 if m.live:
-                    m.window.check_dead(m.state, DEAD_CHECK_STEPS * stream.plan.global_batch, m.cfg.dead_after_samples)
+                    m.window.check(m.state, step, DEAD_CHECK_STEPS * stream.plan.global_batch,
+                                   m.cfg.dead_after_samples)
         if step == cfg.steps:  # before the last checkpoint, which keeps the refit decoders
             refit.refit_decoders(job.members, ctx.rank, cfg.steps)
         if kill_at and step == kill_at[0]:  # test-only: a device that dies, or a preemption, for real
@@ -259,6 +254,21 @@ def _run(job: Job) -> TrainResult:
 
     deferred_stop.clear()  # the evaluation and export: a signal stops them at once
     return _finish(job, stream, step, lead.peak_bytes if lead else None, estimate)
+
+
+def _train_member(job: Job, m: Member, xs: list[torch.Tensor], step: int, report: bool, autocast) -> StepResult:
+    """One SAE's optimizer step on this rank's rows `xs` of it, added to its window (and to its
+    decoder refit's sums, inside the refit's window)."""
+    cfg = job.cfg
+    lr = lr_at(step, m.cfg.resolved_lr, cfg.steps, m.cfg.lr_warmup_steps, m.cfg.lr_decay_fraction)
+    for group in m.opt.param_groups:
+        group["lr"] = lr
+    result = train_step(m.model, m.sae, m.opt, xs, m.state.dead, autocast, grad_norm=report,
+                        loss_scale=m.plan.loss_scale(m.group_rank(job.ctx.rank)), slowdown=job.slowdown,
+                        selection_bias=m.state.selection_bias)
+    m.window.add([m.sae.split(x)[1] for x in xs], result.outputs)  # a transcoder is judged on y
+    refit.gather(m, result.outputs, step, cfg.steps)
+    return result
 
 
 def _write_checkpoint(job: Job, stream: Stream, step: int) -> None:

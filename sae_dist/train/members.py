@@ -27,6 +27,7 @@ from sae_dist import distributed as D
 from sae_dist.config import TrainConfig
 from sae_dist.models.sae import SparseAutoencoder
 from sae_dist.train.balance import BatchPlan, bounded_split
+from sae_dist.train.rare_bias import rule_for
 from sae_dist.train.run_record import RunRecord
 from sae_dist.train.state import TrainState
 from sae_dist.train.step import make_optimizer, wrap_ddp
@@ -90,6 +91,7 @@ def build_member(name: str, cfg: TrainConfig, ranks: tuple[int, ...], run_dir: P
     zeros = torch.zeros(cfg.resolved_d_sae, dtype=torch.float64, device=ctx.device)
     state = TrainState(0, 0, zeros, zeros.clone(), group_plan(stream, ranks))
     state.refresh_dead(cfg.dead_after_samples)
+    state.start_rare_bias(rule_for(cfg), cfg.k)
     m = Member(name, cfg, ranks, state, MetricsWindow(cfg.d_in, cfg.resolved_d_sae, ctx.device), run_dir,
                group=group, site=site)
     if ctx.rank in ranks:

@@ -24,7 +24,7 @@ from sae_dist import distributed as D
 from sae_dist.config import TrainConfig
 from sae_dist.data.sources.base import ActivationSource
 from sae_dist.errors import UserError
-from sae_dist.train import refit
+from sae_dist.train import rare_bias, refit
 from sae_dist.train.balance import BalanceState, BatchPlan
 from sae_dist.train.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
 from sae_dist.train.shares import first_plan, resumed_plan
@@ -58,6 +58,31 @@ class TrainState:
     # checks (so a resume, or a stop's checkpoint, moves the dead set at the same steps as a run
     # that never stopped); None: none parked.
     parked_fired: Tensor | None = None
+    # The rare-latent bias (sae_dist.train.rare_bias): its rule (None: no bias), and while it is on,
+    # each latent's bias and firing-rate average; both None once it is gone.
+    rare: rare_bias.RareBiasRule | None = None
+    selection_bias: Tensor | None = None
+    fire_rate: Tensor | None = None
+
+    def start_rare_bias(self, rule: rare_bias.RareBiasRule | None, k: int) -> None:
+        """No bias yet, every latent's rate average at the average rate k / d_sae."""
+        self.rare = rule
+        if rule is not None:
+            d_sae = self.since_fired.numel()
+            self.selection_bias = torch.zeros(d_sae, device=self.since_fired.device)
+            self.fire_rate = torch.full((d_sae,), k / d_sae, dtype=torch.float64, device=self.since_fired.device)
+
+    def move_rare_bias(self, step: int, fired: Tensor, rows: int, chosen: Tensor, steps: int) -> None:
+        """The bias after `steps` steps of `rows` rows ending at `step` (`chosen`: the chosen
+        activations' sum and count); gone for good from the rule's stop step."""
+        if self.selection_bias is None or self.rare is None:
+            return
+        if step >= self.rare.stop_step:
+            self.selection_bias = self.fire_rate = None
+            return
+        act_mean = chosen[0] / chosen[1].clamp_min(1)
+        self.selection_bias, self.fire_rate = rare_bias.moved(self.selection_bias, self.fire_rate, fired, rows,
+                                                              act_mean, steps, self.rare)
 
     def refresh_dead(self, dead_after_samples: int) -> Tensor:
         """The dead mask; kept as None when no latent is dead (read at checks and reports only: no
@@ -126,8 +151,11 @@ def resume(cfg: TrainConfig, ctx: D.DistContext, members: list, source: Activati
         m.state.step, m.state.samples_total = step, int(counters["samples_total"])
         m.state.since_fired.copy_(counters["since_fired"])
         m.state.fire_total.copy_(counters["fire_total"])
-        parked = counters.get("parked_fired")  # absent before 2026-11-28, when each report moved the set
-        m.state.parked_fired = None if parked is None else parked.to(m.state.fire_total.device)
+        m.state.parked_fired = _parked(counters.get("parked_fired"), m.state.fire_total)
+        if "selection_bias" in counters:  # (absent before 2026-11-29: the bias starts afresh)
+            m.state.selection_bias, m.state.fire_rate = (
+                None if t is None else t.to(m.state.fire_total.device)
+                for t in (counters["selection_bias"], counters["fire_rate"]))
         m.state.refresh_dead(m.cfg.dead_after_samples)
         if m.here and m.live:
             own = (weights, saved) if m.run_dir == run_dir else _sae_checkpoint(m, ctx, step)
@@ -138,6 +166,16 @@ def resume(cfg: TrainConfig, ctx: D.DistContext, members: list, source: Activati
         log.info("resumed from %s at step %d%s", latest, step,
                  f" ({saved_world} ranks then, {ctx.world_size} now: {why})" if saved_world != ctx.world_size else "")
     return step, Stream(plan, balance, why)
+
+
+def _parked(parked: Tensor | None, like: Tensor) -> Tensor | None:
+    """The firings parked since the last check, then the chosen activations' sum and count (absent
+    before 2026-11-29: 0, 0), on the counters' device; absent before 2026-11-28, when each report
+    moved the dead set: None."""
+    if parked is None:
+        return None
+    parked = parked.to(like.device)
+    return torch.cat([parked, parked.new_zeros(2)]) if parked.numel() == like.numel() else parked
 
 
 def _sae_checkpoint(m, ctx: D.DistContext, step: int):
@@ -182,6 +220,9 @@ def write_checkpoint(cfg: TrainConfig, ctx: D.DistContext, members: list, source
                         "fire_total": m.state.fire_total.cpu(), "failed": m.failed}
             if m.state.parked_fired is not None:
                 counters["parked_fired"] = m.state.parked_fired.cpu()
+            if m.state.rare is not None:  # None once the bias is gone
+                counters["selection_bias"], counters["fire_rate"] = (
+                    None if t is None else t.cpu() for t in (m.state.selection_bias, m.state.fire_rate))
             if m.run_dir == run_dir:
                 weights = dict(m.sae.state_dict())
                 saved.update(counters, optimizer=m.opt.state_dict(), **refits[m.name])

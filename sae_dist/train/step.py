@@ -90,14 +90,15 @@ class StepResult:
 
 def train_step(model, sae: SparseAutoencoder, opt: torch.optim.Optimizer, batches: list[Tensor],
                dead_mask: Tensor | None, autocast=None, grad_norm: bool = False, loss_scale: float | None = None,
-               slowdown: float = 1.0) -> StepResult:
+               slowdown: float = 1.0, selection_bias: Tensor | None = None) -> StepResult:
     """Forward and backward over the micro-batches (all-reduce on the last only), the decoder
     constraint and the optimizer step.
 
     `loss_scale` multiplies each micro-batch's mean loss (default 1 / micro-batches): with unequal
     shares it is this rank's part of the micro-batch x world size (sae_dist.train.balance.BatchPlan), so
     that DDP's average is the whole batch's gradient. `slowdown` > 1 stretches each forward by
-    sleeping (tests: a slower card on virtual devices)."""
+    sleeping (tests: a slower card on virtual devices). `selection_bias`: the rare latents' bias
+    on which latents fire (sae_dist.train.rare_bias), None where there is none."""
     autocast = autocast if autocast is not None else nullcontext()
     scale = loss_scale if loss_scale is not None else 1 / len(batches)
     outs = []
@@ -107,7 +108,7 @@ def train_step(model, sae: SparseAutoencoder, opt: torch.optim.Optimizer, batche
         with (model.no_sync() if i < last and isinstance(model, DDP) else nullcontext()):
             started = time.perf_counter()
             with autocast:
-                out = model(x, dead_mask)
+                out = model(x, dead_mask, selection_bias)
             if x.device.type == "cuda" and (i == last or slowdown > 1):
                 torch.cuda.synchronize(x.device)
             if slowdown > 1:

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from sae_dist import distributed as D
+from sae_dist.defaults import DEAD_CHECK_STEPS
 from sae_dist.errors import UserError
 from sae_dist.memory import PeakMemory
 from sae_dist.train.balance import BatchPlan, WindowTimes, imbalance
@@ -78,7 +79,9 @@ class MetricsWindow:
         self.device = device
         self.sums = torch.zeros(len(SUMS) + d_in, dtype=torch.float64, device=device)  # then sum(x)
         self.fired = torch.zeros(d_sae, dtype=torch.float64, device=device)
-        self.fired_since_check = torch.zeros(d_sae, dtype=torch.float64, device=device)
+        # Since the last check: each latent's firings, then the chosen activations' sum and count
+        # (the rare-latent bias's scale); all-reduced at checks.
+        self.since_check = torch.zeros(d_sae + 2, dtype=torch.float64, device=device)
         self.step_times: list[float] = []
         self.compute_times: list[float] = []
         self.started = time.perf_counter()
@@ -102,7 +105,10 @@ class MetricsWindow:
                 acc[IDX["bad_loss"]] += (~torch.isfinite(out.loss.detach())).double()
                 acc[len(SUMS):] += x.sum(0, dtype=torch.float64)
                 self.fired += out.fired.detach().double()
-                self.fired_since_check += out.fired.detach().double()
+                self.since_check[:-2] += out.fired.detach().double()
+                if out.codes is not None:
+                    self.since_check[-2] += out.codes.acts.detach().sum(dtype=torch.float64)
+                    self.since_check[-1] += out.codes.acts.numel()
 
     def end_step(self, started: float, compute_s: float) -> None:
         """The step's times; on a GPU it waits for the step first, so the time is the step's own."""
@@ -134,20 +140,22 @@ class MetricsWindow:
                             m.samples / elapsed if elapsed > 0 else None, peak_bytes, per_rank, times,
                             find_stragglers([r[1] for r in per_rank]))
 
-    def check_dead(self, state: TrainState, samples: int, dead_after_samples: int) -> None:
-        """The dead-latent set moved on by the `samples` global samples since the last check (one
-        small all-reduce, on every rank at the same steps)."""
+    def check(self, state: TrainState, step: int, samples: int, dead_after_samples: int) -> None:
+        """The dead-latent set and the rare-latent bias moved on by the `samples` global samples
+        of the DEAD_CHECK_STEPS steps to `step` (one small all-reduce, on every rank at the same
+        steps)."""
         self.park_fired(state)
-        state.latents_fired(state.parked_fired, samples, dead_after_samples)
-        state.parked_fired = None
+        since, state.parked_fired = state.parked_fired, None
+        state.latents_fired(since[:-2], samples, dead_after_samples)
+        state.move_rare_bias(step, since[:-2], samples, since[-2:], DEAD_CHECK_STEPS)
 
     def park_fired(self, state: TrainState) -> None:
         """The firings since the last check, all-reduced, added to `state`'s parked ones: before a
         checkpoint between two checks (which keeps them, so the next check counts them whether or
         not the run stops), and at a check."""
-        fired = D.all_reduce_sum(self.fired_since_check).clone()  # (the buffer is zeroed below)
+        fired = D.all_reduce_sum(self.since_check).clone()  # (the buffer is zeroed below)
         state.parked_fired = fired if state.parked_fired is None else state.parked_fired + fired
-        self.fired_since_check.zero_()
+        self.since_check.zero_()
 
     def _gather_times(self, peak_bytes: int | None) -> tuple[list[list[float]], list[WindowTimes]]:
         # Medians and quartiles: the first step after a start carries one-time costs that are not
