@@ -93,7 +93,8 @@ class TrainConfig:
     rare_bias_floor: float | None = _f(
         None, "topk, batchtopk, matryoshka: a latent firing on fewer rows than this fraction of the average rate "
               "k/d_sae gets a bias that only chooses which latents fire (their values stay unbiased), raised "
-              "until it fires more; 0 turns it off; default 0.1 for matryoshka, else 0 (docs/training.md)")
+              "until it fires more; 0 turns it off; default 0.1 for matryoshka (sample selection), else 0 "
+              "(docs/training.md)")
     rare_bias_step: float | None = _f(
         None, "with the rare-latent bias: each step it moves by this times the mean chosen activation; default 0.01")
     rare_bias_until: float | None = _f(
@@ -223,7 +224,9 @@ class TrainConfig:
 
     @property
     def resolved_rare_bias_floor(self) -> float:
-        return self.rare_bias_floor if self.rare_bias_floor is not None else default_rare_bias_floor(self.architecture)
+        if self.rare_bias_floor is not None:
+            return self.rare_bias_floor
+        return default_rare_bias_floor(self.architecture, self.batch_level)
 
     @property
     def resolved_matryoshka_widths(self) -> tuple[int, ...]:

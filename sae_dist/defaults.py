@@ -43,15 +43,17 @@ REFIT_MAX_D_SAE = 16_384
 # The selection bias for rare latents (sae_dist.train.rare_bias) for Matryoshka SAEs: on the
 # planted hierarchies it lowered held-out FVU (h2 0.120 -> 0.117, h3 0.130 -> 0.119 at two seeds
 # each) and raised children and MCC, at no loss on flat data or MiniLM; TopK's and BatchTopK's
-# SAEs stay as measured without it (docs/quality.md, "The rare-latent bias").
+# SAEs, and Matryoshka's batch selection, stay as measured without it (docs/quality.md, "The
+# rare-latent bias").
 RARE_BIAS_FLOOR = 0.1  # of the average rate k / d_sae
 RARE_BIAS_STEP = 0.01  # of the mean chosen activation, a step
 RARE_BIAS_UNTIL = 0.7  # of the steps
 
 
-def default_rare_bias_floor(architecture: str) -> float:
-    """The rare-latent bias's floor when none is given: RARE_BIAS_FLOOR for Matryoshka, else 0 (off)."""
-    return RARE_BIAS_FLOOR if architecture == "matryoshka" else 0.0
+def default_rare_bias_floor(architecture: str, batch_level: bool = False) -> float:
+    """The rare-latent bias's floor when none is given: RARE_BIAS_FLOOR for Matryoshka choosing
+    each row's top k (the measured case), else 0 (off)."""
+    return RARE_BIAS_FLOOR if architecture == "matryoshka" and not batch_level else 0.0
 
 
 def default_refit_fraction(architecture: str, d_sae: int, topk_family_transcoder: bool = False) -> float:

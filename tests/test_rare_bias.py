@@ -47,6 +47,7 @@ def test_the_rule_of_a_run_s_settings():
     matryoshka = TrainConfig(architecture="matryoshka", k=16, steps=50).with_d_in(64)
     assert rule_for(matryoshka) == RareBiasRule(0.1 * 16 / 512, 0.01, 35)  # on by default
     assert rule_for(TrainConfig().with_d_in(64)) is None  # TopK: off unless asked for
+    assert rule_for(TrainConfig(architecture="matryoshka", matryoshka_selection="batch").with_d_in(64)) is None
     assert rule_for(TrainConfig(architecture="standard", rare_bias_floor=0).with_d_in(64)) is None
     asked = rule_for(TrainConfig(rare_bias_floor=0.2, rare_bias_step=0.05, rare_bias_until=0.5, k=8, steps=10)
                      .with_d_in(8))
