@@ -93,7 +93,7 @@ class TrainConfig:
     rare_bias_floor: float | None = _f(
         None, "topk, batchtopk, matryoshka: a latent firing on fewer rows than this fraction of the average rate "
               "k/d_sae gets a bias that only chooses which latents fire (their values stay unbiased), raised "
-              "until it fires more; 0 turns it off; default 0.1 for matryoshka (sample selection), else 0 "
+              "until it fires more; 0 turns it off; default 0.2 for matryoshka (sample selection), else 0 "
               "(docs/training.md)")
     rare_bias_step: float | None = _f(
         None, "with the rare-latent bias: each step it moves by this times the mean chosen activation; default 0.01")
