@@ -152,7 +152,8 @@ def resume(cfg: TrainConfig, ctx: D.DistContext, members: list, source: Activati
         m.state.since_fired.copy_(counters["since_fired"])
         m.state.fire_total.copy_(counters["fire_total"])
         m.state.parked_fired = _parked(counters.get("parked_fired"), m.state.fire_total)
-        if "selection_bias" in counters:  # (absent before 2026-11-29: the bias starts afresh)
+        # Absent before 2026-11-29: the bias starts afresh; a run resumed with the bias off keeps it off.
+        if m.state.rare is not None and "selection_bias" in counters:
             m.state.selection_bias, m.state.fire_rate = (
                 None if t is None else t.to(m.state.fire_total.device)
                 for t in (counters["selection_bias"], counters["fire_rate"]))
