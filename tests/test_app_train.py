@@ -89,14 +89,16 @@ def test_the_resolved_defaults_are_shown_before_submit():
     lr = float(f"{default_lr(2 * 256, 256, 8, 64):.3g}")
     assert optimisation(at) == (f"Optimisation: lr {lr:.3g} (default), warm-up 75 steps (default), decay to 0 over "
                                 "the last 20% of the steps (default), dead after 76,800 samples without firing "
-                                "(default), no decoder refit (default).")  # a tenth of the run's 768,000 samples
+                                "(default), no decoder refit (default), no rare-latent bias (default).")
+    # (dead after: a tenth of the run's 768,000 samples)
     assert TrainConfig(d_in=64, batch_size=256, steps=1500).resolved(2).dead_after_samples == 76_800
     at.text_input(key="tr_lr").set_value("1e-3").run()
     pick(at, ["virtual-0"])  # one device: half the samples
     assert optimisation(at).startswith("Optimisation: lr 0.001, warm-up 75 steps (default)")
     assert "dead after 38,400 samples" in optimisation(at)
     at.segmented_control(key="tr_architecture").set_value("matryoshka").run()  # refits its decoder by default
-    assert optimisation(at).endswith("decoder refit to the last 20% of the steps (default).")
+    assert optimisation(at).endswith("decoder refit to the last 20% of the steps (default), rare-latent bias under "
+                                     "0.2 of the average rate for the first 70% of the steps (default).")
 
 
 @pytest.mark.slow  # 1 s or more (AppTest runs of the page)
