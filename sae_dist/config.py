@@ -192,6 +192,7 @@ class TrainConfig:
         `world_size` devices: what the run stores and the Train page shows before submit."""
         global_batch = self.batch_size * self.grad_accum * world_size
         assert self.d_in is not None, "d_in is set from the source before resolving"
+        floor, step, until = self.resolved_rare_bias
         return self._unchecked(
             lr=self.lr if self.lr is not None else float(
                 f"{default_lr(global_batch, self.resolved_d_sae, self.k, self.d_in, self.architecture):.3g}"),
@@ -201,9 +202,7 @@ class TrainConfig:
             dead_after_samples=(self.dead_after_samples if self.dead_after_samples is not None
                                 else default_dead_after_samples(self.steps * global_batch, global_batch)),
             refit_fraction=self.resolved_refit_fraction,
-            rare_bias_floor=self.resolved_rare_bias_floor,
-            rare_bias_step=self.rare_bias_step if self.rare_bias_step is not None else RARE_BIAS_STEP,
-            rare_bias_until=self.rare_bias_until if self.rare_bias_until is not None else RARE_BIAS_UNTIL,
+            rare_bias_floor=floor, rare_bias_step=step, rare_bias_until=until,
         )
 
     def _unchecked(self, **changes: Any) -> TrainConfig:
@@ -223,10 +222,12 @@ class TrainConfig:
             self.transcode is not None and self.architecture in TOPK_FAMILY))
 
     @property
-    def resolved_rare_bias_floor(self) -> float:
-        if self.rare_bias_floor is not None:
-            return self.rare_bias_floor
-        return default_rare_bias_floor(self.architecture, self.batch_level)
+    def resolved_rare_bias(self) -> tuple[float, float, float]:
+        """The rare-latent bias's floor (0: off), step and stop, their defaults where unset."""
+        floor = (self.rare_bias_floor if self.rare_bias_floor is not None
+                 else default_rare_bias_floor(self.architecture, self.batch_level))
+        return (floor, self.rare_bias_step if self.rare_bias_step is not None else RARE_BIAS_STEP,
+                self.rare_bias_until if self.rare_bias_until is not None else RARE_BIAS_UNTIL)
 
     @property
     def resolved_matryoshka_widths(self) -> tuple[int, ...]:

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from sae_dist.config import TOPK_FAMILY, TrainConfig
-from sae_dist.defaults import RARE_BIAS_STEP, RARE_BIAS_UNTIL
+from sae_dist.config import TrainConfig
 
 RATE_EMA_PER_STEP = 0.01  # the firing-rate average's weight of one step's rate
 
@@ -40,11 +39,9 @@ def rule_of(floor: float, step: float, until: float, k: int, d_sae: int, steps: 
 
 
 def rule_for(cfg: TrainConfig) -> RareBiasRule | None:
-    """The rule of a config whose d_in is known (its defaults where it leaves them unset)."""
-    if cfg.architecture not in TOPK_FAMILY:
-        return None
-    return rule_of(cfg.resolved_rare_bias_floor, cfg.rare_bias_step or RARE_BIAS_STEP,
-                   cfg.rare_bias_until or RARE_BIAS_UNTIL, cfg.k, cfg.resolved_d_sae, cfg.steps)
+    """The rule of a config whose d_in is known (its defaults where it leaves them unset; a
+    floor above 0 is refused outside the TopK family, so others have none)."""
+    return rule_of(*cfg.resolved_rare_bias, cfg.k, cfg.resolved_d_sae, cfg.steps)
 
 
 def moved(bias: Tensor, rate: Tensor, fired: Tensor, rows: int, act_mean: float, steps: int,
