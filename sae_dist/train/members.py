@@ -92,8 +92,8 @@ def build_member(name: str, cfg: TrainConfig, ranks: tuple[int, ...], run_dir: P
     state = TrainState(0, 0, zeros, zeros.clone(), group_plan(stream, ranks))
     state.refresh_dead(cfg.dead_after_samples)
     state.start_rare_bias(rule_for(cfg), cfg.k)
-    m = Member(name, cfg, ranks, state, MetricsWindow(cfg.d_in, cfg.resolved_d_sae, ctx.device), run_dir,
-               group=group, site=site)
+    window = MetricsWindow(cfg.d_in, cfg.resolved_d_sae, ctx.device, chosen=state.rare is not None)
+    m = Member(name, cfg, ranks, state, window, run_dir, group=group, site=site)
     if ctx.rank in ranks:
         m.sae = build_sae(cfg, ctx.device)
         m.opt = make_optimizer(m.sae, cfg.resolved_lr)

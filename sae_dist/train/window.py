@@ -75,8 +75,9 @@ class WindowReport:
 
 
 class MetricsWindow:
-    def __init__(self, d_in: int, d_sae: int, device: torch.device):
+    def __init__(self, d_in: int, d_sae: int, device: torch.device, chosen: bool = False):
         self.device = device
+        self.chosen = chosen  # sum the chosen activations (only the rare-latent bias reads them)
         self.sums = torch.zeros(len(SUMS) + d_in, dtype=torch.float64, device=device)  # then sum(x)
         self.fired = torch.zeros(d_sae, dtype=torch.float64, device=device)
         # Since the last check: each latent's firings, then the chosen activations' sum and count
@@ -106,7 +107,7 @@ class MetricsWindow:
                 acc[len(SUMS):] += x.sum(0, dtype=torch.float64)
                 self.fired += out.fired.detach().double()
                 self.since_check[:-2] += out.fired.detach().double()
-                if out.codes is not None:
+                if self.chosen and out.codes is not None:
                     self.since_check[-2] += out.codes.acts.detach().sum(dtype=torch.float64)
                     self.since_check[-1] += out.codes.acts.numel()
 
