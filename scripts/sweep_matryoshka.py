@@ -15,7 +15,9 @@ their groups, and no point starts after `--budget` seconds, so the sweep fits a 
 Groups: budget (TopK and the default at 1x, 4x, 8x, 16x one pass), widths, lr, auxk, weight (the
 inner prefixes' loss weight), select, seed, alone (h3: h1 whose parents fire alone 30% of the time),
 h2, refit (the decoder refit, `--refit-fraction`, on h1-h3), reread (runs with and
-without the refit that scripts/refit_offline.py reads again). Results append to OUT/results.jsonl; a
+without the refit that scripts/refit_offline.py reads again), rare (the rare-latent bias against
+none at 4x and 8x on h1, 4x on h2 and h3), rare-more (the bias at 16x on h1, seeds 1 and 2 at
+1x). Results append to OUT/results.jsonl; a
 rerun skips the points already there. A Matryoshka point runs with the trainer's defaults, which
 since 2026-11-29 refit the decoder over the last fifth of the steps: the figures measured before
 ran without it (`refit_fraction=0` repeats them).
@@ -92,6 +94,13 @@ POINTS = [
     # (the refit) and without the refit
     *[Point("reread", name, data=d, flags=mat(**flags)) for d in ("h1", "h2", "h3")
       for name, flags in (("matryoshka", {}), ("matryoshka-refit0", {"refit_fraction": 0}))],
+    # the rare-latent bias (the default since 2026-11-29) against none, with more rows: the longest first
+    *[Point("rare", f"bias{suffix}-{n}x", data="h1", flags=mat(**flags), passes=n)
+      for n in (8, 4) for suffix, flags in (("", {}), ("0", {"rare_bias_floor": 0}))],
+    *[Point("rare", "bias-4x", data=d, flags=mat(), passes=4) for d in ("h2", "h3")],
+    *[Point("rare", "bias-1x", data=d, flags=mat()) for d in ("h1", "h2", "h3")],
+    Point("rare-more", "bias-16x", data="h1", flags=mat(), passes=16),
+    *[Point("rare-more", f"bias-1x-seed{s}", data=d, flags=mat(), seed=s) for s in (1, 2) for d in ("h1", "h2", "h3")],
 ]
 GROUPS = list(dict.fromkeys(p.group for p in POINTS))
 
