@@ -22,7 +22,7 @@ HEAVY = {
     "test_train.py": 227, "test_balance_train.py": 217, "test_e2e.py": 154, "test_harvest.py": 127,
     "test_scheduler.py": 114, "test_gpu_check.py": 112, "test_bench.py": 103, "test_nvml_scheduler.py": 98,
     "test_slurm.py": 73, "test_transcoder.py": 71, "test_rare_bias.py": 65, "test_device_faults.py": 60,
-    "test_kernels.py": 60,
+    "test_kernels.py": 20,  # 60 until its lock test stopped rebuilding the kernel in a copied directory
     "test_scheduler_proctrack.py": 56, "test_daemon_death.py": 47, "test_sweep_train.py": 47,
     "test_scheduler_preemption.py": 47, "test_sae.py": 40, "test_memory.py": 34, "test_decoder_refit.py": 33,
     "test_evaluate.py": 31, "test_postgres.py": 25, "test_app_monitor_queue.py": 25,
