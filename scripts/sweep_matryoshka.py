@@ -17,7 +17,8 @@ inner prefixes' loss weight), select, seed, alone (h3: h1 whose parents fire alo
 h2, refit (the decoder refit, `--refit-fraction`, on h1-h3), reread (runs with and
 without the refit that scripts/refit_offline.py reads again), rare (the rare-latent bias against
 none at 4x and 8x on h1, 4x on h2 and h3), rare-more (the bias at 16x on h1, seeds 1 and 2 at
-1x). Results append to OUT/results.jsonl; a
+1x), unseen (TopK and Matryoshka with and without the bias on two hierarchies, u1 and u2, that no
+default was tuned on). Results append to OUT/results.jsonl; a
 rerun skips the points already there. A Matryoshka point runs with the trainer's defaults, which
 since 2026-11-29 refit the decoder over the last fifth of the steps: the figures measured before
 ran without it (`refit_fraction=0` repeats them).
@@ -38,10 +39,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_quality import SETS  # noqa: E402
+from bench_quality import SETS, UNSEEN  # noqa: E402
 
 STEPS = 1024  # one pass over bench_quality's 1,048,576 rows at batch 1024
-SET = {s.name: s for s in SETS}
+SET = {s.name: s for s in (*SETS, *UNSEEN)}
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,8 @@ POINTS = [
       for n in (8, 4) for suffix, flags in (("", {}), ("0", {"rare_bias_floor": 0}))],
     *[Point("rare", "bias-4x", data=d, flags=mat(), passes=4) for d in ("h2", "h3")],
     *[Point("rare", "bias-1x", data=d, flags=mat()) for d in ("h1", "h2", "h3")],
+    *[Point("unseen", name, data=d, flags=flags) for d in ("u1", "u2")
+      for name, flags in (("topk", {}), ("matryoshka", mat()), ("matryoshka-rare0", mat(rare_bias_floor=0)))],
     Point("rare-more", "bias-16x", data="h1", flags=mat(), passes=16),
     *[Point("rare-more", f"bias-1x-seed{s}", data=d, flags=mat(), seed=s) for s in (1, 2) for d in ("h1", "h2", "h3")],
 ]

@@ -17,6 +17,7 @@ from conftest import REPO
     ("sweep_matryoshka.py", ["--truth", "--truth-steps", "-1"],
      "sweep_matryoshka: --truth-steps must be 1 or more, got -1"),
     ("sweep_matryoshka.py", ["--groups", "budget,nope"], "sweep_matryoshka: unknown group(s) nope"),
+    ("bench_quality.py", ["--sets", "h1,u9"], "bench_quality: unknown set(s) u9"),
 ])
 def test_a_bad_option_is_one_line_and_a_failure_before_any_work(tmp_path, script, args, said):
     out = tmp_path / "out"
