@@ -25,25 +25,24 @@ SPARSIFY="eai-sparsify simple-parsing docstring-parser natsort"
 APP="streamlit altair starlette uvicorn websockets python-multipart itsdangerous watchdog tornado blinker cachetools
 tenacity toml jsonschema jsonschema-specifications referencing rpds-py"
 
-pinned() {  # NAME -> NAME==VERSION as .venv has it, else NAME
-    local name=$1 version=""
+pinned() {  # NAMES -> NAME==VERSION as .venv has it, else NAME, a line each (one interpreter for all)
     if [ -x .venv/bin/python ]; then
-        version=$(.venv/bin/python - "$name" <<'EOF'
+        .venv/bin/python - "$@" <<'EOF'
 import sys
 from importlib import metadata
-try:
-    print(metadata.version(sys.argv[1]))
-except metadata.PackageNotFoundError:
-    pass
+for name in sys.argv[1:]:
+    try:
+        print(f"{name}=={metadata.version(name)}")
+    except metadata.PackageNotFoundError:
+        print(name)
 EOF
-)
+    else
+        printf '%s\n' "$@"
     fi
-    if [ -n "$version" ]; then echo "$name==$version"; else echo "$name"; fi
 }
 
 mkdir -p "$DEST"
-specs=()
-for name in $PROJECT $SPARSIFY $APP; do specs+=("$(pinned "$name")"); done
+mapfile -t specs < <(pinned $PROJECT $SPARSIFY $APP)
 # pip skips a wheel already in DEST (it reports "File was already downloaded").
 if ! python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
         --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
