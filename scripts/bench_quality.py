@@ -95,6 +95,7 @@ UNSEEN = [
     DataSet("u2", d_in=320, features=2560, active=10, power_law=0.6, d_sae=5120, k=20, children=2,
             child_prob=1.0, magnitude_sigma=0.4),  # like h1, a parent never fires alone
 ]
+ALL_SETS = [*SETS, *UNSEEN]
 
 
 def run(argv: list[str], log: Path, stdout_only: bool = False, **kw) -> None:
@@ -250,10 +251,10 @@ def main() -> int:
     args = ap.parse_args()
     peer_venvs = Path(os.environ.get("PEERS_VENV_DIR", "/tmp/sae-peers"))
     wanted = args.sets.split(",")
-    if unknown := set(wanted) - {s.name for s in (*SETS, *UNSEEN)}:
+    if unknown := set(wanted) - {s.name for s in ALL_SETS}:
         raise SystemExit(f"bench_quality: unknown set(s) {', '.join(sorted(unknown))}; the sets are "
-                         f"{', '.join(s.name for s in (*SETS, *UNSEEN))}")
-    sets = [s for s in (*SETS, *UNSEEN) if s.name in wanted]
+                         f"{', '.join(s.name for s in ALL_SETS)}")
+    sets = [s for s in ALL_SETS if s.name in wanted]
     trainers = [t for t in TRAINERS if t in args.trainers.split(",")]
     results: dict[tuple[str, str], dict] = {}
     for ds in sets:

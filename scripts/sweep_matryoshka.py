@@ -39,10 +39,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_quality import SETS, UNSEEN  # noqa: E402
+from bench_quality import ALL_SETS, SETS  # noqa: E402
 
 STEPS = 1024  # one pass over bench_quality's 1,048,576 rows at batch 1024
-SET = {s.name: s for s in (*SETS, *UNSEEN)}
+SET = {s.name: s for s in ALL_SETS}
 
 
 @dataclass(frozen=True)
