@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
+import threading
+import time
 
 import filelock
 import pytest
@@ -113,8 +116,24 @@ def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next(tmp_path):
     assert not (build_dir / "lock").exists()
 
 
-def test_what_a_job_waits_for_at_its_start_is_logged_before_the_wait(caplog):
-    """The Monitor shows a job's last log line: at its start, that is the kernel's build."""
+def test_what_a_job_waits_for_at_its_start_is_logged_before_and_after_the_wait(caplog):
+    """The Monitor shows a job's last log line: at its start, that is the kernel's build, and then
+    how long it waited. The wait is made here by holding the builders' flock until the load has
+    begun and 2.5 s more, so it is at least that long whatever the machine's load."""
+    from sae_dist.models.kernels import _build_directory
+
+    assert cpu_topk() is not None  # built (or loaded) once: the load below is a wait, not a build
+    held = filelock.FileLock(str(_build_directory(module_name("topk_cpu"))) + ".flock")
+    loaded = []
     with caplog.at_level(logging.INFO, logger="sae_dist.models.kernels"):
-        assert _build("topk_cpu") is not None
+        with held:
+            loader = threading.Thread(target=lambda: loaded.append(_build("topk_cpu")))
+            loader.start()
+            deadline = time.monotonic() + 120
+            while "loading the topk_cpu kernel" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(2.5)
+        loader.join(120)
+    assert loaded and loaded[0] is not None
     assert "loading the topk_cpu kernel (built once per source and torch version" in caplog.text
+    assert re.search(r"the topk_cpu kernel was ready after \d+ s", caplog.text), caplog.text
