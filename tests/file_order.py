@@ -14,26 +14,25 @@ from __future__ import annotations
 
 import pytest
 
-# Sum of each file's test times (a junit report of ./scripts/test.sh at 81223ab, 2 workers, on the
-# 2-core machine of 2026-11-29, whose suite took 18 min 40 s).
+# Sum of each file's test times (`--durations=0` of ./scripts/test.sh at b7aa070, 2 workers, on the
+# 2-core machine of 2026-11-29, whose suite took 23 min 40 s beside a one-core training).
 # Only an order: a file that grew or shrank since costs some balance, never a result. Files not
-# listed take under 5 s each.
+# listed take under 10 s each.
 HEAVY = {
-    "test_train.py": 227, "test_balance_train.py": 217, "test_e2e.py": 154, "test_harvest.py": 127,
-    "test_scheduler.py": 114, "test_gpu_check.py": 112, "test_bench.py": 103, "test_nvml_scheduler.py": 98,
-    "test_slurm.py": 73, "test_transcoder.py": 71, "test_rare_bias.py": 65, "test_device_faults.py": 60,
-    "test_kernels.py": 20,  # 60 until its lock test stopped rebuilding the kernel in a copied directory
-    "test_scheduler_proctrack.py": 56, "test_daemon_death.py": 47, "test_sweep_train.py": 47,
-    "test_scheduler_preemption.py": 47, "test_sae.py": 40, "test_memory.py": 34, "test_decoder_refit.py": 33,
-    "test_evaluate.py": 31, "test_postgres.py": 25, "test_app_monitor_queue.py": 25,
-    "test_scheduler_cli.py": 23, "test_scheduler_metrics.py": 23, "test_app_train.py": 21,
-    "test_bench_script_inputs.py": 21, "test_sweep_model.py": 20, "test_nvml_emulated.py": 19,
-    "test_scheduler_storage_faults.py": 16, "test_scheduler_sweep.py": 15, "test_scheduler_arrays.py": 13,
-    "test_chaos.py": 11, "test_time_limit.py": 10, "test_end_of_run_eval.py": 10,
-    "test_scheduler_batch_script.py": 10, "test_db.py": 10, "test_scheduler_snapshot.py": 8,
-    "test_scheduler_exclusive.py": 8, "test_app_links_progress.py": 8, "test_report_offline.py": 8,
-    "test_app_compare.py": 7, "test_analytics.py": 7, "test_model_check.py": 6, "test_app.py": 6,
-    "test_bench_reliability.py": 6, "test_app_cards.py": 6, "test_app_sweeps.py": 5,
+    "test_train.py": 267, "test_balance_train.py": 239, "test_harvest.py": 199, "test_e2e.py": 168,
+    "test_bench.py": 134, "test_gpu_check.py": 130, "test_scheduler.py": 103, "test_transcoder.py": 102,
+    "test_nvml_scheduler.py": 90, "test_slurm.py": 82, "test_device_faults.py": 66, "test_daemon_death.py": 58,
+    "test_scheduler_proctrack.py": 54, "test_sweep_train.py": 53, "test_scheduler_preemption.py": 52,
+    "test_nvml_emulated.py": 43, "test_sweep_model.py": 40, "test_memory.py": 36, "test_decoder_refit.py": 36,
+    "test_sae.py": 35, "test_evaluate.py": 34, "test_rare_bias.py": 33, "test_postgres.py": 30,
+    "test_scheduler_storage_faults.py": 29, "test_scheduler_arrays.py": 29, "test_end_of_run_eval.py": 29,
+    "test_bench_script_inputs.py": 28, "test_app_monitor_queue.py": 28, "test_time_limit.py": 27,
+    "test_scheduler_sweep.py": 26, "test_scheduler_cli.py": 26, "test_scheduler_metrics.py": 25,
+    "test_app_train.py": 25, "test_db.py": 23, "test_app_compare.py": 23, "test_scheduler_batch_script.py": 22,
+    "test_chaos.py": 22, "test_model_check.py": 19, "test_app_cards.py": 17, "test_app.py": 17,
+    "test_report_offline.py": 16, "test_app_links_progress.py": 16, "test_scheduler_snapshot.py": 15,
+    "test_bench_reliability.py": 15, "test_analytics.py": 15, "test_balance_views.py": 13,
+    "test_scheduler_fast_cli.py": 11, "test_app_evaluation.py": 10,
 }
 
 
