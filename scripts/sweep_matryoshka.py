@@ -18,10 +18,10 @@ h2, refit (the decoder refit, `--refit-fraction`, on h1-h3), reread (runs with a
 without the refit that scripts/refit_offline.py reads again), rare (the rare-latent bias against
 none at 4x and 8x on h1, 4x on h2 and h3), rare-more (the bias at 16x on h1, seeds 1 and 2 at
 1x), unseen (TopK and Matryoshka with and without the bias on two hierarchies, u1 and u2, that no
-default was tuned on). Results append to OUT/results.jsonl; a
-rerun skips the points already there. A Matryoshka point runs with the trainer's defaults, which
-since 2026-11-29 refit the decoder over the last fifth of the steps: the figures measured before
-ran without it (`refit_fraction=0` repeats them).
+default was tuned on), u2-alone (u2 with its parents firing alone 5% and 15% of the time).
+Results append to OUT/results.jsonl; a rerun skips the points already there. A Matryoshka
+point runs with the trainer's defaults, which since 2026-11-29 refit the decoder over the last
+fifth of the steps: the figures measured before ran without it (`refit_fraction=0` repeats them).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,6 +43,9 @@ from bench_quality import ALL_SETS, SETS  # noqa: E402
 
 STEPS = 1024  # one pass over bench_quality's 1,048,576 rows at batch 1024
 SET = {s.name: s for s in ALL_SETS}
+# u2 with its parents also firing alone (a child with 95% or 85% of their firings): is firing alone
+# what separates the shapes whose parents the defaults recover from those they miss?
+SET.update({f"u2-alone{a}": replace(SET["u2"], name=f"u2-alone{a}", child_prob=1 - a / 100) for a in (5, 15)})
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,7 @@ POINTS = [
       for name, flags in (("topk", {}), ("matryoshka", mat()), ("matryoshka-rare0", mat(rare_bias_floor=0)))],
     Point("rare-more", "bias-16x", data="h1", flags=mat(), passes=16),
     *[Point("rare-more", f"bias-1x-seed{s}", data=d, flags=mat(), seed=s) for s in (1, 2) for d in ("h1", "h2", "h3")],
+    *[Point("u2-alone", "matryoshka", data=f"u2-alone{a}", flags=mat()) for a in (5, 15)],
 ]
 GROUPS = list(dict.fromkeys(p.group for p in POINTS))
 
