@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import REPO
-from sae_dist.models.kernels import _build, build_name, cpu_topk, module_name
+from sae_dist.models.kernels import _build, _build_directory, _builders_lock, build_name, cpu_topk, module_name
 
 
 def kernel_topk(pre, bias, k, dead=None, k_aux=0):
@@ -104,7 +104,7 @@ def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next(tmp_path):
     try:
         assert holder.stdout.readline().strip() == "holding"
         with pytest.raises(filelock.Timeout):  # a live builder keeps every other one of ours out
-            filelock.FileLock(str(build_dir) + ".flock").acquire(timeout=0)
+            _builders_lock(build_dir).acquire(timeout=0)
     finally:
         holder.kill()  # SIGKILL: no cleanup runs
         holder.wait()
@@ -120,10 +120,8 @@ def test_what_a_job_waits_for_at_its_start_is_logged_before_and_after_the_wait(c
     """The Monitor shows a job's last log line: at its start, that is the kernel's build, and then
     how long it waited. The wait is made here by holding the builders' flock until the load has
     begun and 2.5 s more, so it is at least that long whatever the machine's load."""
-    from sae_dist.models.kernels import _build_directory
-
     assert cpu_topk() is not None  # built (or loaded) once: the load below is a wait, not a build
-    held = filelock.FileLock(str(_build_directory(module_name("topk_cpu"))) + ".flock")
+    held = _builders_lock(_build_directory(module_name("topk_cpu")))
     loaded = []
     with caplog.at_level(logging.INFO, logger="sae_dist.models.kernels"):
         with held:

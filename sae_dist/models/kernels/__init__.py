@@ -66,6 +66,14 @@ def _build_directory(module: str) -> Path | None:
     return build_dir
 
 
+def _builders_lock(build_dir: Path):
+    """The flock every builder of ours holds while torch builds or loads the kernel in
+    `build_dir` (a file beside that directory)."""
+    from filelock import FileLock
+
+    return FileLock(str(build_dir) + ".flock")
+
+
 @contextmanager
 def _only_builder(build_dir: Path | None):
     """Hold an flock on the build directory while torch builds or loads the kernel.
@@ -78,9 +86,7 @@ def _only_builder(build_dir: Path | None):
     if build_dir is None:  # another torch: its own lock alone
         yield
         return
-    from filelock import FileLock
-
-    with FileLock(str(build_dir) + ".flock"):
+    with _builders_lock(build_dir):
         stale = build_dir / "lock"
         if stale.exists():
             log.warning("removing %s, left by a build that was killed", stale)
