@@ -18,7 +18,8 @@ h2, refit (the decoder refit, `--refit-fraction`, on h1-h3), reread (runs with a
 without the refit that scripts/refit_offline.py reads again), rare (the rare-latent bias against
 none at 4x and 8x on h1, 4x on h2 and h3), rare-more (the bias at 16x on h1, seeds 1 and 2 at
 1x), unseen (TopK and Matryoshka with and without the bias on two hierarchies, u1 and u2, that no
-default was tuned on), u2-alone (u2 with its parents firing alone 5% and 15% of the time).
+default was tuned on), u2-alone (u2 with its parents firing alone 5% and 15% of the time), u2-shape (u2 at 15% alone
+with four children a parent, magnitude sigma 0.6, or 6 features active, as u1 has; and at 30%).
 Results append to OUT/results.jsonl; a rerun skips the points already there. A Matryoshka
 point runs with the trainer's defaults, which since 2026-11-29 refit the decoder over the last
 fifth of the steps: the figures measured before ran without it (`refit_fraction=0` repeats them).
@@ -45,7 +46,12 @@ STEPS = 1024  # one pass over bench_quality's 1,048,576 rows at batch 1024
 SET = {s.name: s for s in ALL_SETS}
 # u2 with its parents also firing alone (a child with 95% or 85% of their firings): is firing alone
 # what separates the shapes whose parents the defaults recover from those they miss?
-SET.update({f"u2-alone{a}": replace(SET["u2"], name=f"u2-alone{a}", child_prob=1 - a / 100) for a in (5, 15)})
+SET.update({f"u2-alone{a}": replace(SET["u2"], name=f"u2-alone{a}", child_prob=1 - a / 100) for a in (5, 15, 30)})
+# u2 at 15% alone with one of its differences from u1 (which recovers every parent) taken from u1:
+# four children a parent, wider magnitudes, fewer features active in a row (k kept at twice that)
+SET.update({f"u2-alone15-{name}": replace(SET["u2-alone15"], name=f"u2-alone15-{name}", **change)
+            for name, change in (("c4", {"children": 4}), ("s6", {"magnitude_sigma": 0.6}),
+                                 ("a6", {"active": 6, "k": 12}))})
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,8 @@ POINTS = [
     Point("rare-more", "bias-16x", data="h1", flags=mat(), passes=16),
     *[Point("rare-more", f"bias-1x-seed{s}", data=d, flags=mat(), seed=s) for s in (1, 2) for d in ("h1", "h2", "h3")],
     *[Point("u2-alone", "matryoshka", data=f"u2-alone{a}", flags=mat()) for a in (5, 15)],
+    *[Point("u2-shape", "matryoshka", data=d, flags=mat())
+      for d in ("u2-alone15-s6", "u2-alone15-c4", "u2-alone15-a6", "u2-alone30")],
 ]
 GROUPS = list(dict.fromkeys(p.group for p in POINTS))
 
