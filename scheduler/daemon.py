@@ -28,7 +28,7 @@ from datetime import datetime, timedelta, timezone
 from filelock import FileLock
 from sqlalchemy import delete, insert
 
-from sae_dist.db import FINAL_JOB_STATES, GpuSample, get_engine, utcnow
+from sae_dist.db import FINAL_JOB_STATES, GpuSample, get_engine, immediate_transaction, utcnow
 from sae_dist.db.schema import Device
 from sae_dist.paths import state_home
 from scheduler import cgroups, control, procs, proctrack, store
@@ -474,7 +474,7 @@ def thin_samples(engine, cutoff: datetime, keep_every_s: int = 60) -> int:
     from sqlalchemy import select
 
     table = GpuSample.__table__
-    with engine.begin() as conn:
+    with immediate_transaction(engine) as conn:  # read then delete: hold the write lock from the start
         rows = conn.execute(select(table.c.id, table.c.device_uuid, table.c.time)
                             .where(table.c.time < cutoff).order_by(table.c.device_uuid, table.c.time)).all()
         keep, drop = set(), []

@@ -31,6 +31,7 @@ from sae_dist.db import (
     step_metrics,
     update_run,
     utcnow,
+    write_session,
 )
 from sae_dist.db.engine import alembic_config
 
@@ -103,6 +104,33 @@ def test_immediate_transaction_takes_the_write_lock_at_once(engine, home: Path):
     other.execute("BEGIN IMMEDIATE")
     other.execute("ROLLBACK")
     other.close()
+
+
+def test_a_read_then_write_session_is_not_undone_by_a_write_between(engine, home: Path, run_id: int):
+    """Another process commits between a session's read and its write: a plain session's write
+    then fails at once (SQLite cannot move a WAL snapshot forward; the busy timeout does not
+    apply), which is what failed a benchmark beside a busy app. write_session holds the lock from
+    its start, so the other writer waits for it instead, and both writes land."""
+    from sqlmodel import Session
+
+    other = sqlite3.connect(home / "state.db", timeout=0.1, isolation_level=None)
+    rename = lambda name: other.execute("UPDATE training_runs SET name = ? WHERE id = ?", (name, run_id))  # noqa: E731
+    with Session(engine) as s:
+        run = s.get(TrainingRun, run_id)
+        rename("from-another-process")
+        run.status = "COMPLETED"
+        with pytest.raises(Exception, match="database is locked"):
+            s.commit()
+    with write_session(engine) as s:
+        run = s.get(TrainingRun, run_id)
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            rename("too-early")  # waits its 0.1 s for our lock, then gives up
+        run.status = "COMPLETED"
+        s.commit()
+    rename("after")
+    other.close()
+    stored = get_run(engine, run_id)
+    assert (stored.status, stored.name) == ("COMPLETED", "after")
 
 
 @pytest.mark.slow

@@ -38,7 +38,16 @@ from sqlmodel import Session, select
 from sae_dist.bench import reliability, scaling, summary
 from sae_dist.bench.load import SAMPLE_EVERY_S, LoadMonitor
 from sae_dist.config import TrainConfig
-from sae_dist.db import FINAL_JOB_STATES, BenchmarkPoint, BenchmarkRun, GpuSample, Job, get_engine, utcnow
+from sae_dist.db import (
+    FINAL_JOB_STATES,
+    BenchmarkPoint,
+    BenchmarkRun,
+    GpuSample,
+    Job,
+    get_engine,
+    utcnow,
+    write_session,
+)
 from sae_dist.errors import UserError
 
 POINT_TIMEOUT_S = 3600.0  # a point's run, once started
@@ -184,7 +193,7 @@ def run_benchmark(cfg: TrainConfig, counts: list[int], mode: str = "strong", ste
 def store_reliability(engine, bench_id: int) -> list[dict]:
     """Judge every device count from the points so far and store the verdict on its points;
     returns the summary rows."""
-    with Session(engine) as s:
+    with write_session(engine) as s:
         points = s.exec(select(BenchmarkPoint).where(BenchmarkPoint.bench_id == bench_id)).all()
         rows = summary.summarize([p.model_dump() for p in points])
         verdict = {r["devices"]: r for r in rows}
@@ -200,7 +209,7 @@ def store_reliability(engine, bench_id: int) -> list[dict]:
 def _fill_utilization(engine, bench_id: int) -> None:
     """Each point's mean utilisation, once the daemon has written its samples (in batches)."""
     time.sleep(SAMPLE_FLUSH_WAIT_S)
-    with Session(engine) as s:
+    with write_session(engine) as s:
         points = s.exec(select(BenchmarkPoint).where(BenchmarkPoint.bench_id == bench_id)).all()
         for point in points:
             point.mean_utilization_pct = _mean_utilization(engine, point.job_id)
@@ -209,7 +218,7 @@ def _fill_utilization(engine, bench_id: int) -> None:
 
 
 def _finish(engine, bench_id: int, status: str, error: str | None) -> None:
-    with Session(engine) as s:
+    with write_session(engine) as s:
         bench = s.get(BenchmarkRun, bench_id)
         bench.status, bench.error, bench.finished_at = status, error, utcnow()
         s.add(bench)

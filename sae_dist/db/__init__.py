@@ -4,7 +4,7 @@ Importing this package does not import Alembic; it is loaded only when a databas
 upgrading, so the scheduler CLI starts fast.
 """
 
-from sae_dist.db.engine import HEAD_REVISION, filesystem_type, get_engine, immediate_transaction
+from sae_dist.db.engine import HEAD_REVISION, filesystem_type, get_engine, immediate_transaction, write_session
 from sae_dist.db.faults import active_faults, clear_faults, record_fault
 from sae_dist.db.runs import (
     add_run_event,
@@ -72,6 +72,7 @@ __all__ = [
     "get_engine",
     "get_run",
     "immediate_transaction",
+    "write_session",
     "metadata",
     "rank_stats",
     "step_metrics",

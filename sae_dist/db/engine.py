@@ -24,6 +24,7 @@ from sae_dist.paths import HEAD_REVISION, busy_timeout_pragma, default_db_url, s
 
 if TYPE_CHECKING:
     from alembic.config import Config
+    from sqlmodel import Session
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
@@ -69,6 +70,23 @@ def immediate_transaction(engine: Engine) -> Iterator[Connection]:
             if engine.dialect.name == "postgresql":
                 conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})")
             yield conn
+
+
+@contextmanager
+def write_session(engine: Engine) -> Iterator[Session]:
+    """An ORM session for a read-then-write, inside immediate_transaction (committed on leaving).
+
+    A plain session's deferred transaction reads from a snapshot; if another process commits
+    before its first write, SQLite in WAL mode cannot move the snapshot forward and the write fails
+    at once with "database is locked" (the busy timeout does not apply). Taking the write lock first
+    makes the other writer wait instead. `session.commit()` inside only flushes: the transaction
+    commits when the block ends.
+    """
+    from sqlmodel import Session
+
+    with immediate_transaction(engine) as conn, Session(bind=conn, expire_on_commit=False) as session:
+        yield session
+        session.flush()
 
 
 def filesystem_type(path: str | os.PathLike[str], mounts_text: str) -> str | None:
