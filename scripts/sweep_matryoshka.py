@@ -19,7 +19,8 @@ without the refit that scripts/refit_offline.py reads again), rare (the rare-lat
 none at 4x and 8x on h1, 4x on h2 and h3), rare-more (the bias at 16x on h1, seeds 1 and 2 at
 1x), unseen (TopK and Matryoshka with and without the bias on two hierarchies, u1 and u2, that no
 default was tuned on), u2-alone (u2 with its parents firing alone 5% and 15% of the time), u2-shape (u2 at 15% alone
-with four children a parent, magnitude sigma 0.6, or 6 features active, as u1 has; and at 30%).
+with four children a parent, magnitude sigma 0.6, or 6 features active, as u1 has; at 30%; and
+u2 itself, never alone, with four children, sigma 0.6, or both).
 Results append to OUT/results.jsonl; a rerun skips the points already there. A Matryoshka
 point runs with the trainer's defaults, which since 2026-11-29 refit the decoder over the last
 fifth of the steps: the figures measured before ran without it (`refit_fraction=0` repeats them).
@@ -48,10 +49,13 @@ SET = {s.name: s for s in ALL_SETS}
 # what separates the shapes whose parents the defaults recover from those they miss?
 SET.update({f"u2-alone{a}": replace(SET["u2"], name=f"u2-alone{a}", child_prob=1 - a / 100) for a in (5, 15, 30)})
 # u2 at 15% alone with one of its differences from u1 (which recovers every parent) taken from u1:
-# four children a parent, wider magnitudes, fewer features active in a row (k kept at twice that)
+# four children a parent, wider magnitudes, fewer features active in a row (k kept at twice that);
+# and u2 itself (parents never alone) with the first two, apart and together
+SHAPE = {"c4": {"children": 4}, "s6": {"magnitude_sigma": 0.6}, "a6": {"active": 6, "k": 12}}
 SET.update({f"u2-alone15-{name}": replace(SET["u2-alone15"], name=f"u2-alone15-{name}", **change)
-            for name, change in (("c4", {"children": 4}), ("s6", {"magnitude_sigma": 0.6}),
-                                 ("a6", {"active": 6, "k": 12}))})
+            for name, change in SHAPE.items()})
+SET.update({f"u2-{name}": replace(SET["u2"], name=f"u2-{name}", **change)
+            for name, change in (("c4", SHAPE["c4"]), ("s6", SHAPE["s6"]), ("c4s6", {**SHAPE["c4"], **SHAPE["s6"]}))})
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,7 @@ POINTS = [
     *[Point("u2-alone", "matryoshka", data=f"u2-alone{a}", flags=mat()) for a in (5, 15)],
     *[Point("u2-shape", "matryoshka", data=d, flags=mat())
       for d in ("u2-alone15-s6", "u2-alone15-c4", "u2-alone15-a6", "u2-alone30")],
+    *[Point("u2-shape", "matryoshka", data=f"u2-{name}", flags=mat()) for name in ("c4", "s6", "c4s6")],
 ]
 GROUPS = list(dict.fromkeys(p.group for p in POINTS))
 
