@@ -20,7 +20,7 @@ none at 4x and 8x on h1, 4x on h2 and h3), rare-more (the bias at 16x on h1, see
 1x), unseen (TopK and Matryoshka with and without the bias on two hierarchies, u1 and u2, that no
 default was tuned on), u2-alone (u2 with its parents firing alone 5% and 15% of the time), u2-shape (u2 at 15% alone
 with four children a parent, magnitude sigma 0.6, or 6 features active, as u1 has; at 30%; and
-u2 itself, never alone, with four children, sigma 0.6, or both).
+u2 itself, never alone, with four children, sigma 0.6, or both, beside TopK; h1 at sigma 0.6).
 Results append to OUT/results.jsonl; a rerun skips the points already there. A Matryoshka
 point runs with the trainer's defaults, which since 2026-11-29 refit the decoder over the last
 fifth of the steps: the figures measured before ran without it (`refit_fraction=0` repeats them).
@@ -56,6 +56,7 @@ SET.update({f"u2-alone15-{name}": replace(SET["u2-alone15"], name=f"u2-alone15-{
             for name, change in SHAPE.items()})
 SET.update({f"u2-{name}": replace(SET["u2"], name=f"u2-{name}", **change)
             for name, change in (("c4", SHAPE["c4"]), ("s6", SHAPE["s6"]), ("c4s6", {**SHAPE["c4"], **SHAPE["s6"]}))})
+SET["h1-s6"] = replace(SET["h1"], name="h1-s6", **SHAPE["s6"])
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,9 @@ POINTS = [
     *[Point("u2-alone", "matryoshka", data=f"u2-alone{a}", flags=mat()) for a in (5, 15)],
     *[Point("u2-shape", "matryoshka", data=d, flags=mat())
       for d in ("u2-alone15-s6", "u2-alone15-c4", "u2-alone15-a6", "u2-alone30")],
-    *[Point("u2-shape", "matryoshka", data=f"u2-{name}", flags=mat()) for name in ("c4", "s6", "c4s6")],
+    *[Point("u2-shape", name, data=f"u2-{d}", flags=flags) for d in ("c4", "s6", "c4s6")
+      for name, flags in (("matryoshka", mat()), ("topk", {}))],
+    Point("u2-shape", "matryoshka", data="h1-s6", flags=mat()),  # h1 (never alone, 3 children) at sigma 0.6
 ]
 GROUPS = list(dict.fromkeys(p.group for p in POINTS))
 
