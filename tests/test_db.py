@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import delete, event, func, insert, inspect, select
-from sqlalchemy.exc import StatementError
+from sqlalchemy.exc import OperationalError, StatementError
 
 from sae_dist.db import (
     HEAD_REVISION,
@@ -119,7 +119,7 @@ def test_a_read_then_write_session_is_not_undone_by_a_write_between(engine, home
         run = s.get(TrainingRun, run_id)
         rename("from-another-process")
         run.status = "COMPLETED"
-        with pytest.raises(Exception, match="database is locked"):
+        with pytest.raises(OperationalError, match="database is locked"):
             s.commit()
     with write_session(engine) as s:
         run = s.get(TrainingRun, run_id)
