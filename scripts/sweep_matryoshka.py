@@ -156,6 +156,7 @@ def run_point(point: Point, out: Path, device: str, threads: int = 1) -> dict:
     return {**row, "fvu": ev["fvu"], "l0": ev["l0"], "dead": ev["dead_fraction"], "mcc": rec.get("mcc"),
             "recovered": rec.get("frac_above_0_9"), "parents": rec.get("parents_frac_above_0_9"),
             "children": rec.get("children_frac_above_0_8"), "absorbed": rec.get("absorbed_parents"),
+            "in_a_childs_latent": rec.get("parents_in_a_childs_latent"),
             "children_in_parents": rec.get("children_in_parents"), "uniqueness": rec.get("uniqueness"),
             "latents_on_a_feature": rec.get("latents_on_a_feature"), "firings_mixed": rec.get("firings_mixed")}
 

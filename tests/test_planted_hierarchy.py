@@ -190,9 +190,12 @@ def test_absorption_says_which_parents_lost_their_latent_and_what_the_children_c
     # Parent 1's latent is its own (about 0); parent 0's best is child 2's latent, which carries half
     # of its children's mean direction (cos 1/2).
     assert found["children_in_parents"] == pytest.approx((0.5 + 0) / 2, abs=0.05)
+    assert found["parents_in_a_childs_latent"] == 0.5  # parent 0 lives in child 2's latent: absorbed
+    said = "parents without a latent of their own: 50.0% (50.0% in a child's latent, 0.0% in a mixed one"
+    assert said in matching_text(found)
     clean = recovery(d, planted.frequencies, d, parents=2).to_dict()
     assert clean["absorbed_parents"] == 0.0 and clean["parent_in_children"] < 0.15
-    assert clean["children_in_parents"] < 0.15
+    assert clean["children_in_parents"] < 0.15 and clean["parents_in_a_childs_latent"] == 0.0
 
 
 def test_a_parent_latent_mixed_with_its_childrens_mean_is_measured():
@@ -207,6 +210,8 @@ def test_a_parent_latent_mixed_with_its_childrens_mean_is_measured():
     assert found["children_in_parents"] == pytest.approx((3**-0.5 + 0) / 2, abs=0.05)
     assert found["parents_frac_above_0_9"] == 0.5  # cos(p, p + mean of two children) = sqrt(2/3) = 0.82
     assert "parents' latents carry their children's mean at cos 0.2" in matching_text(found)
+    # Hedged, not absorbed: the parent's latent is its own (no child's best), only mixed.
+    assert found["absorbed_parents"] == 0.5 and found["parents_in_a_childs_latent"] == 0.0
 
 
 def test_the_latent_census_sorts_the_latents_that_fired_by_what_they_match():

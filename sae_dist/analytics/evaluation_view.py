@@ -112,13 +112,21 @@ def matching_cards(rec: dict[str, Any]) -> list[list[Card]]:
                             "Absorption: the mean cosine between each child's best-matching latent and its "
                             f"parent (about 0 when the child's latent is its own); "
                             f"{fmt_percent(_get(rec, 'absorbed_parents'))} of the parents have no latent "
-                            "of their own."))
+                            "of their own" + _absorbed_or_hedged(rec)))
         if _get(rec, "children_in_parents") is not None:
             row.append(Card("Children in parents' latents", fmt_number(_get(rec, "children_in_parents"), 3),
                             "The other way: the mean cosine between each parent's best-matching latent and "
                             "its children's mean direction (about 0 when the parent's latent is its own; a "
                             "Matryoshka inner prefix pulls it toward the parent plus its children's mean)."))
     return [row] if row else []
+
+
+def _absorbed_or_hedged(rec) -> str:
+    in_child = _get(rec, "parents_in_a_childs_latent")
+    if in_child is None:
+        return "."
+    return (f": {fmt_percent(in_child)} in a child's latent (absorbed), "
+            f"{fmt_percent(_get(rec, 'absorbed_parents') - in_child)} in a mixed latent of their own (hedged).")
 
 
 # SAEBench's core metrics (sae_dist.evaluate.metrics.core_metrics), in its names, with a line each.

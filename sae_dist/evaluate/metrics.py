@@ -78,6 +78,10 @@ class Recovery:
     # prefix pulls a parent's latent toward the parent plus its children's mean: what reconstructs
     # best when a parent's family has one latent there.
     children_in_parents: float | None = None
+    # Of the parents with no latent of their own, the share whose best-matching latent is also one
+    # of their children's best (absorbed: a latent of the parent with a child); the rest have a
+    # mixed latent of their own (hedged: the parent with some of its children's mean).
+    parents_in_a_childs_latent: float | None = None
     # Each latent as a detector of its best-matching planted feature (by |cosine|) on the rows:
     # the means over latents of precision, recall, F1 and accuracy, as SAELens' synthetic evals.
     precision: float | None = None
@@ -379,6 +383,10 @@ def matching_text(rec: dict[str, Any]) -> str:
                          f"{rec['parent_in_children']:.3f}")
         if rec.get("children_in_parents") is not None:
             parts.append(f"parents' latents carry their children's mean at cos {rec['children_in_parents']:.3f}")
+        if rec.get("parents_in_a_childs_latent") is not None:
+            absorbed, in_child = rec["absorbed_parents"], rec["parents_in_a_childs_latent"]
+            parts.append(f"parents without a latent of their own: {100 * absorbed:.1f}% ({100 * in_child:.1f}% "
+                         f"in a child's latent, {100 * (absorbed - in_child):.1f}% in a mixed one of their own)")
     return "; ".join(parts)
 
 
@@ -402,8 +410,9 @@ def mean_correlation_coefficient(features: Tensor, W_dec: Tensor) -> float:
 def absorption(dictionary: Tensor, W_dec: Tensor, parents: int, parents_best: Tensor) -> dict[str, float]:
     """A hierarchy's absorption (features [0, parents) are parents, then each parent's children
     in order): the share of parents without a latent of their own, the mean cosine between each
-    child's best-matching latent and that child's parent, and between each parent's best-matching
-    latent and the mean direction of its children."""
+    child's best-matching latent and that child's parent, between each parent's best-matching
+    latent and the mean direction of its children, and the share of parents without a latent of
+    their own whose best latent is also a child's (absorbed rather than hedged)."""
     children = dictionary.shape[0] - parents
     out = {"absorbed_parents": float((parents_best <= 0.9).double().mean())}
     if children <= 0:
@@ -418,6 +427,8 @@ def absorption(dictionary: Tensor, W_dec: Tensor, parents: int, parents_best: Te
     family_mean = F.normalize(families.mean(1), dim=1)
     parent_latent = best_abs_matches(truth[:parents], decoder)
     out["children_in_parents"] = float((decoder[parent_latent] * family_mean).sum(dim=1).abs().mean())
+    childs_latent = (latent[:per_parent * parents].view(parents, per_parent) == parent_latent[:, None]).any(dim=1)
+    out["parents_in_a_childs_latent"] = float((childs_latent & (parents_best.cpu() <= 0.9)).double().mean())
     return out
 
 
