@@ -20,7 +20,8 @@ none at 4x and 8x on h1, 4x on h2 and h3), rare-more (the bias at 16x on h1, see
 1x), unseen (TopK and Matryoshka with and without the bias on two hierarchies, u1 and u2, that no
 default was tuned on), u2-alone (u2 with its parents firing alone 5% and 15% of the time), u2-shape (u2 at 15% alone
 with four children a parent, magnitude sigma 0.6, or 6 features active, as u1 has; at 30%; and
-u2 itself, never alone, with four children, sigma 0.6, or both, beside TopK; h1 at sigma 0.6).
+u2 itself, never alone, with four children, sigma 0.6, or both, beside TopK; h1 at sigma 0.6),
+u2-absorb (u2 with an inner prefix of d_sae/8, five prefixes, k 30, batch selection, four passes).
 Results append to OUT/results.jsonl; a rerun skips the points already there. A Matryoshka
 point runs with the trainer's defaults, which since 2026-11-29 refit the decoder over the last
 fifth of the steps: the figures measured before ran without it (`refit_fraction=0` repeats them).
@@ -124,6 +125,12 @@ POINTS = [
     *[Point("u2-shape", name, data=f"u2-{d}", flags=flags) for d in ("c4", "s6", "c4s6")
       for name, flags in (("matryoshka", mat()), ("topk", {}))],
     Point("u2-shape", "matryoshka", data="h1-s6", flags=mat()),  # h1 (never alone, 3 children) at sigma 0.6
+    # u2's absorption against prefix layouts, room in k, batch selection and more rows
+    *[Point("u2-absorb", f"matryoshka-{name}", data="u2", flags=mat(**flags), passes=passes)
+      for name, flags, passes in (("w640", {"matryoshka_widths": "640,5120"}, 1),
+                                  ("w5", {"matryoshka_widths": "320,640,1280,2560,5120"}, 1),
+                                  ("k30", {"k": 30}, 1), ("batch", {"matryoshka_selection": "batch"}, 1),
+                                  ("4x", {}, 4))],
 ]
 GROUPS = list(dict.fromkeys(p.group for p in POINTS))
 
