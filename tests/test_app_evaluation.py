@@ -173,7 +173,7 @@ def test_an_evaluation_stored_before_the_core_metrics_shows_none_of_them(state_h
 
 def test_the_absorption_card_splits_parents_absorbed_from_hedged():
     """Of the 47% of parents without a latent of their own, 30% sit in a child's latent (absorbed)
-    and 17% in a mixed latent of their own (hedged); an evaluation stored before the split says
+    and 17% in a latent no child shares (hedged); an evaluation stored before the split says
     only the first."""
     rec = {"parents": 25, "parents_frac_above_0_9": 0.53, "children_frac_above_0_8": 0.5,
            "absorbed_parents": 0.47, "parent_in_children": 0.412}
@@ -181,6 +181,6 @@ def test_the_absorption_card_splits_parents_absorbed_from_hedged():
              for c in row}
     assert cards["Parent in children's latents"].help.endswith(
         "47.0% of the parents have no latent of their own: 30.0% in a child's latent (absorbed), "
-        "17.0% in a mixed latent of their own (hedged).")
+        "17.0% in a latent no child shares (hedged, or not found).")
     older = {c.label: c for row in evaluation_view.matching_cards(rec) for c in row}
     assert older["Parent in children's latents"].help.endswith("47.0% of the parents have no latent of their own.")

@@ -191,7 +191,7 @@ def test_absorption_says_which_parents_lost_their_latent_and_what_the_children_c
     # of its children's mean direction (cos 1/2).
     assert found["children_in_parents"] == pytest.approx((0.5 + 0) / 2, abs=0.05)
     assert found["parents_in_a_childs_latent"] == 0.5  # parent 0 lives in child 2's latent: absorbed
-    said = "parents without a latent of their own: 50.0% (50.0% in a child's latent, 0.0% in a mixed one"
+    said = "parents without a latent of their own: 50.0% (50.0% in a child's latent, 0.0% in a latent no child"
     assert said in matching_text(found)
     clean = recovery(d, planted.frequencies, d, parents=2).to_dict()
     assert clean["absorbed_parents"] == 0.0 and clean["parent_in_children"] < 0.15

@@ -126,7 +126,8 @@ def _absorbed_or_hedged(rec) -> str:
     if in_child is None:
         return "."
     return (f": {fmt_percent(in_child)} in a child's latent (absorbed), "
-            f"{fmt_percent(_get(rec, 'absorbed_parents') - in_child)} in a mixed latent of their own (hedged).")
+            f"{fmt_percent(_get(rec, 'absorbed_parents') - in_child)} in a latent no child shares (hedged, "
+            "or not found).")
 
 
 # SAEBench's core metrics (sae_dist.evaluate.metrics.core_metrics), in its names, with a line each.

@@ -79,8 +79,8 @@ class Recovery:
     # best when a parent's family has one latent there.
     children_in_parents: float | None = None
     # Of the parents with no latent of their own, the share whose best-matching latent is also one
-    # of their children's best (absorbed: a latent of the parent with a child); the rest have a
-    # mixed latent of their own (hedged: the parent with some of its children's mean).
+    # of their children's best (absorbed: a latent of the parent with a child); the rest match best
+    # a latent no child shares (hedged, the parent with some of its children's mean, or not found).
     parents_in_a_childs_latent: float | None = None
     # Each latent as a detector of its best-matching planted feature (by |cosine|) on the rows:
     # the means over latents of precision, recall, F1 and accuracy, as SAELens' synthetic evals.
@@ -386,7 +386,7 @@ def matching_text(rec: dict[str, Any]) -> str:
         if rec.get("parents_in_a_childs_latent") is not None:
             absorbed, in_child = rec["absorbed_parents"], rec["parents_in_a_childs_latent"]
             parts.append(f"parents without a latent of their own: {100 * absorbed:.1f}% ({100 * in_child:.1f}% "
-                         f"in a child's latent, {100 * (absorbed - in_child):.1f}% in a mixed one of their own)")
+                         f"in a child's latent, {100 * (absorbed - in_child):.1f}% in a latent no child shares)")
     return "; ".join(parts)
 
 
