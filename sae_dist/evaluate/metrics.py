@@ -414,7 +414,8 @@ def absorption(dictionary: Tensor, W_dec: Tensor, parents: int, parents_best: Te
     latent and the mean direction of its children, and the share of parents without a latent of
     their own whose best latent is also a child's (absorbed rather than hedged)."""
     children = dictionary.shape[0] - parents
-    out = {"absorbed_parents": float((parents_best <= 0.9).double().mean())}
+    unrecovered = parents_best.cpu() <= 0.9  # no latent of their own
+    out = {"absorbed_parents": float(unrecovered.double().mean())}
     if children <= 0:
         return out
     per_parent = children // parents
@@ -428,7 +429,7 @@ def absorption(dictionary: Tensor, W_dec: Tensor, parents: int, parents_best: Te
     parent_latent = best_abs_matches(truth[:parents], decoder)
     out["children_in_parents"] = float((decoder[parent_latent] * family_mean).sum(dim=1).abs().mean())
     childs_latent = (latent[:per_parent * parents].view(parents, per_parent) == parent_latent[:, None]).any(dim=1)
-    out["parents_in_a_childs_latent"] = float((childs_latent & (parents_best.cpu() <= 0.9)).double().mean())
+    out["parents_in_a_childs_latent"] = float((childs_latent & unrecovered).double().mean())
     return out
 
 
