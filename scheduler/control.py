@@ -58,6 +58,17 @@ def take_daemon_lock(dead_holder_wait_s: float = 5.0) -> FileLock:
             time.sleep(0.01)
 
 
+def lock_file_identity() -> tuple[int, int] | None:
+    """The daemon lock file's (device, inode), or None when it is gone. A daemon compares it with
+    the one it took: a state home removed (or removed and made again) under a running daemon no
+    longer has its lock, and a second daemon may already hold the new one."""
+    try:
+        found = os.stat(daemon_lock_path())
+    except FileNotFoundError:
+        return None
+    return found.st_dev, found.st_ino
+
+
 def write_pid_file() -> int:
     """Record this process as the daemon (pid and start time). Returns the pid. Written whole
     and renamed into place, so a reader never sees a half-written file."""

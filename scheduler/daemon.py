@@ -107,6 +107,7 @@ class Daemon:
         self.orphaned: dict[int, float] = {}  # job id -> when we first found its supervisor gone
         self.swept = False  # the stale cgroups and processes of jobs that ended while no daemon ran
         self.inventory: list[dict] | None = None  # the device rows last written
+        self.home_lost = False  # the state home was removed under us: we stopped, and exit 1
 
     # ---- the loop ----
     def run(self) -> None:
@@ -116,6 +117,7 @@ class Daemon:
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
         signal.signal(signal.SIGINT, lambda *_: setattr(self, "stopping", True))
         lock = control.take_daemon_lock()
+        held = control.lock_file_identity()
         wake_r, wake_w = os.pipe()
         try:
             os.set_blocking(wake_r, False)
@@ -127,6 +129,13 @@ class Daemon:
             if left:
                 log.info("started from inside a job: moved out of its cgroup %s", left)
             while not self.stopping:
+                if control.lock_file_identity() != held:
+                    # Its queue is gone with it: scheduling on would start jobs nobody can see
+                    # from a database already deleted, beside the next daemon's.
+                    log.error("the state home %s was removed or replaced while this daemon ran; stopping "
+                              "(jobs already running go on under their supervisors)", state_home())
+                    self.home_lost = True
+                    return
                 started = time.monotonic()
                 self._reap_children()
                 try:
@@ -548,8 +557,9 @@ def _job_view(job, held: Iterable[str] = ()) -> JobView:
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s daemon %(message)s")
-    Daemon().run()
-    return 0
+    daemon = Daemon()
+    daemon.run()
+    return 1 if daemon.home_lost else 0
 
 
 __all__ = ["Daemon", "Seen", "plan_due", "thin_samples", "main"]

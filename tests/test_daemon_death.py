@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -12,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import REPO, hold_write_lock, kill_running_jobs, wait_for
+from conftest import REPO, hold_write_lock, kill_running_jobs, start_daemon, stop_process, wait_for
 from sae_dist.db import get_engine
 from scheduler.store import NewJob, active_allocations, cancel, get_job, list_jobs, start_jobs, submit
 
@@ -267,3 +268,30 @@ def _job_out(job) -> str:
         return open(job.stdout_path).read() if job.stdout_path else ""
     except FileNotFoundError:
         return ""
+
+
+@pytest.mark.parametrize("made_again", [False, True], ids=["removed", "removed-and-made-again"])
+def test_a_daemon_whose_state_home_is_removed_stops(home, tmp_path, made_again):
+    """`rm -r` of the state home under a running daemon (a reset): the daemon must not schedule
+    on from a database already deleted, nor beside the next daemon of a home made again."""
+    from scheduler.control import pid_file
+
+    daemon = start_daemon(tmp_path / "daemon.log")  # the log outside the home it loses
+    second = None
+    try:
+        wait_for(pid_file().exists, what="the daemon's pid file")
+        shutil.rmtree(home)
+        if made_again:
+            home.mkdir()
+            second = start_daemon(tmp_path / "second.log")
+            wait_for(pid_file().exists, what="the second daemon's pid file")
+        assert daemon.wait(timeout=60) == 1
+        log = (tmp_path / "daemon.log").read_text()
+        assert f"the state home {home} was removed or replaced while this daemon ran; stopping" in log, log
+        assert "Traceback" not in log, log
+        if second:
+            assert second.poll() is None, (tmp_path / "second.log").read_text()  # the new home's daemon goes on
+    finally:
+        stop_process(daemon)
+        if second:
+            stop_process(second)
