@@ -70,25 +70,29 @@ class JobRow(namedtuple("JobRow", _FIELDS)):
 def read_jobs(engine=None, states: Iterable[str] | None = None, job_id: int | None = None,
               started_only: bool = False, order: str = "id", limit: int | None = None,
               job_ids: Iterable[int] | None = None, array_ids: Iterable[int] | None = None,
-              pending_tasks: bool = True) -> list[JobRow]:
+              pending_tasks: bool = True, names: Iterable[str] | None = None) -> list[JobRow]:
     """Jobs in `states` (None: every state), or the one with `job_id`, or those of `job_ids`
-    and the tasks of the arrays `array_ids`; with `started_only`, only those that started;
-    without `pending_tasks`, none of the arrays' pending tasks (see `pending_task_groups`);
-    ordered by `order` (see ORDERS), at most `limit`.
+    and the tasks of the arrays `array_ids`; only those named one of `names`, when given; with
+    `started_only`, only those that started; without `pending_tasks`, none of the arrays'
+    pending tasks (see `pending_task_groups`); ordered by `order` (see ORDERS), at most `limit`.
 
     Without `engine`: the SQLite state file read directly, or the regular engine when that
     cannot answer."""
-    sql, params = _query(states, job_id, started_only, order, limit, job_ids, array_ids, pending_tasks)
+    sql, params = _query(states, job_id, started_only, order, limit, job_ids, array_ids, pending_tasks, names)
     return [_decode(row) for row in query(sql, params, engine)]
 
 
-def pending_task_groups(engine=None) -> dict[int, list[int]]:
+def pending_task_groups(engine=None, job_ids: Iterable[int] | None = None, array_ids: Iterable[int] | None = None,
+                        names: Iterable[str] | None = None) -> dict[int, list[int]]:
     """The arrays' pending tasks as `queue` folds them, one group per array, reason and hold:
-    the group's first job id -> its task ids, ascending. Reads five small columns, so a queue of
+    the group's first job id -> its task ids, ascending; only those `read_jobs` would select
+    with the same `job_ids`, `array_ids` and `names`. Reads five small columns, so a queue of
     30,000 pending tasks is not 30,000 decoded rows."""
+    params: dict[str, Any] = {}
+    where = ["\"state\" = 'PENDING'", '"array_job_id" IS NOT NULL', *_selection(job_ids, array_ids, names, params)]
     sql = ('SELECT "array_job_id", "reason", "held", "id", "array_task_id" FROM "jobs" '
-           'WHERE "state" = \'PENDING\' AND "array_job_id" IS NOT NULL ORDER BY "id"')
-    rows = query(sql, {}, engine)
+           f'WHERE {" AND ".join(where)} ORDER BY "id"')
+    rows = query(sql, params, engine)
     groups: dict[tuple, tuple[int, list[int]]] = {}
     for array_id, reason, held, job_id, task in rows:
         groups.setdefault((array_id, reason, bool(held)), (job_id, []))[1].append(task)
@@ -157,24 +161,41 @@ def _ids_in(column: str, prefix: str, ids: Iterable[int], params: dict[str, Any]
     return f'"{column}" IN ({", ".join(":" + n for n in names) or "NULL"})'
 
 
-def _query(states: Iterable[str] | None, job_id: int | None, started_only: bool, order: str,
-           limit: int | None, job_ids: Iterable[int] | None = None,
-           array_ids: Iterable[int] | None = None, pending_tasks: bool = True) -> tuple[str, dict[str, Any]]:
-    """The SQL text (quoted names: "user" is a keyword in PostgreSQL) and its named parameters."""
-    if order not in ORDERS:
-        raise ValueError(f"unknown order {order!r}; one of {', '.join(ORDERS)}")
-    where, params = [], {}
-    if states is not None:
-        names = {f"s{i}": state for i, state in enumerate(states)}
-        where.append(f'"state" IN ({", ".join(":" + n for n in names) or "NULL"})')
-        params.update(names)
-    if job_id is not None:
-        job_ids = [job_id]
+def _values_in(column: str, prefix: str, values: Iterable[str], params: dict[str, Any]) -> str:
+    """`"column" IN (:prefix0, ...)` (NULL: none), its parameters added."""
+    names = {f"{prefix}{i}": value for i, value in enumerate(values)}
+    params.update(names)
+    return f'"{column}" IN ({", ".join(":" + n for n in names) or "NULL"})'
+
+
+def _selection(job_ids: Iterable[int] | None, array_ids: Iterable[int] | None, names: Iterable[str] | None,
+               params: dict[str, Any]) -> list[str]:
+    """The WHERE terms for the jobs of `job_ids` and the tasks of the arrays `array_ids`, and for
+    the jobs named one of `names` (None: no such term), their parameters added."""
+    where = []
     if job_ids is not None or array_ids is not None:
         wanted = [_ids_in("id", "j", job_ids or (), params)]
         if array_ids is not None:
             wanted.append(_ids_in("array_job_id", "a", array_ids, params))
         where.append(f"({' OR '.join(wanted)})")
+    if names is not None:
+        where.append(_values_in("name", "n", names, params))
+    return where
+
+
+def _query(states: Iterable[str] | None, job_id: int | None, started_only: bool, order: str,
+           limit: int | None, job_ids: Iterable[int] | None = None,
+           array_ids: Iterable[int] | None = None, pending_tasks: bool = True,
+           names: Iterable[str] | None = None) -> tuple[str, dict[str, Any]]:
+    """The SQL text (quoted names: "user" is a keyword in PostgreSQL) and its named parameters."""
+    if order not in ORDERS:
+        raise ValueError(f"unknown order {order!r}; one of {', '.join(ORDERS)}")
+    where, params = [], {}
+    if states is not None:
+        where.append(_values_in("state", "s", states, params))
+    if job_id is not None:
+        job_ids = [job_id]
+    where += _selection(job_ids, array_ids, names, params)
     if started_only:
         where.append('"started_at" IS NOT NULL')
     if not pending_tasks:

@@ -24,8 +24,6 @@ STORAGE_ERROR_EXIT = 1  # the state database could not be used (scheduler.storag
 
 STATE_ORDER = {"RUNNING": 0, "PENDING": 1}
 SUBMITTED_STATE = "PENDING"  # every job is queued PENDING (held ones too, with the reason JobHeldUser)
-SHORT = {"PENDING": "PD", "RUNNING": "R", "COMPLETED": "CD", "FAILED": "F", "CANCELLED": "CA",
-         "TIMEOUT": "TO", "NODE_FAIL": "NF", "OUT_OF_MEMORY": "OOM"}
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -119,6 +117,10 @@ def _add_submit(sub) -> None:
 def _add_queue(sub) -> None:
     q = sub.add_parser("queue", help="pending and running jobs (squeue)")
     q.add_argument("--all", action="store_true", help="finished jobs too")
+    q.add_argument("-j", "--jobs", help="only these jobs: 3,5 (an array's id: its tasks; 12_7: one task)")
+    q.add_argument("-t", "--states", help="only jobs in these states: PD,R (codes or names: PENDING, COMPLETED...; "
+                   "all: every state); default PD,R (--all: every state)")
+    q.add_argument("-n", "--name", help="only jobs of these names: sweep1,sweep2")
     q.add_argument("--json", action="store_true")
 
 
@@ -127,8 +129,12 @@ def _add_actions(sub) -> None:
                        ("hold", "keep pending jobs from starting"), ("release", "let held jobs start"),
                        ("requeue", "put jobs back in the queue")):
         c = sub.add_parser(name, help=what)
-        c.add_argument("job_ids", nargs="+", type=_job_ref if name != "cancel" else _job_or_cluster_id,
+        c.add_argument("job_ids", nargs="+" if name != "cancel" else "*",
+                       type=_job_ref if name != "cancel" else _job_or_cluster_id,
                        help="job ids; 12 is every task of array 12, 12_7 one task, 12_[3-5] some")
+        if name == "cancel":  # scancel's filters: alone, every job they match; with ids, those of them
+            c.add_argument("-t", "--state", help="only jobs in these states: PD,R (codes or names)")
+            c.add_argument("-n", "--name", help="only jobs of these names: sweep1,sweep2")
 
 
 def _add_info(sub) -> None:
@@ -144,6 +150,8 @@ def _add_info(sub) -> None:
 def _add_acct(sub) -> None:
     a = sub.add_parser("acct", help="finished and running jobs with their usage (sacct)")
     a.add_argument("-j", "--jobs", help="only these jobs: 3,5 (an array's id: its tasks; 12_7: one task)")
+    a.add_argument("-s", "--state", help="only jobs in these states: CD,F,TO (codes or names: COMPLETED...)")
+    a.add_argument("--name", help="only jobs of these names: sweep1,sweep2")
     a.add_argument("-D", "--duplicates", action="store_true",
                    help="also each job's earlier runs (requeued: PREEMPTED, or after a failure), as sacct -D")
     a.add_argument("--json", action="store_true")
@@ -628,26 +636,32 @@ def _table_name(row: dict) -> str:
 def cmd_queue(args) -> int:
     from sae_dist.array_notation import label_rows
     from sae_dist.job_listing import has_cluster_jobs, pending_task_groups, read_jobs
+    from scheduler.job_filters import ACTIVE, parse_states
 
     now = time.time()
-    states = None if args.all else ("PENDING", "RUNNING")
+    states = parse_states(args.states, "--states") if args.states is not None else None if args.all else ACTIVE
+    chosen = _chosen_jobs(args.jobs, args.name, "--name")
     if args.json:  # every task, as it is
-        jobs, groups = read_jobs(states=states), {}
+        jobs, groups = read_jobs(states=states, **chosen), {}
     else:  # an array's pending tasks as one row (12_[3-999%8]): one decoded row for each group
-        groups = pending_task_groups()
-        jobs = read_jobs(states=states, pending_tasks=False) + (read_jobs(job_ids=groups) if groups else [])
+        groups = pending_task_groups(**chosen) if states is None or "PENDING" in states else {}
+        jobs = read_jobs(states=states, pending_tasks=False, **chosen) + (read_jobs(job_ids=groups) if groups else [])
     jobs.sort(key=lambda j: (STATE_ORDER.get(j.state, 2), -j.priority if j.state == "PENDING" else 0, j.id))
     rows = label_rows([_job_row(j, now) for j in jobs], groups)
-    if has_cluster_jobs() is not False:
-        rows += _cluster_rows(args.all, now)
+    if chosen["job_ids"] is None and has_cluster_jobs() is not False:  # -j takes local job ids only
+        typed = states if args.states is not None else None  # unfiltered: all SLURM's own active states
+        rows += [r for r in _cluster_rows(args.all or args.states is not None, now)
+                 if _among(r, typed, chosen["names"])]
     held = _exclusive_allocations(rows)
     for r in rows:  # what each job holds now: its devices, or for an exclusive job every device
         r["allocated"] = held.get(r["job_id"], r["devices"]) if r["state"] == "RUNNING" else []
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
+    from scheduler.job_filters import CODES
+
     for r in rows:
-        r["st"] = SHORT.get(r["state"], r["state"])
+        r["st"] = CODES.get(r["state"], r["state"])
         r["name"] = _table_name(r)
         r["elapsed"] = _duration(r["elapsed_s"]) or "0:00"
         r["limit"] = _duration(r["time_limit_s"]) or "UNLIMITED"
@@ -656,6 +670,24 @@ def cmd_queue(args) -> int:
                         ("elapsed", "TIME"), ("limit", "TIME_LIMIT"), ("why", "DEVICES(REASON)")])
     _say_if_nothing_schedules(any(r["state"] == "PENDING" for r in rows))
     return 0
+
+
+def _chosen_jobs(jobs: str | None, names: str | None, name_flag: str) -> dict[str, Any]:
+    """`-j`'s and the name flag's selection, as `read_jobs` takes it (None: no such filter)."""
+    from scheduler.job_filters import parse_names
+
+    chosen: dict[str, Any] = {"job_ids": None, "array_ids": None,
+                              "names": parse_names(names, name_flag) if names is not None else None}
+    if jobs is not None:
+        from scheduler.job_refs import listed_jobs
+
+        chosen["job_ids"], chosen["array_ids"] = listed_jobs(jobs)
+    return chosen
+
+
+def _among(row: dict, states: tuple[str, ...] | None, names: tuple[str, ...] | None) -> bool:
+    """Whether a cluster job's row passes the state and name filters (None: any)."""
+    return (states is None or row["state"] in states) and (names is None or row["name"] in names)
 
 
 def _say_if_nothing_schedules(pending: bool) -> None:
@@ -723,7 +755,33 @@ def _each_job(args, action) -> int:
 def cmd_cancel(args) -> int:
     from scheduler import actions
 
-    return _each_job(args, actions.cancel)
+    if args.state is None and args.name is None:
+        if not args.job_ids:
+            raise UserError("cancel: name the jobs: job ids (12, 12_7, 12_[3-5]), or -t/--state and -n/--name")
+        return _each_job(args, actions.cancel)
+    return _cancel_matching(args)
+
+
+def _cancel_matching(args) -> int:
+    """scancel's filters: every pending or running job in the states and of the names given,
+    among the job ids given if any; one line saying what became of them."""
+    from sae_dist.job_listing import read_jobs
+    from scheduler.control import wake_daemon
+    from scheduler.job_filters import ACTIVE, parse_states
+    from scheduler.job_refs import CANCEL_WORDS, cancel_jobs, resolve, summary
+
+    states = parse_states(args.state, "--state") if args.state is not None else None
+    chosen = _chosen_jobs(None, args.name, "--name")
+    engine = _engine()
+    if args.job_ids:
+        if any(isinstance(ref, str) for ref in args.job_ids):
+            raise UserError("cancel: -t/--state and -n/--name select local jobs; cancel slurm:N by its id alone")
+        chosen["job_ids"] = sorted({i for ref in args.job_ids for i in resolve(ref, engine)})
+    ids = [j.id for j in read_jobs(states=[s for s in ACTIVE if states is None or s in states], **chosen)]
+    outcomes = cancel_jobs(engine, ids)
+    wake_daemon()
+    print(summary(outcomes, CANCEL_WORDS, noun="job") if ids else "no pending or running job matches")
+    return 0
 
 
 def cmd_hold(args) -> int:
@@ -816,24 +874,23 @@ def cmd_acct(args) -> int:
     from sae_dist.array_notation import task_label
     from sae_dist.format import fmt_bytes
     from sae_dist.job_listing import has_cluster_jobs, read_jobs
+    from scheduler.job_filters import parse_states
     from scheduler.usage import job_usage, summarize
 
-    wanted, arrays = None, None
-    if args.jobs is not None:
-        from scheduler.job_refs import listed_jobs
-
-        wanted, arrays = listed_jobs(args.jobs)
-    jobs = read_jobs(job_ids=wanted, array_ids=arrays)  # filtered by the database, without SQLAlchemy
+    states = parse_states(args.state, "--state") if args.state is not None else None
+    chosen = _chosen_jobs(args.jobs, args.name, "--name")
+    jobs = read_jobs(states=states, **chosen)  # filtered by the database, without SQLAlchemy
     now = time.time()
     rows = []
-    usage = job_usage(None, [j.id for j in jobs] if wanted is not None else None)
+    filtered = states is not None or any(v is not None for v in chosen.values())
+    usage = job_usage(None, [j.id for j in jobs] if filtered else None)
     no_samples = summarize([])  # every usage key, null: a job without samples has unknown usage
     for j in jobs:
         row = _job_row(j, now)
         row.update(usage.get(j.id) or no_samples)
         rows.append(row)
-    if wanted is None and has_cluster_jobs() is not False:  # -j takes local job ids only
-        rows += _cluster_rows(True, now)
+    if chosen["job_ids"] is None and has_cluster_jobs() is not False:  # -j takes local job ids only
+        rows += [r for r in _cluster_rows(True, now) if _among(r, states, chosen["names"])]
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0

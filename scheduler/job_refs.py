@@ -39,10 +39,7 @@ def act_on_tasks(engine: Engine, action: str, ref: JobRef, ids: list[int]) -> st
     from scheduler import actions, store
 
     if action == "cancel":
-        outcomes = store.cancel_many(engine, ids)
-        for job in store.jobs_by_id(engine, [i for i, o in outcomes.items() if o == "requested"]):
-            actions.signal_supervisor(job)
-        words = {"cancelled": "cancelled", "requested": "cancelling (SIGTERM, SIGKILL after the grace period)"}
+        outcomes, words = cancel_jobs(engine, ids), CANCEL_WORDS
     elif action in ("hold", "release"):
         outcomes = store.set_held_many(engine, ids, action == "hold")
         words = {"done": "held" if action == "hold" else "released"}
@@ -59,17 +56,31 @@ def act_on_tasks(engine: Engine, action: str, ref: JobRef, ids: list[int]) -> st
     return f"{ref}: " + summary(outcomes, words)
 
 
-def summary(outcomes: dict[int, str], words: dict[str, str]) -> str:
-    """'950 tasks cancelled, 42 already COMPLETED': counts of each outcome, the done ones first."""
+CANCEL_WORDS = {"cancelled": "cancelled", "requested": "cancelling (SIGTERM, SIGKILL after the grace period)"}
+
+
+def cancel_jobs(engine: Engine, ids: list[int]) -> dict[int, str]:
+    """Cancel many jobs in one transaction, and signal the supervisors of the running ones:
+    id -> "cancelled", "requested" or the final state it already had."""
+    from scheduler import actions, store
+
+    outcomes = store.cancel_many(engine, ids)
+    for job in store.jobs_by_id(engine, [i for i, o in outcomes.items() if o == "requested"]):
+        actions.signal_supervisor(job)
+    return outcomes
+
+
+def summary(outcomes: dict[int, str], words: dict[str, str], noun: str = "task") -> str:
+    """'950 tasks cancelled, 42 tasks left as they are (COMPLETED)': counts of each outcome, the
+    done ones first."""
     counts = Counter(outcomes.values())
-    parts = [f"{counts[o]} {_tasks(counts[o])} {w}" for o, w in words.items() if counts[o]]
-    parts += [f"{n} {_tasks(n)} left as they are ({state})"
-              for state, n in sorted(counts.items()) if state not in words]
-    return ", ".join(parts) or "no task"
 
+    def some(n: int) -> str:
+        return f"{n} {noun}" + ("" if n == 1 else "s")
 
-def _tasks(n: int) -> str:
-    return "task" if n == 1 else "tasks"
+    parts = [f"{some(counts[o])} {w}" for o, w in words.items() if counts[o]]
+    parts += [f"{some(n)} left as they are ({state})" for state, n in sorted(counts.items()) if state not in words]
+    return ", ".join(parts) or f"no {noun}"
 
 
 def listed_jobs(text: str) -> tuple[list[int], list[int]]:
