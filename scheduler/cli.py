@@ -1,6 +1,6 @@
 """`python -m scheduler ...` (or `sae-sched ...`): SLURM's habits without SLURM.
 
-submit / queue / cancel / hold / release / requeue / info / acct / recommend / export-sbatch /
+submit / queue / show / cancel / hold / release / requeue / info / acct / recommend / export-sbatch /
 daemon / metrics. Every listing takes --json. A mistake is one line on stderr and exit code 2.
 Starts fast: nothing here imports torch, Streamlit or Altair.
 """
@@ -40,7 +40,7 @@ class _RaisingParser(argparse.ArgumentParser):
         raise UserError(message)
 
 
-COMMAND_NAMES = ("submit", "queue", "cancel", "hold", "release", "requeue", "info", "acct", "recommend",
+COMMAND_NAMES = ("submit", "queue", "show", "cancel", "hold", "release", "requeue", "info", "acct", "recommend",
                  "export-sbatch", "daemon", "metrics")
 
 
@@ -124,6 +124,13 @@ def _add_queue(sub) -> None:
     q.add_argument("--json", action="store_true")
 
 
+def _add_show(sub) -> None:
+    s = sub.add_parser("show", help="one job whole: state, times, devices, command, where its output goes "
+                                    "(scontrol show job)")
+    s.add_argument("job_ids", nargs="+", type=_job_ref, help="job ids; 12 is every task of array 12, 12_7 one task")
+    s.add_argument("--json", action="store_true")
+
+
 def _add_actions(sub) -> None:
     for name, what in (("cancel", "cancel jobs (SIGTERM, then SIGKILL after the grace period)"),
                        ("hold", "keep pending jobs from starting"), ("release", "let held jobs start"),
@@ -189,7 +196,7 @@ def _add_metrics(sub) -> None:
                         "as given: 0.0.0.0:9400 is every interface, [::1]:9400 IPv6")
 
 
-_BUILDERS = [(("submit",), _add_submit), (("queue",), _add_queue),
+_BUILDERS = [(("submit",), _add_submit), (("queue",), _add_queue), (("show",), _add_show),
              (("cancel", "hold", "release", "requeue"), _add_actions), (("info",), _add_info),
              (("acct",), _add_acct), (("recommend",), _add_recommend),
              (("export-sbatch",), _add_export_sbatch), (("daemon",), _add_daemon), (("metrics",), _add_metrics)]
@@ -323,13 +330,9 @@ def _print_table(rows: list[dict], columns: list[tuple[str, str]]) -> None:
 
 
 def _duration(seconds: float | None) -> str | None:
-    if seconds is None:
-        return None
-    s = int(seconds)
-    days, s = divmod(s, 86400)
-    h, s = divmod(s, 3600)
-    m, s = divmod(s, 60)
-    return f"{days}-{h:02d}:{m:02d}:{s:02d}" if days else f"{h:02d}:{m:02d}:{s:02d}"
+    from scheduler.show import duration
+
+    return None if seconds is None else duration(seconds)
 
 
 MAX_SQL_INT = 2**63 - 1
@@ -784,6 +787,44 @@ def _cancel_matching(args) -> int:
     return 0
 
 
+def cmd_show(args) -> int:
+    """scontrol show job: each job named, whole (an array's id: every task of it)."""
+    from sae_dist.paths import state_home
+    from scheduler import store
+    from scheduler.job_refs import resolve
+    from scheduler.show import show_fields, show_text
+    from scheduler.spec import job_output_paths
+
+    engine = _engine()
+    ids = list(dict.fromkeys(i for ref in args.job_ids for i in resolve(ref, engine)))
+    now = datetime.now(timezone.utc)
+    blocks = []
+    for job_id in ids:
+        job = store.get_job(engine, job_id)
+        if job.stdout_path:  # where it went, once started
+            out, err = job.stdout_path, job.stderr_path or job.stdout_path
+        else:  # where it will go
+            out, err = (str(p) for p in job_output_paths(job, state_home() / "logs"))
+        blocks.append(show_fields(job.model_dump(), now, _command_of(job), out, err))
+    if args.json:
+        print(json.dumps([{k: v for line in fields for k, v in line} for fields in blocks], indent=1))
+    else:
+        print("\n\n".join(show_text(fields) for fields in blocks))
+    return 0
+
+
+def _command_of(job) -> list[str]:
+    """A job's command; a training's is its settings as the trainer's flags (those not at their
+    default), the --devices flag left to its start, which gives it the devices."""
+    if job.kind != "train":
+        return json.loads(job.argv_json)
+    from sae_dist.contract.sweep_argv import stored_job_flags
+
+    placeholder = "cpu:1"  # a valid flag, dropped again
+    flags = stored_job_flags(json.loads(job.train_config_json), placeholder)
+    return ["python", "-m", "sae_dist", "train", *(f for f in flags if f != f"--devices={placeholder}")]
+
+
 def cmd_hold(args) -> int:
     from scheduler import actions
 
@@ -999,7 +1040,7 @@ def cmd_metrics(args) -> int:
     return serve(listen_address(args.listen))
 
 
-COMMANDS = {"submit": cmd_submit, "queue": cmd_queue, "cancel": cmd_cancel, "hold": cmd_hold,
+COMMANDS = {"submit": cmd_submit, "queue": cmd_queue, "show": cmd_show, "cancel": cmd_cancel, "hold": cmd_hold,
             "release": cmd_release, "requeue": cmd_requeue, "info": cmd_info, "acct": cmd_acct,
             "recommend": cmd_recommend, "export-sbatch": cmd_export_sbatch, "daemon": cmd_daemon,
             "metrics": cmd_metrics}

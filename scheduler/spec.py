@@ -642,6 +642,18 @@ def safe_name_for_path(name: str) -> str:
     return encoded.decode("utf-8", "ignore") or "_"
 
 
+def job_output_paths(job, log_dir: Path) -> tuple[Path, Path]:
+    """The files a job's stdout and stderr go to (the same file when no --error was given); the
+    default names live in `log_dir`."""
+    workdir = Path(job.workdir)
+    array = (job.array_job_id, job.array_task_id) if job.array_job_id is not None else None
+    default = "%A_%a-%x.out" if array else "%j-%x.out"  # SLURM's default for a task: slurm-%A_%a.out
+    out = expand_output(job.stdout_pattern, job.id, job.name, log_dir, workdir, default=default, array=array)
+    err = expand_output(job.stderr_pattern, job.id, job.name, log_dir, workdir, default=default, array=array) \
+        if job.stderr_pattern else out
+    return out, err
+
+
 def expand_output(pattern: str | None, job_id: int, name: str, log_dir: Path, workdir: Path,
                   default: str, array: tuple[int, int] | None = None) -> Path:
     """The file a job's stdout/stderr goes to.

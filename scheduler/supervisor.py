@@ -177,17 +177,11 @@ def _device_kind(devices: list[str]) -> str:
 
 
 def output_paths(job) -> tuple[Path, Path]:
-    from scheduler.spec import expand_output
+    from scheduler.spec import job_output_paths
 
     log_dir = state_home() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    workdir = Path(job.workdir)
-    array = (job.array_job_id, job.array_task_id) if job.array_job_id is not None else None
-    default = "%A_%a-%x.out" if array else "%j-%x.out"  # SLURM's default for a task: slurm-%A_%a.out
-    out = expand_output(job.stdout_pattern, job.id, job.name, log_dir, workdir, default=default, array=array)
-    err = expand_output(job.stderr_pattern, job.id, job.name, log_dir, workdir, default=default, array=array) \
-        if job.stderr_pattern else out
-    return out, err
+    return job_output_paths(job, log_dir)
 
 
 def classify_exit(returncode: int, cancelled: bool, timed_out: bool,
