@@ -1,6 +1,6 @@
 """`python -m scheduler ...` (or `sae-sched ...`): SLURM's habits without SLURM.
 
-submit / queue / show / cancel / hold / release / requeue / info / acct / recommend / export-sbatch /
+submit / queue / show / update / cancel / hold / release / requeue / info / acct / recommend / export-sbatch /
 daemon / metrics. Every listing takes --json. A mistake is one line on stderr and exit code 2.
 Starts fast: nothing here imports torch, Streamlit or Altair.
 """
@@ -40,8 +40,8 @@ class _RaisingParser(argparse.ArgumentParser):
         raise UserError(message)
 
 
-COMMAND_NAMES = ("submit", "queue", "show", "cancel", "hold", "release", "requeue", "info", "acct", "recommend",
-                 "export-sbatch", "daemon", "metrics")
+COMMAND_NAMES = ("submit", "queue", "show", "update", "cancel", "hold", "release", "requeue", "info", "acct",
+                 "recommend", "export-sbatch", "daemon", "metrics")
 
 
 def _parser(argv: list[str] | None = None, parser_class: type = _OneLineParser) -> argparse.ArgumentParser:
@@ -131,6 +131,15 @@ def _add_show(sub) -> None:
     s.add_argument("--json", action="store_true")
 
 
+def _add_update(sub) -> None:
+    u = sub.add_parser("update", help="change a pending job's priority, time limit or begin time "
+                                      "(scontrol update)")
+    u.add_argument("job_ids", nargs="+", type=_job_ref, help="job ids; 12 is every task of array 12, 12_7 one task")
+    u.add_argument("--priority", type=_whole_number, help="its new priority (higher runs first)")
+    u.add_argument("-t", "--time", help="its new time limit: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]], UNLIMITED")
+    u.add_argument("--begin", help="start no earlier than: now+10minutes, 16:00, 2026-12-01T09:00; now: no wait")
+
+
 def _add_actions(sub) -> None:
     for name, what in (("cancel", "cancel jobs (SIGTERM, then SIGKILL after the grace period)"),
                        ("hold", "keep pending jobs from starting"), ("release", "let held jobs start"),
@@ -196,7 +205,7 @@ def _add_metrics(sub) -> None:
                         "as given: 0.0.0.0:9400 is every interface, [::1]:9400 IPv6")
 
 
-_BUILDERS = [(("submit",), _add_submit), (("queue",), _add_queue), (("show",), _add_show),
+_BUILDERS = [(("submit",), _add_submit), (("queue",), _add_queue), (("show",), _add_show), (("update",), _add_update),
              (("cancel", "hold", "release", "requeue"), _add_actions), (("info",), _add_info),
              (("acct",), _add_acct), (("recommend",), _add_recommend),
              (("export-sbatch",), _add_export_sbatch), (("daemon",), _add_daemon), (("metrics",), _add_metrics)]
@@ -813,6 +822,48 @@ def cmd_show(args) -> int:
     return 0
 
 
+def cmd_update(args) -> int:
+    """scontrol update: new values for pending jobs (a running job's supervisor keeps the limit
+    it started with); each job, or array, one line; any refused: exit 2."""
+    from scheduler import spec as S
+    from scheduler import store
+    from scheduler.control import wake_daemon
+    from scheduler.job_refs import resolve, summary
+
+    values, said = {}, []
+    if args.priority is not None:
+        values["priority"] = _checked_priority(args.priority, 0)
+        said.append(f"priority {values['priority']}")
+    if args.time is not None:
+        values["time_limit_s"] = _parsed("--time", S.parse_time_limit, args.time)
+        said.append(f"time limit {_duration(values['time_limit_s']) or 'UNLIMITED'}")
+    if args.begin is not None:
+        values["begin_at"] = _parsed("--begin", S.parse_begin, args.begin, datetime.now(timezone.utc))
+        said.append(f"begin {_iso(values['begin_at'])}")
+    if not values:
+        raise UserError("update: nothing to change; give --priority, -t/--time or --begin")
+    engine = _engine()
+    failed = False
+    for ref in args.job_ids:
+        try:
+            ids = resolve(ref, engine)
+            outcomes = store.update_pending(engine, ids, values)
+            if ref.tasks is None and ids == [ref.job_id]:  # a job
+                outcome = outcomes.get(ref.job_id, "missing")
+                if outcome == "missing":
+                    raise UserError(f"no job {ref.job_id} (see `queue --all`)")
+                if outcome != "done":
+                    raise UserError(f"job {ref.job_id} is {outcome}: only a pending job can be updated")
+                print(f"job {ref.job_id}: {', '.join(said)}")
+            else:
+                print(f"{ref}: " + summary(outcomes, {"done": f"updated ({', '.join(said)})"}))
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            failed = True
+    wake_daemon()
+    return USER_ERROR_EXIT if failed else 0
+
+
 def _command_of(job) -> list[str]:
     """A job's command; a training's is its settings as the trainer's flags (those not at their
     default), the --devices flag left to its start, which gives it the devices."""
@@ -1040,7 +1091,7 @@ def cmd_metrics(args) -> int:
     return serve(listen_address(args.listen))
 
 
-COMMANDS = {"submit": cmd_submit, "queue": cmd_queue, "show": cmd_show, "cancel": cmd_cancel, "hold": cmd_hold,
-            "release": cmd_release, "requeue": cmd_requeue, "info": cmd_info, "acct": cmd_acct,
+COMMANDS = {"submit": cmd_submit, "queue": cmd_queue, "show": cmd_show, "update": cmd_update, "cancel": cmd_cancel,
+            "hold": cmd_hold, "release": cmd_release, "requeue": cmd_requeue, "info": cmd_info, "acct": cmd_acct,
             "recommend": cmd_recommend, "export-sbatch": cmd_export_sbatch, "daemon": cmd_daemon,
             "metrics": cmd_metrics}

@@ -13,6 +13,7 @@ import socket
 import zlib
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import and_, func, insert, or_, select, update
 from sqlalchemy.engine import Connection, Engine
@@ -281,6 +282,19 @@ def set_held_many(engine: Engine, ids: list[int], held: bool) -> dict[int, str]:
                          .values(held=held, reason="JobHeldUser" if held else None))
     already = "held" if held else "not held"
     return {i: "done" if i in chosen else (already if r.state == "PENDING" else r.state) for i, r in rows.items()}
+
+
+def update_pending(engine: Engine, ids: list[int], values: dict[str, Any]) -> dict[int, str]:
+    """Set `values` (priority, time_limit_s, begin_at) on the pending ones of many jobs, in one
+    transaction: id -> "done" for those changed, else the state that kept it as it was. The
+    trigger on these columns tells the daemon (a job_changes row)."""
+    with immediate_transaction(engine) as conn:
+        states = job_states(conn, ids)
+        chosen = [i for i, s in states.items() if s == "PENDING"]
+        for i in range(0, len(chosen), 500):
+            conn.execute(update(JOBS).where(JOBS.c.id.in_(chosen[i:i + 500]), JOBS.c.state == "PENDING")
+                         .values(**values))
+    return {i: "done" if s == "PENDING" else s for i, s in states.items()}
 
 
 def jobs_by_id(engine: Engine, ids: list[int]) -> list[Job]:
