@@ -90,7 +90,7 @@ def confirm(action: str, job_id: int) -> None:
 
 st.title("Queue", anchor=False)
 st.caption(f"Jobs of the local scheduler, updated every {REFRESH_S} s. The same actions from a "
-           "terminal: `python -m scheduler queue | cancel | hold | release | requeue`.")
+           "terminal: `python -m scheduler queue | show | update | cancel | hold | release | requeue`.")
 flash = st.session_state.pop(FLASH, None)
 if flash is not None:
     (st.success if flash[0] == "success" else st.error)(flash[1])
