@@ -160,7 +160,11 @@ def pending_table(pending: list[dict], now: datetime) -> None:
         alt="Pending jobs in the order they would start, with why each waits",
         column_config={
             "Job": st.column_config.NumberColumn(format="%d", width=50),
-            "Submitted": st.column_config.DatetimeColumn("Submitted (UTC)", **TIME_COLUMN)})
+            "Submitted": st.column_config.DatetimeColumn("Submitted (UTC)", **TIME_COLUMN),
+            "Expected start": st.column_config.DatetimeColumn(
+                "Expected start (UTC)", help="When the scheduler expects the first job to start, by the "
+                "running jobs' time limits (it keeps devices for it); empty where nothing says when",
+                **TIME_COLUMN)})
     st.caption("In the order they would start: highest priority first, then oldest.")
 
 

@@ -33,7 +33,7 @@ COLUMNS = ("id", "name", "user", "kind", "state", "reason", "priority", "gpus", 
            "cancel_requested", "requeue_count", "time_limit_s", "devices_json", "gpu_ids_json",
            "submitted_at", "started_at", "ended_at", "exit_code", "signal", "stdout_path",
            "stderr_path", "workdir", "train_config_json", "array_job_id", "array_task_id", "array_max_running",
-           "snapshot_commit", "preemptible", "attempts_json", "shared")
+           "snapshot_commit", "preemptible", "attempts_json", "shared", "expected_start_at")
 """The columns of `jobs` a listing reads."""
 
 ORDERS = {"id": '"id"', "newest": '"id" DESC', "last_ended": '"ended_at" DESC, "id" DESC'}
@@ -44,7 +44,7 @@ _FIELDS = tuple({"devices_json": "devices", "gpu_ids_json": "gpu_ids"}.get(c, c)
 # SQLite gives 0/1
 _FLAGS = [COLUMNS.index(c) for c in ("held", "exclusive", "cancel_requested", "preemptible", "shared")]
 _LISTS = [COLUMNS.index(c) for c in ("devices_json", "gpu_ids_json")]
-_TIMES = [COLUMNS.index(c) for c in ("submitted_at", "started_at", "ended_at")]
+_TIMES = [COLUMNS.index(c) for c in ("submitted_at", "started_at", "ended_at", "expected_start_at")]
 
 
 class JobRow(namedtuple("JobRow", _FIELDS)):

@@ -87,7 +87,7 @@ def run_dir_of(name: str | None, out_dir: str | None) -> Path:
 
 # ---- the state database, without SQLAlchemy ----
 
-HEAD_REVISION = "0016"
+HEAD_REVISION = "0017"
 """The newest migration in sae_dist/db/migrations/versions/."""
 
 BUSY_TIMEOUT_ENV = "SAE_DIST_DB_BUSY_TIMEOUT_S"

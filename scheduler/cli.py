@@ -121,6 +121,9 @@ def _add_queue(sub) -> None:
     q.add_argument("-t", "--states", help="only jobs in these states: PD,R (codes or names: PENDING, COMPLETED...; "
                    "all: every state); default PD,R (--all: every state)")
     q.add_argument("-n", "--name", help="only jobs of these names: sweep1,sweep2")
+    q.add_argument("--start", action="store_true",
+                   help="pending jobs with their expected start (squeue --start): known for the job the "
+                        "scheduler reserves devices for, by the running jobs' time limits; N/A otherwise")
     q.add_argument("--json", action="store_true")
 
 
@@ -631,6 +634,7 @@ def _job_row(job, now: float) -> dict[str, Any]:
         "snapshot_commit": job.snapshot_commit, "preemptible": job.preemptible, "shared": job.shared,
         # Its earlier runs, requeued after a preemption or a failure (SLURM's sacct -D), oldest first.
         "attempts": json.loads(job.attempts_json) if job.attempts_json else [],
+        "expected_start": _iso(job.expected_start_at),
     }
 
 
@@ -652,6 +656,8 @@ def cmd_queue(args) -> int:
 
     now = time.time()
     states = parse_states(args.states, "--states") if args.states is not None else None if args.all else ACTIVE
+    if args.start:  # squeue --start: the pending ones
+        states = tuple(s for s in states or ("PENDING",) if s == "PENDING")
     chosen = _chosen_jobs(args.jobs, args.name, "--name")
     if args.json:  # every task, as it is
         jobs, groups = read_jobs(states=states, **chosen), {}
@@ -661,7 +667,7 @@ def cmd_queue(args) -> int:
     jobs.sort(key=lambda j: (STATE_ORDER.get(j.state, 2), -j.priority if j.state == "PENDING" else 0, j.id))
     rows = label_rows([_job_row(j, now) for j in jobs], groups)
     if chosen["job_ids"] is None and has_cluster_jobs() is not False:  # -j takes local job ids only
-        typed = states if args.states is not None else None  # unfiltered: all SLURM's own active states
+        typed = states if args.states is not None or args.start else None  # else SLURM's own active states too
         rows += [r for r in _cluster_rows(args.all or args.states is not None, now)
                  if _among(r, typed, chosen["names"])]
     held = _exclusive_allocations(rows)
@@ -678,6 +684,12 @@ def cmd_queue(args) -> int:
         r["elapsed"] = _duration(r["elapsed_s"]) or "0:00"
         r["limit"] = _duration(r["time_limit_s"]) or "UNLIMITED"
         r["why"] = _running_devices(r) if r["state"] == "RUNNING" else (r["reason"] or "")
+        r["start_time"] = r.get("expected_start") or "N/A"
+    if args.start:
+        _print_table(rows, [("label", "JOBID"), ("name", "NAME"), ("user", "USER"), ("st", "ST"), ("gpus", "GPUS"),
+                            ("start_time", "START_TIME"), ("why", "DEVICES(REASON)")])
+        _say_if_nothing_schedules(bool(rows))
+        return 0
     _print_table(rows, [("label", "JOBID"), ("name", "NAME"), ("user", "USER"), ("st", "ST"), ("gpus", "GPUS"),
                         ("elapsed", "TIME"), ("limit", "TIME_LIMIT"), ("why", "DEVICES(REASON)")])
     _say_if_nothing_schedules(any(r["state"] == "PENDING" for r in rows))

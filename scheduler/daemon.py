@@ -108,6 +108,7 @@ class Daemon:
         self.swept = False  # the stale cgroups and processes of jobs that ended while no daemon ran
         self.inventory: list[dict] | None = None  # the device rows last written
         self.home_lost = False  # the state home was removed under us: we stopped, and exit 1
+        self.expected: tuple | None | str = "unwritten"  # the head's (job id, expected start) last written
 
     # ---- the loop ----
     def run(self) -> None:
@@ -238,6 +239,7 @@ class Daemon:
             for job_id in store.request_preemptions(self.engine, decision.preempt):
                 log.info("preempting job %d for job %d", job_id, decision.preempt[job_id])
         started = store.start_jobs(self.engine, decision.starts, changed, holds=decision.holds)
+        self._note_reservation(decision.reservation)
         self.queue.update((i, (self.queue[i][0], r)) for i, r in changed.items())
         for job_id, _, _ in started:
             self.queue.pop(job_id, None)
@@ -247,6 +249,18 @@ class Daemon:
         waits = [j.begin_at for j in pending if j.begin_at is not None and j.begin_at > now]
         self.next_begin = min(waits, default=math.inf)
         return [job_id for job_id, _, _ in started]
+
+    def _note_reservation(self, reservation) -> None:
+        """The head job's expected start, for `queue --start`, written when it changed: the
+        reservation's time, or None where no running job's time limit says when."""
+        want = None if reservation is None else (
+            reservation.job_id, None if math.isinf(reservation.start_at) else round(reservation.start_at))
+        if want == self.expected:
+            return
+        job_id, when = want or (None, None)
+        store.set_expected_start(self.engine, job_id,
+                                 datetime.fromtimestamp(when, timezone.utc) if when is not None else None)
+        self.expected = want
 
     def _skip_own_changes(self, started: set[int]) -> None:
         """The change rows of the jobs we just started are ours: no need to plan again for them.

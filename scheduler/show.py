@@ -29,7 +29,8 @@ def show_fields(job: dict[str, Any], now: datetime, command: list[str], stdout: 
          ("Exclusive", bool(job["exclusive"])), ("Shared", bool(job["shared"])),
          ("Preemptible", bool(job["preemptible"]))],
         [("SubmitTime", _time(job["submitted_at"])), ("BeginTime", _time(job["begin_at"])),
-         ("StartTime", _time(started)), ("EndTime", _time(ended))],
+         ("StartTime", _time(started)), ("EndTime", _time(ended)),
+         *([("ExpectedStart", _time(job.get("expected_start_at")))] if job["state"] == "PENDING" else [])],
         [("RunTime", duration(((ended or now) - started).total_seconds()) if started else None),
          ("TimeLimit", duration(job["time_limit_s"]) if job["time_limit_s"] is not None else "UNLIMITED")],
         [("Gres", f"gpu:{job['gpus']}"), ("MemPerGPU", job["mem_per_gpu"]),
@@ -59,7 +60,7 @@ def show_text(fields: list[list[tuple[str, Any]]]) -> str:
 
 def _text(key: str, value: Any) -> str:
     if value is None:
-        return "Unknown" if key in TIMES - {"BeginTime"} else "None"
+        return "Unknown" if key in TIMES - {"BeginTime"} else "N/A" if key == "ExpectedStart" else "None"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, list):

@@ -284,6 +284,17 @@ def set_held_many(engine: Engine, ids: list[int], held: bool) -> dict[int, str]:
     return {i: "done" if i in chosen else (already if r.state == "PENDING" else r.state) for i, r in rows.items()}
 
 
+def set_expected_start(engine: Engine, job_id: int | None, when: datetime | None) -> None:
+    """The head job's expected start (None: not known), and no other job's: the scheduler's one
+    reservation, written when it changes."""
+    with immediate_transaction(engine) as conn:
+        conn.execute(update(JOBS).where(JOBS.c.expected_start_at.is_not(None), JOBS.c.id != (job_id or 0))
+                     .values(expected_start_at=None))
+        if job_id is not None:
+            conn.execute(update(JOBS).where(JOBS.c.id == job_id, JOBS.c.state == "PENDING")
+                         .values(expected_start_at=when))
+
+
 def update_pending(engine: Engine, ids: list[int], values: dict[str, Any]) -> dict[int, str]:
     """Set `values` (priority, time_limit_s, begin_at) on the pending ones of many jobs, in one
     transaction: id -> "done" for those changed, else the state that kept it as it was. The

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -465,12 +466,32 @@ def test_backfill_starts_a_short_job_but_not_one_that_would_delay_the_head(sched
     wait_state(short, {"RUNNING", "COMPLETED"}, 15)
     assert get_job(engine, head).reason == "Resources"
     assert state(endless) == "PENDING" and get_job(engine, endless).reason == "Priority"
+    # The head's reservation is its expected start: when the long job's time limit frees its devices.
+    expected = get_job(engine, long).started_at + timedelta(seconds=120)
+    reserved = wait_for(lambda: get_job(engine, head).expected_start_at, what="the head's expected start")
+    assert abs((reserved - expected).total_seconds()) <= 1
+    assert get_job(engine, endless).expected_start_at is None
     from scheduler.cli import main  # in this process: cancel as a process is test_cancel_two_rank_training's
 
+    rows = {r["job_id"]: r for r in _queue_json(main, "--start")}
+    assert set(rows) == {head, endless} and rows[head]["expected_start"] == reserved.isoformat()
     assert main(["cancel", str(long)]) == 0
     wait_state(head, "RUNNING", 30)
     assert state(endless) == "PENDING"  # after the head, not before it
+    # The next head (endless) waits on a job without a time limit: nothing says when.
+    wait_for(lambda: all(j.expected_start_at is None for j in list_jobs(engine)), what="no expected start left")
     gate.touch()
+
+
+def _queue_json(main, *flags: str) -> list[dict]:
+    """`queue --json FLAGS` in this process."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["queue", "--json", *flags]) == 0
+    return json.loads(out.getvalue())
 
 
 def test_one_daemon_per_state_directory(sched):

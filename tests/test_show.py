@@ -97,3 +97,27 @@ def test_show_through_the_cli(capsys, state_home, tmp_path):
     assert (code, out, err) == (2, "", "error: no job 999 (see `queue --all`)\n")
     code, out, err = _run(capsys, "show", f"{array}_7")
     assert code == 2 and err.startswith(f"error: no task {array}_7") and out == ""
+
+
+def test_the_expected_start_in_queue_start_and_show(capsys):
+    """The daemon's reservation (store.set_expected_start; its writing by a real daemon is in
+    test_scheduler's backfill test) as `queue --start` and `show` print it."""
+    from scheduler.store import get_job, set_expected_start
+
+    engine = get_engine()
+    head, other, running = (submit(engine, NewJob(name=n, kind="command", argv=["true"], gpus=1, workdir="/w"))
+                            for n in ("head", "other", "run"))
+    start_jobs(engine, [(running, ("virtual-0",))], {})
+    when = NOW + timedelta(hours=1)
+    set_expected_start(engine, other, NOW)  # an earlier reservation...
+    set_expected_start(engine, head, when)  # ...moved: one job has one at a time
+    assert [get_job(engine, i).expected_start_at for i in (head, other, running)] == [when, None, None]
+    code, out, _ = _run(capsys, "queue", "--start")
+    header, *rows = out.splitlines()
+    assert code == 0 and header.split() == ["JOBID", "NAME", "USER", "ST", "GPUS", "START_TIME", "DEVICES(REASON)"]
+    user = get_job(engine, head).user
+    assert [r.split()[:6] for r in rows] == [[str(head), "head", user, "PD", "1", when.isoformat()],
+                                             [str(other), "other", user, "PD", "1", "N/A"]]
+    code, out, _ = _run(capsys, "show", str(head), str(running))
+    first, second = out.split("\n\n")
+    assert f"ExpectedStart={when.isoformat()}" in first.split() and "ExpectedStart" not in second

@@ -74,6 +74,10 @@ def test_columns_that_say_nothing_are_left_out():
         "Job", "Name", "User", "GPUs", "Priority", "Waiting", "Submitted", "Reason"]
     folded = plain + [{**plain[0], "Task": "9_[0-3]", "Tasks": 4}]
     assert "Task" in tables.drop_quiet_columns(folded)[2] and "Tasks" in tables.drop_quiet_columns(folded)[0]
+    expected = NOW + timedelta(minutes=3)  # the head's reservation: the column appears
+    reserved = tables.drop_quiet_columns(tables.pending_rows([job(state="PENDING", expected_start_at=expected),
+                                                              job(id=8, state="PENDING")], NOW))
+    assert [r["Expected start"] for r in reserved] == [expected, None]
     running = tables.running_rows([job(), job(id=8, cancel_requested=True)], {}, NOW)
     assert "Note" in tables.drop_quiet_columns(running)[0]
     assert "Note" not in tables.drop_quiet_columns(running[:1])[0]

@@ -111,7 +111,8 @@ def pending_rows(pending: list[Row], now: datetime) -> list[Row]:
         "Job": j["id"], "Task": _task(j), "Name": j["name"], "User": j["user"], "GPUs": j["gpus"],
         "Tasks": j.get("task_count", 1), "Priority": j["priority"],
         "Waiting": fmt_duration((now - j["submitted_at"]).total_seconds()),
-        "Submitted": j["submitted_at"], "Reason": jobs.explain_reason(j["reason"]),
+        "Submitted": j["submitted_at"], "Expected start": j.get("expected_start_at"),
+        "Reason": jobs.explain_reason(j["reason"]),
     } for j in pending]
 
 
@@ -144,7 +145,7 @@ def attempt_rows(job: Row) -> list[Row]:
 
 # A column whose every cell reads this says nothing: no array task, no pending task folded in, no
 # note. `drop_quiet_columns` leaves it out, so that the columns that speak fit a laptop's window.
-QUIET_CELLS = {"Task": "", "Tasks": 1, "Note": ""}
+QUIET_CELLS = {"Task": "", "Tasks": 1, "Note": "", "Expected start": None}
 
 
 def drop_quiet_columns(rows: list[Row], quiet: dict[str, Any] = QUIET_CELLS) -> list[Row]:

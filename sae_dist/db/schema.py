@@ -363,6 +363,9 @@ class Job(Base, table=True):
     # Its earlier runs (requeued after a preemption or a failure): JSON list of {state, reason,
     # started_at, ended_at, exit_code, signal, devices}, oldest first (`acct -D`, SLURM's duplicates).
     attempts_json: str | None = None
+    # While it heads the queue and cannot start: when the scheduler expects it to (its reservation,
+    # by the running jobs' time limits; `queue --start`). None for every other job.
+    expected_start_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
 class ClusterJob(Base, table=True):
