@@ -21,7 +21,9 @@ none at 4x and 8x on h1, 4x on h2 and h3), rare-more (the bias at 16x on h1, see
 default was tuned on), u2-alone (u2 with its parents firing alone 5% and 15% of the time), u2-shape (u2 at 15% alone
 with four children a parent, magnitude sigma 0.6, or 6 features active, as u1 has; at 30%; and
 u2 itself, never alone, with four children, sigma 0.6, or both, beside TopK; h1 at sigma 0.6),
-u2-absorb (u2 with an inner prefix of d_sae/8, five prefixes, k 30, batch selection, four passes).
+u2-absorb (u2 with an inner prefix of d_sae/8, five prefixes, k 30, batch selection, four passes),
+floor (the rare-latent bias's floor at 0.2 and 0.4 on h1, seeds 0-2), floor2 (0.4 on u1, u2, h2 and
+h3 at seed 1; 0.2 and 0.4 on the flat sets q1-q3).
 Results append to OUT/results.jsonl; a rerun skips the points already there. A Matryoshka
 point runs with the trainer's defaults, which since 2026-11-29 refit the decoder over the last
 fifth of the steps: the figures measured before ran without it (`refit_fraction=0` repeats them).
@@ -131,6 +133,14 @@ POINTS = [
                                   ("w5", {"matryoshka_widths": "320,640,1280,2560,5120"}, 1),
                                   ("k30", {"k": 30}, 1), ("batch", {"matryoshka_selection": "batch"}, 1),
                                   ("4x", {}, 4))],
+    # the rare-latent bias's floor at 0.4 against the default 0.2: h1 over three seeds, then the
+    # other hierarchies and the flat sets
+    *[Point("floor", f"floor{f}-seed{s}", data="h1", flags=mat(rare_bias_floor=f), seed=s)
+      for f in ("0.2", "0.4") for s in (0, 1, 2)],
+    *[Point("floor2", f"floor0.4-seed{s}", data=d, flags=mat(rare_bias_floor="0.4"), seed=s)
+      for d, s in (("u1", 0), ("u2", 0), ("h2", 1), ("h3", 1))],
+    *[Point("floor2", f"floor{f}", data=d, flags=mat(rare_bias_floor=f)) for d in ("q1", "q2", "q3")
+      for f in ("0.2", "0.4")],
 ]
 GROUPS = list(dict.fromkeys(p.group for p in POINTS))
 
@@ -235,8 +245,13 @@ def table(results: list[dict]) -> str:
             lines.append(f"| {r['data']} | {r['name']} | {r['passes']} | error: {r['error'][:60]} |||||")
             continue
         lines.append(f"| {r['data']} | {r['name']} | {r['passes']} | {r['fvu']:.3f} | {r['mcc']:.3f} | "
-                     f"{r['parents']:.1%} | {r['children']:.1%} | {r['dead']:.1%} | {r['seconds']:.0f} |")
+                     f"{_share(r['parents'])} | {_share(r['children'])} | {r['dead']:.1%} | {r['seconds']:.0f} |")
     return "\n".join(lines)
+
+
+def _share(value: float | None) -> str:
+    """A share as a percentage; "—" where the set has none (a flat set has no parents)."""
+    return "—" if value is None else f"{value:.1%}"
 
 
 def main() -> int:
