@@ -156,12 +156,10 @@ MAX_ID = 2**63 - 1
 
 def _ids_in(column: str, prefix: str, ids: Iterable[int], params: dict[str, Any]) -> str:
     """`"column" IN (:prefix0, ...)` for the ids a database can hold (NULL: none), its parameters added."""
-    names = {f"{prefix}{i}": int(x) for i, x in enumerate(sorted(set(ids))) if 0 < int(x) <= MAX_ID}
-    params.update(names)
-    return f'"{column}" IN ({", ".join(":" + n for n in names) or "NULL"})'
+    return _values_in(column, prefix, [x for x in sorted({int(i) for i in ids}) if 0 < x <= MAX_ID], params)
 
 
-def _values_in(column: str, prefix: str, values: Iterable[str], params: dict[str, Any]) -> str:
+def _values_in(column: str, prefix: str, values: Iterable[Any], params: dict[str, Any]) -> str:
     """`"column" IN (:prefix0, ...)` (NULL: none), its parameters added."""
     names = {f"{prefix}{i}": value for i, value in enumerate(values)}
     params.update(names)

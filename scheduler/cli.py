@@ -750,7 +750,10 @@ def _running_devices(row: dict) -> str:
     return text.strip()
 
 
-def _each_job(args, action) -> int:
+def _each_job(args, action, on_tasks=None) -> int:
+    """`action(engine, job_id)` on each job named, or `on_tasks(engine, ref, ids)` on the tasks of
+    an array at once (default: `act_on_tasks` for the command); each one line, exit 2 if any
+    was refused."""
     from scheduler.job_refs import act_on_tasks, resolve
 
     engine = _engine()
@@ -766,7 +769,7 @@ def _each_job(args, action) -> int:
             if ref.tasks is None and ids == [ref.job_id]:  # a job
                 print(action(engine, ref.job_id))
             else:  # tasks of an array: at once
-                print(act_on_tasks(engine, args.command, ref, ids))
+                print(on_tasks(engine, ref, ids) if on_tasks else act_on_tasks(engine, args.command, ref, ids))
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             failed = True
@@ -839,8 +842,7 @@ def cmd_update(args) -> int:
     it started with); each job, or array, one line; any refused: exit 2."""
     from scheduler import spec as S
     from scheduler import store
-    from scheduler.control import wake_daemon
-    from scheduler.job_refs import resolve, summary
+    from scheduler.job_refs import summary
 
     values, said = {}, []
     if args.priority is not None:
@@ -854,26 +856,19 @@ def cmd_update(args) -> int:
         said.append(f"begin {_iso(values['begin_at'])}")
     if not values:
         raise UserError("update: nothing to change; give --priority, -t/--time or --begin")
-    engine = _engine()
-    failed = False
-    for ref in args.job_ids:
-        try:
-            ids = resolve(ref, engine)
-            outcomes = store.update_pending(engine, ids, values)
-            if ref.tasks is None and ids == [ref.job_id]:  # a job
-                outcome = outcomes.get(ref.job_id, "missing")
-                if outcome == "missing":
-                    raise UserError(f"no job {ref.job_id} (see `queue --all`)")
-                if outcome != "done":
-                    raise UserError(f"job {ref.job_id} is {outcome}: only a pending job can be updated")
-                print(f"job {ref.job_id}: {', '.join(said)}")
-            else:
-                print(f"{ref}: " + summary(outcomes, {"done": f"updated ({', '.join(said)})"}))
-        except UserError as e:
-            print(f"error: {e}", file=sys.stderr)
-            failed = True
-    wake_daemon()
-    return USER_ERROR_EXIT if failed else 0
+
+    def one(engine, job_id: int) -> str:
+        outcome = store.update_pending(engine, [job_id], values).get(job_id)
+        if outcome is None:
+            raise UserError(f"no job {job_id} (see `queue --all`)")
+        if outcome != "done":
+            raise UserError(f"job {job_id} is {outcome}: only a pending job can be updated")
+        return f"job {job_id}: {', '.join(said)}"
+
+    def tasks(engine, ref, ids: list[int]) -> str:
+        return f"{ref}: " + summary(store.update_pending(engine, ids, values), {"done": f"updated ({', '.join(said)})"})
+
+    return _each_job(args, one, tasks)
 
 
 def _command_of(job) -> list[str]:
