@@ -107,6 +107,20 @@ class Ran(NamedTuple):
     stderr: str
 
 
+def cli_in_process(capsys, *args: str) -> Ran:
+    """`python -m scheduler ARGS` as the scheduler CLI's main in this process, its output captured
+    by capsys, as if it had been a process: (exit code, stdout, stderr)."""
+    from scheduler.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as e:  # argparse's errors
+        code = e.code
+    out = capsys.readouterr()
+    return Ran(code, out.out, out.err)
+
+
 def main_here(*args: str, env: dict[str, str] | None = None) -> Ran:
     """`python -m sae_dist ARGS` as `sae_dist.cli.main(ARGS)` in this process, for tests of what it
     decides and prints rather than of the process (no new interpreter's start-up to pay): stdout

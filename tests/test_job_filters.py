@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import cli_in_process
 from sae_dist.db import get_engine
 from sae_dist.db.schema import JOB_STATES
 from sae_dist.errors import UserError
@@ -49,10 +50,8 @@ def _queued() -> dict[str, int]:
 
 def _run(capsys, *args: str) -> tuple[int, list[str], str]:
     """The CLI's main here: exit code, the table's first column (the header dropped), stderr."""
-    capsys.readouterr()
-    code = main(list(args))
-    out = capsys.readouterr()
-    return code, [line.split()[0] for line in out.out.splitlines()[1:]], out.err
+    code, out, err = cli_in_process(capsys, *args)
+    return code, [line.split()[0] for line in out.splitlines()[1:]], err
 
 
 def test_queue_lists_the_jobs_of_the_ids_states_and_names_given(capsys):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, kill_running_jobs, run_cli, start_daemon, stop_process, wait_for
+from conftest import REPO, cli_in_process, kill_running_jobs, run_cli, start_daemon, stop_process, wait_for
 from sae_dist.db import get_engine
 from scheduler import procs
 from scheduler.store import count_jobs, get_job
@@ -35,19 +35,6 @@ def cli_many(calls: list[tuple[str, ...]], workers: int = 3) -> list[subprocess.
     """Independent CLI calls, a few at a time (results in the order given)."""
     with ThreadPoolExecutor(workers) as pool:
         return list(pool.map(lambda args: cli(*args), calls))
-
-
-def cli_in_process(capsys, *args: str) -> subprocess.CompletedProcess:
-    """The CLI's main in this process, its output captured, as if it had been a process."""
-    from scheduler.cli import main
-
-    capsys.readouterr()
-    try:
-        code = main(list(args))
-    except SystemExit as e:  # argparse's errors
-        code = e.code
-    out = capsys.readouterr()
-    return subprocess.CompletedProcess(list(args), code, out.out, out.err)
 
 
 def submitted_id(result: subprocess.CompletedProcess) -> int:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta, timezone
 
+from conftest import cli_in_process
 from sae_dist.db import get_engine
-from scheduler.cli import main
 from scheduler.show import show_fields, show_text
 from scheduler.store import NewJob, finish_job, start_jobs, submit, submit_array
 
@@ -64,13 +64,6 @@ def test_its_json_keeps_the_values_typed():
         (7, False, 20 * 2**30, None, ["afterok:3"])
 
 
-def _run(capsys, *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(args))
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def test_show_through_the_cli(capsys, state_home, tmp_path):
     engine = get_engine()
     plain = submit(engine, NewJob(name="plain", kind="command", argv=["true"], gpus=1, workdir=str(tmp_path),
@@ -82,20 +75,20 @@ def test_show_through_the_cli(capsys, state_home, tmp_path):
     start_jobs(engine, [(train, ("virtual-0", "virtual-1"))], {})
     finish_job(engine, train, "COMPLETED", exit_code=0)
 
-    code, out, err = _run(capsys, "show", str(plain))
+    code, out, err = cli_in_process(capsys, "show", str(plain))
     assert code == 0 and err == "", err
     assert f"StdOut={tmp_path}/logs/plain-{plain}.out" in out.split()  # where it will go, as the supervisor names it
-    code, out, _ = _run(capsys, "show", str(train))
+    code, out, _ = cli_in_process(capsys, "show", str(train))
     assert "Command=python -m sae_dist train --k=8 --steps=40" in out and "JobState=COMPLETED" in out.split()
     assert "Devices=virtual-0,virtual-1" in out.split() and "ExitCode=0:0" in out.split()
     assert f"StdOut={state_home}/logs/{train}-tr.out" in out.split()
-    code, out, _ = _run(capsys, "show", str(array))  # an array's id: each of its tasks
+    code, out, _ = cli_in_process(capsys, "show", str(array))  # an array's id: each of its tasks
     assert [b.split()[0] for b in out.strip().split("\n\n")] == [f"JobId={array + t}" for t in range(3)]
-    code, out, _ = _run(capsys, "show", f"{array}_1", "--json")
+    code, out, _ = cli_in_process(capsys, "show", f"{array}_1", "--json")
     assert [(j["JobId"], j["ArrayTaskId"]) for j in json.loads(out)] == [(array + 1, 1)]
-    code, out, err = _run(capsys, "show", "999")
+    code, out, err = cli_in_process(capsys, "show", "999")
     assert (code, out, err) == (2, "", "error: no job 999 (see `queue --all`)\n")
-    code, out, err = _run(capsys, "show", f"{array}_7")
+    code, out, err = cli_in_process(capsys, "show", f"{array}_7")
     assert code == 2 and err.startswith(f"error: no task {array}_7") and out == ""
 
 
@@ -112,12 +105,12 @@ def test_the_expected_start_in_queue_start_and_show(capsys):
     set_expected_start(engine, other, NOW)  # an earlier reservation...
     set_expected_start(engine, head, when)  # ...moved: one job has one at a time
     assert [get_job(engine, i).expected_start_at for i in (head, other, running)] == [when, None, None]
-    code, out, _ = _run(capsys, "queue", "--start")
+    code, out, _ = cli_in_process(capsys, "queue", "--start")
     header, *rows = out.splitlines()
     assert code == 0 and header.split() == ["JOBID", "NAME", "USER", "ST", "GPUS", "START_TIME", "DEVICES(REASON)"]
     user = get_job(engine, head).user
     assert [r.split()[:6] for r in rows] == [[str(head), "head", user, "PD", "1", when.isoformat()],
                                              [str(other), "other", user, "PD", "1", "N/A"]]
-    code, out, _ = _run(capsys, "show", str(head), str(running))
+    code, out, _ = cli_in_process(capsys, "show", str(head), str(running))
     first, second = out.split("\n\n")
     assert f"ExpectedStart={when.isoformat()}" in first.split() and "ExpectedStart" not in second

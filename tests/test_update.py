@@ -7,8 +7,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from conftest import cli_in_process
 from sae_dist.db import get_engine
-from scheduler.cli import main
 from scheduler.store import NewJob, get_job, last_change, start_jobs, submit, submit_array
 
 
@@ -16,19 +16,13 @@ def _job(name: str = "j", **more) -> NewJob:
     return NewJob(name=name, kind="command", argv=["true"], gpus=1, workdir="/w", **more)
 
 
-def _run(capsys, *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(args))
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def test_a_pending_job_takes_its_new_priority_limit_and_begin(capsys):
     engine = get_engine()
     first, second = submit(engine, _job("first")), submit(engine, _job("second", time_limit_s=600.0))
     with engine.connect() as conn:
         seen = last_change(conn)
-    code, out, err = _run(capsys, "update", str(second), "--priority", "5", "-t", "1-02:00:00", "--begin", "now+2hours")
+    code, out, err = cli_in_process(capsys, "update", str(second), "--priority", "5", "-t", "1-02:00:00",
+                                    "--begin", "now+2hours")
     assert code == 0 and err == "" and out.startswith(f"job {second}: priority 5, time limit 1-02:00:00, begin 20")
     job = get_job(engine, second)
     assert (job.priority, job.time_limit_s) == (5, 26 * 3600.0)
@@ -36,9 +30,9 @@ def test_a_pending_job_takes_its_new_priority_limit_and_begin(capsys):
     with engine.connect() as conn:
         assert last_change(conn) > seen  # the daemon reads the change at its next pass
     # It now comes first among the pending jobs, as the scheduler orders them.
-    lines = _run(capsys, "queue")[1].splitlines()[1:]
+    lines = cli_in_process(capsys, "queue")[1].splitlines()[1:]
     assert [line.split()[0] for line in lines] == [str(second), str(first)]
-    _run(capsys, "update", str(second), "-t", "UNLIMITED", "--begin", "now")
+    cli_in_process(capsys, "update", str(second), "-t", "UNLIMITED", "--begin", "now")
     assert get_job(engine, second).time_limit_s is None
 
 
@@ -46,7 +40,7 @@ def test_an_array_changes_its_pending_tasks_only(capsys):
     engine = get_engine()
     array = submit_array(engine, [(t, _job("sw")) for t in range(4)])
     start_jobs(engine, [(array, ("virtual-0",))], {})
-    code, out, _ = _run(capsys, "update", str(array), "--priority", "3")
+    code, out, _ = cli_in_process(capsys, "update", str(array), "--priority", "3")
     assert code == 0
     assert out.strip() == f"{array}: 3 tasks updated (priority 3), 1 task left as they are (RUNNING)"
     assert [get_job(engine, array + t).priority for t in range(4)] == [0, 3, 3, 3]
@@ -65,7 +59,7 @@ def test_a_bad_update_is_one_line_and_changes_nothing(capsys, args, needle):
     ids = {"pending": submit(engine, _job(time_limit_s=60.0)), "running": submit(engine, _job())}
     start_jobs(engine, [(ids["running"], ("virtual-0",))], {})
     before = {k: get_job(engine, v).model_dump() for k, v in ids.items()}
-    code, out, err = _run(capsys, *(a.format(**ids) for a in args))
+    code, out, err = cli_in_process(capsys, *(a.format(**ids) for a in args))
     assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("error: ")
     assert needle.format(**ids) in err, err
     assert {k: get_job(engine, v).model_dump() for k, v in ids.items()} == before
