@@ -192,11 +192,20 @@ def test_the_daemon_and_a_supervisor_ride_out_a_locked_database(state_home, tmp_
         con.close()
         return found
 
+    def job_pid(job_id: int) -> int | None:
+        with sqlite3.connect(state_home / "state.db") as con:
+            found = con.execute("SELECT pid FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
+        con.close()
+        return found
+
     log = state_home / "daemon-test.log"
     daemon = start_daemon(log)
     holder = None
     try:
         wait_for(lambda: state(first)[0] == "RUNNING", 60, "the job to run")
+        # RUNNING is the daemon's write; the supervisor then registers and records the job's
+        # process. Lock only after that, or the supervisor cannot register and the job never runs.
+        wait_for(lambda: job_pid(first) is not None, 60, "the job's process to be recorded")
         holder = hold_write_lock(state_home / "state.db")
         assert holder.stdout.readline() == "held\n"
         gate.touch()
