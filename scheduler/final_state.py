@@ -112,13 +112,21 @@ def _forget(job_id: int) -> None:
         pass
 
 
-def record_until_stored(engine, job_id: int, final: FinalState,
-                        wait: Callable[[float], None] = time.sleep) -> str:
+def record_until_stored(engine, job_id: int, final: FinalState, wait: Callable[[float], None] = time.sleep,
+                        lost: Callable[[], bool] = lambda: False) -> str | None:
     """The supervisor's way: keep the end on disk, then record it, retrying with backoff (up to
-    MAX_RETRY_S apart) for as long as the storage refuses. Another error is a bug: it raises."""
-    stored_on_disk = keep(job_id, final)
+    MAX_RETRY_S apart) for as long as the storage refuses. Another error is a bug: it raises.
+    Returns None, recording nothing, once `lost()` says the database itself was removed or
+    replaced: no queue is left to take the end (nor a home to keep it in)."""
+    stored_on_disk = False
     delay = FIRST_RETRY_S
     while True:
+        if lost():
+            log.error("job %d ended %s (exit %s); not recorded: its state database was removed or replaced "
+                      "while it ran", job_id, final.state, final.exit_code)
+            return None
+        if not stored_on_disk:
+            stored_on_disk = keep(job_id, final)
         try:
             return record(engine, job_id, final)
         except Exception as e:
@@ -130,8 +138,6 @@ def record_until_stored(engine, job_id: int, final: FinalState,
         engine.dispose()  # the next try on a fresh connection
         wait(delay)
         delay = min(MAX_RETRY_S, delay * 2)
-        if not stored_on_disk:
-            stored_on_disk = keep(job_id, final)
 
 
 def replay_final_state(engine, job_id: int) -> str | None:

@@ -42,6 +42,7 @@ from scheduler.snapshot import SNAPSHOT_ENV, SUBMIT_DIR_ENV, release_snapshots
 from scheduler.snapshot import root_of as snapshot_root
 from scheduler.spec import BATCH, EXPORT_ENV, grace_time
 from scheduler.storage_errors import storage_problem
+from scheduler.storage_watch import DatabaseWatch
 from scheduler.store import array_tasks, claim_supervision, get_job, record_process
 from scheduler.tracking import JobProcesses
 
@@ -240,6 +241,7 @@ def supervise(job_id: int) -> int:
     me = os.getpid()
     if not claim_supervision(engine, job_id, job.started_at, me, procs.start_ticks(me)):
         return 0
+    watch = DatabaseWatch.of(engine)  # the queue this job is in; a reset of the state home ends it
     devices = json.loads(job.devices_json or "[]")
     # A cancel (SIGTERM/SIGINT): end the job, then record it. The handlers only note it: one
     # that took a lock (threading.Event.set does) could interrupt the thread holding that lock
@@ -260,7 +262,7 @@ def supervise(job_id: int) -> int:
     except (OSError, ValueError) as e:  # program not found, workdir gone, bad pattern...
         _end_processes(tracked)
         record_until_stored(engine, job_id, FinalState("FAILED", 127, None, f"could not start: {e}", _now(),
-                                                      started_at=job.started_at.isoformat()))
+                                                      started_at=job.started_at.isoformat()), lost=watch.lost)
         return 1
     tracked.pgid = proc.pid
     process = dict(pid=proc.pid, pgid=proc.pid, proc_start_ticks=procs.start_ticks(proc.pid),
@@ -270,13 +272,19 @@ def supervise(job_id: int) -> int:
     recorded = _record_process(engine, job_id, process)
 
     deadline = job.started_at.timestamp() + job.time_limit_s if job.time_limit_s else None
-    cancelled = timed_out = by_user = False
-    preempted_by = None
+    cancelled = timed_out = by_user = orphaned = False
+    preempted_by = preempter = None
     while proc.poll() is None:
         if not stop:
             time.sleep(POLL_S)  # a signal is seen at the latest when this ends
-        recorded = recorded or _record_process(engine, job_id, process)
-        by_user, preempter = _stop_requests(engine, job_id)
+        if not orphaned and watch.lost():
+            # A new database's job of this id is another job: never read its cancel, nor write to it.
+            orphaned = True
+            log.error("job %d: its state database %s was removed or replaced; the job runs on to its end, "
+                      "which cannot be recorded", job_id, watch.path)
+        if not orphaned:
+            recorded = recorded or _record_process(engine, job_id, process)
+            by_user, preempter = _stop_requests(engine, job_id)
         cancel = bool(stop) or by_user
         preempt = not cancel and preempter is not None
         late = not (cancel or preempt) and deadline is not None and time.time() >= deadline
@@ -298,8 +306,9 @@ def supervise(job_id: int) -> int:
     if preempted_by is not None:  # requeued by finish_job; the run itself ends PREEMPTED, as SLURM's
         state, reason = PREEMPTED, f"Preempted by job {preempted_by}"
     # Kept on disk first, then recorded, retried while the database refuses: never lost.
-    record_until_stored(engine, job_id, FinalState(state, code, sig, reason, _now(), cancelled=cancelled,
-                                                          started_at=job.started_at.isoformat()))
+    if record_until_stored(engine, job_id, FinalState(state, code, sig, reason, _now(), cancelled=cancelled,
+                                                   started_at=job.started_at.isoformat()), lost=watch.lost) is None:
+        return 1  # no queue is left to tell, nor snapshots to release
     _poke_daemon()
     if job.snapshot_dir:
         # Its copy goes, unless another job still needs it or it wrote there. It waits for another

@@ -295,3 +295,62 @@ def test_a_daemon_whose_state_home_is_removed_stops(home, tmp_path, made_again):
         stop_process(daemon)
         if second:
             stop_process(second)
+
+
+
+@pytest.mark.parametrize("made_again", [False, True], ids=["removed", "removed-and-made-again"])
+def test_a_supervisor_whose_state_home_is_removed_gives_up_at_its_jobs_end(state_home, tmp_path, monkeypatch,
+                                                                             made_again):
+    """`rm -r` of the state home under a running job: the job runs on to its end, then its
+    supervisor says its end cannot be recorded and exits, where it retried every 30 s forever.
+    In a home made again, the new database's job of the same id is another job: the old
+    supervisor neither writes to it nor takes its cancel."""
+    from scheduler import procs
+
+    monkeypatch.setenv("SAE_DIST_VIRTUAL_GPUS", "2")
+    monkeypatch.setenv("SAE_DIST_AUTOSTART", "0")
+    home = state_home
+    home.mkdir(parents=True)
+    engine = get_engine()
+    go = tmp_path / "go"
+    job_id = submit(engine, NewJob(name="outlives", kind="command", gpus=1, workdir=str(tmp_path),
+                                   stdout=str(tmp_path / "job.out"), argv=[
+        "sh", "-c", f'echo up; while [ ! -e {go} ]; do sleep 0.05; done; echo "$SAE_DIST_JOB_ID" > ended']))
+    daemon = start_daemon(tmp_path / "daemon.log")  # its log outside the home it loses
+    job = None
+    try:
+        job = wait_for(lambda: (j := get_job(engine, job_id)).pid and j, 60, "the job's process to be recorded")
+        log = open(home / "logs" / "supervisors.log")  # read after the home is gone, through this handle
+        engine.dispose()
+        shutil.rmtree(home)
+        if made_again:  # a new home, a new database, whose job 1 is another one, then cancelled
+            home.mkdir()
+            made = subprocess.run([sys.executable, "-m", "scheduler", "submit", "--gpus", "0", "--", "true"],
+                                  cwd=REPO, capture_output=True, text=True, timeout=120)
+            assert made.returncode == 0 and f"Submitted batch job {job_id}" in made.stdout, made.stdout + made.stderr
+            assert subprocess.run([sys.executable, "-m", "scheduler", "cancel", str(job_id)], cwd=REPO,
+                                  capture_output=True, timeout=120).returncode == 0
+        # The supervisor sees the loss at its first poll after the removal, before any read: it
+        # never took the new job's cancel. Its job runs on, and ends when told to.
+        seen: list[str] = []
+        wait_for(lambda: seen.append(log.read()) or "the job runs on to its end" in "".join(seen), 60,
+                 "the supervisor to see its database gone")
+        assert procs.is_alive(job.pid, job.proc_start_ticks)
+        go.touch()
+        wait_for(lambda: not procs.is_alive(job.supervisor_pid, job.supervisor_start_ticks), 60,
+                 "the supervisor to give up")
+        assert (tmp_path / "ended").read_text().strip() == str(job_id)
+        text = "".join(seen) + log.read()
+        log.close()
+        assert f"job {job_id} ended COMPLETED (exit 0); not recorded: its state database was removed or " \
+               "replaced while it ran" in text, text
+        assert "Traceback" not in text, text
+        assert not (home / "jobs").exists()  # nothing kept in a home that is not its own
+        if made_again:
+            assert get_job(get_engine(), job_id).pid is None  # the new job 1 never got its process
+    finally:
+        stop_process(daemon)
+        for pid, ticks in ((job.pid, job.proc_start_ticks), (job.supervisor_pid, job.supervisor_start_ticks)) \
+                if job else ():
+            if procs.is_alive(pid, ticks):
+                os.kill(pid, signal.SIGKILL)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import signal
 import sqlite3
 
@@ -112,3 +113,37 @@ def test_an_end_kept_for_an_earlier_run_is_not_recorded(state_home, tmp_path):
     assert final_state.keep(job_id, earlier)
     assert final_state.replay_final_state(engine, job_id) == "RUNNING"
     assert get_job(engine, job_id).state == "RUNNING" and not final_state.record_path(job_id).exists()
+
+
+def test_the_database_watch_sees_a_file_or_directory_removed_or_replaced(tmp_path):
+    from scheduler.storage_watch import DatabaseWatch
+
+    def fresh(home):
+        home.mkdir()
+        sqlite3.connect(home / "state.db").close()
+        return DatabaseWatch(home / "state.db")
+
+    watch = fresh(tmp_path / "a")
+    assert not watch.lost()
+    (tmp_path / "a" / "state.db").unlink()
+    assert watch.lost()
+    watch = fresh(tmp_path / "b")
+    os.replace(tmp_path / "b", tmp_path / "b-moved")  # moved away: its path names nothing
+    assert watch.lost()
+    watch = fresh(tmp_path / "c")
+    shutil.rmtree(tmp_path / "c")
+    fresh(tmp_path / "c")  # made again at the same path: a new directory, a new file
+    assert watch.lost()
+    assert not DatabaseWatch(None).lost()  # not a SQLite file (a server): never lost to the watch
+    assert not DatabaseWatch(tmp_path / "none" / "state.db").lost()  # could not look at it: no evidence
+
+
+def test_an_end_is_neither_kept_nor_recorded_once_its_database_is_lost(state_home):
+    engine = get_engine()
+    job_id = submit(engine, new_job(JobSpec(argv=["true"], workdir=str(state_home)), [(0, "virtual-0")]))
+    assert start_jobs(engine, [(job_id, ("virtual-0",))], {})
+    final = final_state.FinalState("COMPLETED", 0, None, None, "2026-11-30T00:00:00+00:00",
+                                   started_at=get_job(engine, job_id).started_at.isoformat())
+    assert final_state.record_until_stored(engine, job_id, final, lost=lambda: True) is None
+    assert final_state.kept(job_id) is None and get_job(engine, job_id).state == "RUNNING"
+    assert final_state.record_until_stored(engine, job_id, final) == "COMPLETED"
