@@ -45,7 +45,7 @@ def test_the_rule_of_a_run_s_settings():
     assert rule_of(0.0, 0.01, 0.7, 32, 4096, 1000) is None  # floor 0: off
     assert rule_of(0.1, 0.01, 0.7, 32, 4096, 1000) == RareBiasRule(0.1 * 32 / 4096, 0.01, 700)
     matryoshka = TrainConfig(architecture="matryoshka", k=16, steps=50).with_d_in(64)
-    assert rule_for(matryoshka) == RareBiasRule(0.2 * 16 / 512, 0.01, 35)  # on by default
+    assert rule_for(matryoshka) == RareBiasRule(0.4 * 16 / 512, 0.01, 35)  # on by default
     assert rule_for(TrainConfig().with_d_in(64)) is None  # TopK: off unless asked for
     assert rule_for(TrainConfig(architecture="matryoshka", matryoshka_selection="batch").with_d_in(64)) is None
     assert rule_for(TrainConfig(architecture="standard", rare_bias_floor=0).with_d_in(64)) is None
@@ -57,7 +57,7 @@ def test_the_rule_of_a_run_s_settings():
 def test_the_resolved_settings_say_whether_the_bias_is_on():
     line = describe_resolved(TrainConfig(architecture="matryoshka"),
                              TrainConfig(architecture="matryoshka").with_d_in(64).resolved(1))
-    assert "rare-latent bias under 0.2 of the average rate for the first 70% of the steps (default)" in line
+    assert "rare-latent bias under 0.4 of the average rate for the first 70% of the steps (default)" in line
     assert "no rare-latent bias (default)" in describe_resolved(TrainConfig(), TrainConfig().with_d_in(64).resolved(1))
 
 
