@@ -23,7 +23,8 @@ with four children a parent, magnitude sigma 0.6, or 6 features active, as u1 ha
 u2 itself, never alone, with four children, sigma 0.6, or both, beside TopK; h1 at sigma 0.6),
 u2-absorb (u2 with an inner prefix of d_sae/8, five prefixes, k 30, batch selection, four passes),
 floor (the rare-latent bias's floor at 0.2 and 0.4 on h1, seeds 0-2), floor2 (0.4 on u1, u2, h2 and
-h3 at seed 1; 0.2 and 0.4 on the flat sets q1-q3), floor3 (0.6 and 0.8 on h1 at seed 0, 0.6 at seed 1; 0.4 on h2 and h3 at seed 0).
+h3 at seed 1; 0.2 and 0.4 on the flat sets q1-q3), floor3 (0.6 and 0.8 on h1 at seed 0, 0.6 at
+seed 1; 0.4 on h2 and h3 at seed 0).
 Results append to OUT/results.jsonl; a rerun skips the points already there. A Matryoshka
 point runs with the trainer's defaults, which since 2026-11-29 refit the decoder over the last
 fifth of the steps: the figures measured before ran without it (`refit_fraction=0` repeats them).
