@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -269,22 +270,16 @@ def supervise(job_id: int) -> int:
                    stdout_path=str(out_path), stderr_path=str(err_path))
     # The job runs now, whatever the database says: while it refuses writes (locked, full...),
     # the job's process is recorded at a later poll.
-    recorded = _record_process(engine, job_id, process)
+    link = _JobLink(engine, job_id, process, watch)
+    link.record()
 
     deadline = job.started_at.timestamp() + job.time_limit_s if job.time_limit_s else None
-    cancelled = timed_out = by_user = orphaned = False
-    preempted_by = preempter = None
+    cancelled = timed_out = by_user = False
+    preempted_by = None
     while proc.poll() is None:
         if not stop:
             time.sleep(POLL_S)  # a signal is seen at the latest when this ends
-        if not orphaned and watch.lost():
-            # A new database's job of this id is another job: never read its cancel, nor write to it.
-            orphaned = True
-            log.error("job %d: its state database %s was removed or replaced; the job runs on to its end, "
-                      "which cannot be recorded", job_id, watch.path)
-        if not orphaned:
-            recorded = recorded or _record_process(engine, job_id, process)
-            by_user, preempter = _stop_requests(engine, job_id)
+        by_user, preempter = link.poll()
         cancel = bool(stop) or by_user
         preempt = not cancel and preempter is not None
         late = not (cancel or preempt) and deadline is not None and time.time() >= deadline
@@ -315,6 +310,36 @@ def supervise(job_id: int) -> int:
         # supervisor's release (two jobs ending together), which may have seen this job still running.
         release_snapshots(engine, wait_s=RELEASE_WAIT_S)
     return 0
+
+
+@dataclass
+class _JobLink:
+    """What the supervisor asks of the database at each poll while its job runs: record the job's
+    process until that is stored, and read a cancel or a preemption. Once the database is lost
+    (`DatabaseWatch`), nothing more: a new database's job of this id is another job, whose cancel
+    is not ours to take, nor its row ours to write."""
+
+    engine: object
+    job_id: int
+    process: dict
+    watch: DatabaseWatch
+    recorded: bool = False
+    orphaned: bool = False
+
+    def record(self) -> None:
+        if not self.recorded and not self.orphaned:
+            self.recorded = _record_process(self.engine, self.job_id, self.process)
+
+    def poll(self) -> tuple[bool, int | None]:
+        """(a cancel was asked, the job a preemption of it makes room for, or None)."""
+        if not self.orphaned and self.watch.lost():
+            self.orphaned = True
+            log.error("job %d: its state database %s was removed or replaced; the job runs on to its end, "
+                      "which cannot be recorded", self.job_id, self.watch.path)
+        if self.orphaned:
+            return False, None
+        self.record()
+        return _stop_requests(self.engine, self.job_id)
 
 
 def _track(job_id: int) -> JobProcesses:
