@@ -24,7 +24,7 @@ u2 itself, never alone, with four children, sigma 0.6, or both, beside TopK; h1 
 u2-absorb (u2 with an inner prefix of d_sae/8, five prefixes, k 30, batch selection, four passes),
 floor (the rare-latent bias's floor at 0.2 and 0.4 on h1, seeds 0-2), floor2 (0.4 on u1, u2, h2 and
 h3 at seed 1; 0.2 and 0.4 on the flat sets q1-q3), floor3 (0.6 and 0.8 on h1 at seed 0, 0.6 at
-seed 1; 0.4 on h2 and h3 at seed 0).
+seed 1; 0.4 on h2 and h3 at seed 0; the bias stopped at 0.5 and 0.85 of the steps on h1).
 Results append to OUT/results.jsonl; a rerun skips the points already there. A Matryoshka
 point runs with the trainer's defaults, which since 2026-11-29 refit the decoder over the last
 fifth of the steps: the figures measured before ran without it (`refit_fraction=0` repeats them).
@@ -147,6 +147,7 @@ POINTS = [
     *[Point("floor3", f"floor{f}-seed0", data="h1", flags=mat(rare_bias_floor=f)) for f in ("0.6", "0.8")],
     Point("floor3", "floor0.6-seed1", data="h1", flags=mat(rare_bias_floor="0.6"), seed=1),
     *[Point("floor3", "floor0.4-seed0", data=d, flags=mat(rare_bias_floor="0.4")) for d in ("h2", "h3")],
+    *[Point("floor3", f"until{u}-seed0", data="h1", flags=mat(rare_bias_until=u)) for u in ("0.5", "0.85")],
 ]
 GROUPS = list(dict.fromkeys(p.group for p in POINTS))
 
