@@ -273,25 +273,7 @@ def supervise(job_id: int) -> int:
     link = _JobLink(engine, job_id, process, watch)
     link.record()
 
-    deadline = job.started_at.timestamp() + job.time_limit_s if job.time_limit_s else None
-    cancelled = timed_out = by_user = False
-    preempted_by = None
-    while proc.poll() is None:
-        if not stop:
-            time.sleep(POLL_S)  # a signal is seen at the latest when this ends
-        by_user, preempter = link.poll()
-        cancel = bool(stop) or by_user
-        preempt = not cancel and preempter is not None
-        late = not (cancel or preempt) and deadline is not None and time.time() >= deadline
-        if cancel or preempt or late:
-            ended_first = proc.poll() is not None  # it ended on its own as the cancel came
-            if not ended_first:  # all of the job, its cgroup (or all we can find): SIGTERM, grace, SIGKILL
-                # A preempted job gets its grace time to checkpoint (SLURM's GraceTime).
-                tracked.end(grace_time(job.preempt_grace_s) if preempt else KILL_GRACE_S)
-                proc.wait()
-            cancelled, timed_out = took_effect(cancel, ended_first), took_effect(late, ended_first)
-            preempted_by = preempter if took_effect(preempt, ended_first) else None
-            break
+    cancelled, timed_out, by_user, preempted_by = _wait_or_end(job, proc, link, tracked, stop)
     # Whatever the job left behind (detached, or re-parented to us) goes too, before its devices
     # are freed: the job has ended once its last process has.
     _end_processes(tracked)
@@ -310,6 +292,39 @@ def supervise(job_id: int) -> int:
         # supervisor's release (two jobs ending together), which may have seen this job still running.
         release_snapshots(engine, wait_s=RELEASE_WAIT_S)
     return 0
+
+
+def _wait_or_end(job, proc: subprocess.Popen, link: "_JobLink", tracked: JobProcesses,
+                 stop: list[int]) -> tuple[bool, bool, bool, int | None]:
+    """Poll until the job ends, or end it: on a cancel (asked in the database, or a signal to us),
+    a preemption or its time limit. Returns (cancelled, timed out, the cancel was the user's,
+    the job a preemption made room for, or None): each only where it took effect."""
+    deadline = job.started_at.timestamp() + job.time_limit_s if job.time_limit_s else None
+    cancelled = timed_out = by_user = False
+    preempted_by = None
+    while proc.poll() is None:
+        if not stop:
+            time.sleep(POLL_S)  # a signal is seen at the latest when this ends
+        # A cancel signals us only once its request is committed, so a read after the signal sees
+        # the request. A signal that lands during the read is taken at the next turn (no sleep
+        # then), with a read after it: never as "not by a cancel" for want of that read.
+        signalled = bool(stop)
+        by_user, preempter = link.poll()
+        if bool(stop) != signalled:
+            continue
+        cancel = signalled or by_user
+        preempt = not cancel and preempter is not None
+        late = not (cancel or preempt) and deadline is not None and time.time() >= deadline
+        if cancel or preempt or late:
+            ended_first = proc.poll() is not None  # it ended on its own as the cancel came
+            if not ended_first:  # all of the job, its cgroup (or all we can find): SIGTERM, grace, SIGKILL
+                # A preempted job gets its grace time to checkpoint (SLURM's GraceTime).
+                tracked.end(grace_time(job.preempt_grace_s) if preempt else KILL_GRACE_S)
+                proc.wait()
+            cancelled, timed_out = took_effect(cancel, ended_first), took_effect(late, ended_first)
+            preempted_by = preempter if took_effect(preempt, ended_first) else None
+            break
+    return cancelled, timed_out, by_user, preempted_by
 
 
 @dataclass
