@@ -31,6 +31,7 @@ CHANGES = JobChange.__table__
 
 # Rendezvous ports handed to jobs: away from torchrun's default 29500.
 PORT_RANGE = range(29600, 30600)
+CANCELLED_BY_USER = "Cancelled by user"  # the reason a cancel through the scheduler leaves
 
 
 class JobNotFound(UserError):
@@ -247,7 +248,7 @@ def cancel(engine: Engine, job_id: int) -> str:
         job = get_job(conn, job_id)
         if job.state == "PENDING":
             conn.execute(update(JOBS).where(JOBS.c.id == job_id)
-                         .values(state="CANCELLED", reason="Cancelled by user", ended_at=now))
+                         .values(state="CANCELLED", reason=CANCELLED_BY_USER, ended_at=now))
             return "cancelled"
         if job.state == "RUNNING":
             conn.execute(update(JOBS).where(JOBS.c.id == job_id).values(cancel_requested=True))
@@ -260,7 +261,7 @@ def cancel_many(engine: Engine, ids: list[int]) -> dict[int, str]:
     now = utcnow()
     with immediate_transaction(engine) as conn:
         states = job_states(conn, ids)
-        for state, values in (("PENDING", {"state": "CANCELLED", "reason": "Cancelled by user", "ended_at": now}),
+        for state, values in (("PENDING", {"state": "CANCELLED", "reason": CANCELLED_BY_USER, "ended_at": now}),
                               ("RUNNING", {"cancel_requested": True})):
             chosen = [i for i, s in states.items() if s == state]
             for i in range(0, len(chosen), 500):
@@ -469,7 +470,7 @@ def unstart_job(engine: Engine, job_id: int, now: datetime | None = None) -> str
             return None
         values = {"port": None, "devices_json": None, "started_at": None}
         if row.cancel_requested:
-            values.update(state="CANCELLED", reason="Cancelled by user", ended_at=now)
+            values.update(state="CANCELLED", reason=CANCELLED_BY_USER, ended_at=now)
         else:
             values.update(state="PENDING", reason=None)
         conn.execute(update(JOBS).where(JOBS.c.id == job_id).values(**values))

@@ -44,7 +44,7 @@ from scheduler.snapshot import root_of as snapshot_root
 from scheduler.spec import BATCH, EXPORT_ENV, grace_time
 from scheduler.storage_errors import storage_problem
 from scheduler.storage_watch import DatabaseWatch
-from scheduler.store import array_tasks, claim_supervision, get_job, record_process
+from scheduler.store import CANCELLED_BY_USER, array_tasks, claim_supervision, get_job, record_process
 from scheduler.tracking import JobProcesses
 
 log = logging.getLogger(__name__)
@@ -214,7 +214,7 @@ def end_reason(state: str, stderr_tail: str, by_user: bool, stopped_by: int | No
         return "Time limit reached"
     if state == "CANCELLED":
         if by_user:
-            return "Cancelled by user"
+            return CANCELLED_BY_USER
         name = signal.Signals(stopped_by).name if stopped_by else "a signal"
         return f"Stopped by {name} to its supervisor, not by a cancel"
     if state in ("FAILED", "OUT_OF_MEMORY"):

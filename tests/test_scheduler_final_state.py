@@ -147,3 +147,22 @@ def test_an_end_is_neither_kept_nor_recorded_once_its_database_is_lost(state_hom
     assert final_state.record_until_stored(engine, job_id, final, lost=lambda: True) is None
     assert final_state.kept(job_id) is None and get_job(engine, job_id).state == "RUNNING"
     assert final_state.record_until_stored(engine, job_id, final) == "COMPLETED"
+
+
+@pytest.mark.parametrize("asked", [True, False], ids=["cancel-requested", "bare-signal"])
+def test_a_cancel_taken_for_a_bare_signal_is_recorded_as_the_users(state_home, asked):
+    """The supervisor names a stop "not by a cancel" when it saw only the signal (its read of the
+    request failed, or began before the request was committed); the request in the job's row says
+    otherwise, and wins. Without a request, a bare signal stays a bare signal."""
+    from scheduler.store import cancel
+
+    engine = get_engine()
+    job_id = submit(engine, new_job(JobSpec(argv=["true"], workdir=str(state_home)), [(0, "virtual-0")]))
+    assert start_jobs(engine, [(job_id, ("virtual-0",))], {})
+    if asked:
+        assert cancel(engine, job_id) == "requested"
+    stray = "Stopped by SIGTERM to its supervisor, not by a cancel"
+    final = final_state.FinalState("CANCELLED", 143, 15, stray, "2026-11-30T00:00:00+00:00", cancelled=True,
+                                   started_at=get_job(engine, job_id).started_at.isoformat())
+    assert final_state.record(engine, job_id, final) == "CANCELLED"
+    assert get_job(engine, job_id).reason == ("Cancelled by user" if asked else stray)
