@@ -18,7 +18,8 @@ from pathlib import Path
 class DatabaseWatch:
     """`lost()` is True once the SQLite file (or its directory) was removed or replaced. A
     database that is not a SQLite file is never lost to this watch (a server outlives any
-    directory), nor one it could not look at when it started."""
+    directory), nor one it could not look at when it started. The directory stays open for as
+    long as the process (a supervisor) lives."""
 
     def __init__(self, path: Path | None):
         self.path = path
@@ -29,8 +30,8 @@ class DatabaseWatch:
         try:
             self._file = _identity(os.stat(path))
             self._dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError:
-            self._file = None
+        except OSError:  # not there to look at: lost() has no evidence either way
+            pass
 
     @classmethod
     def of(cls, engine) -> "DatabaseWatch":
@@ -48,11 +49,6 @@ class DatabaseWatch:
         except OSError:  # unreadable for now (permissions, I/O): not evidence that it is gone
             return False
         return _identity(directory) != _identity(os.fstat(self._dir_fd)) or _identity(file) != self._file
-
-    def close(self) -> None:
-        if self._dir_fd is not None:
-            os.close(self._dir_fd)
-            self._dir_fd = None
 
 
 def _identity(st: os.stat_result) -> tuple[int, int]:
