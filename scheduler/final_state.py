@@ -93,11 +93,8 @@ def record(engine, job_id: int, final: FinalState) -> str:
         _forget(job_id)
         return job.state
     requeue_asked = final.cancelled and job.reason == "Requeue requested"
-    # A cancel the supervisor took for a bare signal (its read of the request failed, or raced the
-    # request's commit) is the user's all the same: the request is in the job's row.
-    reason = store.CANCELLED_BY_USER if final.state == "CANCELLED" and job.cancel_requested else final.reason
     state = store.finish_job(engine, job_id, final.state, exit_code=final.exit_code, signal=final.signal,
-                             reason=reason, now=final.ended())
+                             reason=final.reason, now=final.ended())
     if requeue_asked:
         store.requeue(engine, job_id)
         state = "PENDING"

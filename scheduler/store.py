@@ -208,7 +208,8 @@ def finish_job(engine: Engine, job_id: int, state: str, exit_code: int | None = 
     """End a RUNNING job and free its devices, atomically. Returns the state it was left in.
 
     A job that asked for requeue and did not complete goes back to PENDING (its history keeps
-    the exit code); a job that is not RUNNING any more is left alone (someone ended it first).
+    the exit code); a job that is not RUNNING any more is left alone (someone ended it first); a
+    CANCELLED end of a job with a cancel requested is "Cancelled by user", whatever `reason` says.
     """
     now = now or utcnow()
     with immediate_transaction(engine) as conn:
@@ -228,7 +229,10 @@ def finish_job(engine: Engine, job_id: int, state: str, exit_code: int | None = 
                           started_at=None, requeue_count=JOBS.c.requeue_count + 1,
                           attempts_json=json.dumps([*json.loads(row.attempts_json or "[]"), attempt]))
         else:
-            values.update(state=state, reason=reason)
+            # A cancel asked through the scheduler is the user's, whatever the supervisor saw (a
+            # bare signal, when its read of the request failed or raced the request's commit).
+            user = state == "CANCELLED" and row.cancel_requested
+            values.update(state=state, reason=CANCELLED_BY_USER if user else reason)
         conn.execute(update(JOBS).where(JOBS.c.id == job_id).values(**values))
         conn.execute(update(ALLOCATIONS).where(and_(ALLOCATIONS.c.job_id == job_id,
                                                     ALLOCATIONS.c.released_at.is_(None)))

@@ -44,7 +44,7 @@ from scheduler.snapshot import root_of as snapshot_root
 from scheduler.spec import BATCH, EXPORT_ENV, grace_time
 from scheduler.storage_errors import storage_problem
 from scheduler.storage_watch import DatabaseWatch
-from scheduler.store import CANCELLED_BY_USER, array_tasks, claim_supervision, get_job, record_process
+from scheduler.store import array_tasks, claim_supervision, get_job, record_process
 from scheduler.tracking import JobProcesses
 
 log = logging.getLogger(__name__)
@@ -205,16 +205,15 @@ def classify_exit(returncode: int, cancelled: bool, timed_out: bool,
 FAILURE_REASON_CHARS = 200
 
 
-def end_reason(state: str, stderr_tail: str, by_user: bool, stopped_by: int | None) -> str | None:
+def end_reason(state: str, stderr_tail: str, stopped_by: int | None) -> str | None:
     """Why a job ended, in one line for the listings (SLURM's Reason): a failed job's last line
     of error output ("error: run directory ... already exists"), which was only in its log; a
-    cancel by the user as such; a stop nobody asked for through the scheduler (a signal to the
-    supervisor, `stopped_by`) named as that, not as the user's."""
+    stop nobody asked for through the scheduler (a signal to the supervisor, `stopped_by`) named
+    as that. A cancel the user asked for is named so when the end is stored (store.finish_job
+    reads the request in the job's row, which the supervisor's own read may have missed)."""
     if state == "TIMEOUT":
         return "Time limit reached"
     if state == "CANCELLED":
-        if by_user:
-            return CANCELLED_BY_USER
         name = signal.Signals(stopped_by).name if stopped_by else "a signal"
         return f"Stopped by {name} to its supervisor, not by a cancel"
     if state in ("FAILED", "OUT_OF_MEMORY"):
@@ -273,13 +272,13 @@ def supervise(job_id: int) -> int:
     link = _JobLink(engine, job_id, process, watch)
     link.record()
 
-    cancelled, timed_out, by_user, preempted_by = _wait_or_end(job, proc, link, tracked, stop)
+    cancelled, timed_out, preempted_by = _wait_or_end(job, proc, link, tracked, stop)
     # Whatever the job left behind (detached, or re-parented to us) goes too, before its devices
     # are freed: the job has ended once its last process has.
     _end_processes(tracked)
     tail = _tail(err_path)
     state, code, sig = classify_exit(proc.returncode, cancelled, timed_out, tail)
-    reason = end_reason(state, tail, by_user, stop[0] if stop else None)
+    reason = end_reason(state, tail, stop[0] if stop else None)
     if preempted_by is not None:  # requeued by finish_job; the run itself ends PREEMPTED, as SLURM's
         state, reason = PREEMPTED, f"Preempted by job {preempted_by}"
     # Kept on disk first, then recorded, retried while the database refuses: never lost.
@@ -295,12 +294,12 @@ def supervise(job_id: int) -> int:
 
 
 def _wait_or_end(job, proc: subprocess.Popen, link: "_JobLink", tracked: JobProcesses,
-                 stop: list[int]) -> tuple[bool, bool, bool, int | None]:
+                 stop: list[int]) -> tuple[bool, bool, int | None]:
     """Poll until the job ends, or end it: on a cancel (asked in the database, or a signal to us),
-    a preemption or its time limit. Returns (cancelled, timed out, the cancel was the user's,
-    the job a preemption made room for, or None): each only where it took effect."""
+    a preemption or its time limit. Returns (cancelled, timed out, the job a preemption made room
+    for, or None): each only where it took effect."""
     deadline = job.started_at.timestamp() + job.time_limit_s if job.time_limit_s else None
-    cancelled = timed_out = by_user = False
+    cancelled = timed_out = False
     preempted_by = None
     while proc.poll() is None:
         if not stop:
@@ -324,7 +323,7 @@ def _wait_or_end(job, proc: subprocess.Popen, link: "_JobLink", tracked: JobProc
             cancelled, timed_out = took_effect(cancel, ended_first), took_effect(late, ended_first)
             preempted_by = preempter if took_effect(preempt, ended_first) else None
             break
-    return cancelled, timed_out, by_user, preempted_by
+    return cancelled, timed_out, preempted_by
 
 
 @dataclass

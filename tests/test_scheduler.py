@@ -254,19 +254,19 @@ def test_stopping_the_daemon_by_name_spares_the_jobs(sched):
 
 
 def test_why_a_job_ended_is_one_line_for_the_listings():
-    """SLURM's Reason: a failure's last line of error output (it was only in the log), a cancel by
-    the user, a stop nobody asked for through the scheduler, a time limit."""
+    """SLURM's Reason: a failure's last line of error output (it was only in the log), a stop
+    nobody asked for through the scheduler, a time limit. (A cancel by the user is named so where
+    the end is stored: test_scheduler_final_state.)"""
     from scheduler.supervisor import FAILURE_REASON_CHARS, end_reason
 
     tail = "step 0\nTraceback (most recent call last):\n  ...\nerror: run directory /r already exists\n\n"
-    assert end_reason("FAILED", tail, False, None) == "error: run directory /r already exists"
-    assert end_reason("OUT_OF_MEMORY", "CUDA out of memory. Tried to allocate 2 GiB", False, None).startswith("CUDA")
-    assert end_reason("FAILED", "", False, None) is None  # nothing said: nothing invented
-    assert len(end_reason("FAILED", "x" * 1000, False, None)) == FAILURE_REASON_CHARS
-    assert end_reason("CANCELLED", tail, True, signal.SIGTERM) == "Cancelled by user"
-    assert end_reason("CANCELLED", "", False, signal.SIGTERM) == "Stopped by SIGTERM to its supervisor, not by a cancel"
-    assert end_reason("TIMEOUT", tail, False, None) == "Time limit reached"
-    assert end_reason("COMPLETED", tail, False, None) is None
+    assert end_reason("FAILED", tail, None) == "error: run directory /r already exists"
+    assert end_reason("OUT_OF_MEMORY", "CUDA out of memory. Tried to allocate 2 GiB", None).startswith("CUDA")
+    assert end_reason("FAILED", "", None) is None  # nothing said: nothing invented
+    assert len(end_reason("FAILED", "x" * 1000, None)) == FAILURE_REASON_CHARS
+    assert end_reason("CANCELLED", "", signal.SIGTERM) == "Stopped by SIGTERM to its supervisor, not by a cancel"
+    assert end_reason("TIMEOUT", tail, None) == "Time limit reached"
+    assert end_reason("COMPLETED", tail, None) is None
 
 
 def test_a_failed_job_says_why_in_acct_and_the_queue(sched, tmp_path):

@@ -153,7 +153,8 @@ def test_an_end_is_neither_kept_nor_recorded_once_its_database_is_lost(state_hom
 def test_a_cancel_taken_for_a_bare_signal_is_recorded_as_the_users(state_home, asked):
     """The supervisor names a stop "not by a cancel" when it saw only the signal (its read of the
     request failed, or began before the request was committed); the request in the job's row says
-    otherwise, and wins. Without a request, a bare signal stays a bare signal."""
+    otherwise, and wins: store.finish_job reads it in the transaction that ends the job. Without a
+    request, a bare signal stays a bare signal."""
     from scheduler.store import cancel
 
     engine = get_engine()
