@@ -19,6 +19,9 @@ from typing import Any, Literal
 
 from sae_dist.defaults import (
     DECAY_FRACTION,
+    LR_AT_REFERENCE,
+    MATRYOSHKA_LR_FACTOR,
+    RARE_BIAS_FLOOR,
     RARE_BIAS_STEP,
     RARE_BIAS_UNTIL,
     default_dead_after_samples,
@@ -93,12 +96,13 @@ class TrainConfig:
     rare_bias_floor: float | None = _f(
         None, "topk, batchtopk, matryoshka: a latent firing on fewer rows than this fraction of the average rate "
               "k/d_sae gets a bias that only chooses which latents fire (their values stay unbiased), raised "
-              "until it fires more; 0 turns it off; default 0.2 for matryoshka (sample selection), else 0 "
-              "(docs/training.md)")
+              f"until it fires more; 0 turns it off; default {RARE_BIAS_FLOOR} for matryoshka (sample selection), "
+              "else 0 (docs/training.md)")
     rare_bias_step: float | None = _f(
-        None, "with the rare-latent bias: each step it moves by this times the mean chosen activation; default 0.01")
+        None, "with the rare-latent bias: each step it moves by this times the mean chosen activation; "
+              f"default {RARE_BIAS_STEP}")
     rare_bias_until: float | None = _f(
-        None, "with the rare-latent bias: the fraction of the steps after which it is gone; default 0.7")
+        None, f"with the rare-latent bias: the fraction of the steps after which it is gone; default {RARE_BIAS_UNTIL}")
     dead_after_samples: int | None = _f(
         None, "a latent is dead (AuxK revives it) when it has not fired in this many samples; "
               "default a tenth of the run's samples, at least one batch, at most 10M")
@@ -134,8 +138,9 @@ class TrainConfig:
     seed: int = _f(0, "random seed for initialisation and data")
     # --- optimisation ---
     batch_size: int = _f(4096, "samples per device per micro-batch; the global batch is this x devices x grad_accum")
-    lr: float | None = _f(None, "Adam learning rate for the global batch; default 1.8e-3 x sqrt(256 / d_in), "
-                                "from the sweep in scripts/sweep_lr.py")
+    lr: float | None = _f(None, f"Adam learning rate for the global batch; default {LR_AT_REFERENCE} x "
+                                f"sqrt(256 / d_in), {MATRYOSHKA_LR_FACTOR:g} times that for matryoshka, from the "
+                                "sweeps in scripts/sweep_lr.py and scripts/sweep_matryoshka.py")
     lr_warmup_steps: int | None = _f(None, "linear learning-rate warm-up steps; default 5% of the steps, at most 1000")
     lr_decay_fraction: float | None = _f(None, "linear decay to 0 over this final fraction of the steps; default 0.2")
     steps: int = _f(1000, "optimizer steps")

@@ -22,6 +22,11 @@ def test_matryoshka_learns_at_twice_the_rule():
     assert default_lr(1024, 4096, 16, 256, "batchtopk") == default_lr(1024, 4096, 16, 256) == pytest.approx(1.8e-3)
     assert TrainConfig(architecture="matryoshka", d_in=256, steps=100).resolved(1).lr == 3.6e-3
     assert TrainConfig(architecture="matryoshka", d_in=256, steps=100, lr=1e-3).resolved(1).lr == 1e-3
+    # ... and --lr's help says so (it once gave TopK's rule alone)
+    import dataclasses
+
+    lr_help = next(f.metadata["help"] for f in dataclasses.fields(TrainConfig) if f.name == "lr")
+    assert "default 0.0018 x sqrt(256 / d_in), 2 times that for matryoshka" in lr_help
 
 
 @pytest.mark.parametrize("steps,warmup", [(10, 0), (100, 5), (1024, 51), (20_000, 1000), (1_000_000, 1000)])

@@ -89,6 +89,17 @@ def test_the_bias_chooses_which_latents_fire_but_not_their_values(architecture):
 
 
 # ---- its settings ----
+def test_the_flags_help_gives_the_defaults_a_run_resolves():
+    """The help is what a user reads before a run: it once said 0.2 after the floor became 0.4."""
+    import dataclasses
+
+    helps = {f.name: f.metadata["help"] for f in dataclasses.fields(TrainConfig)}
+    floor, step, until = TrainConfig(architecture="matryoshka", d_in=16).resolved_rare_bias
+    assert f"default {floor} for matryoshka" in helps["rare_bias_floor"]
+    assert helps["rare_bias_step"].endswith(f"default {step}")
+    assert helps["rare_bias_until"].endswith(f"default {until}")
+
+
 @pytest.mark.parametrize("values, field, words", [
     ({"rare_bias_floor": 1.5}, "rare_bias_floor", "must be a fraction from 0 up to 1, got 1.5"),
     ({"rare_bias_floor": -0.1}, "rare_bias_floor", "must be a fraction from 0 up to 1"),
