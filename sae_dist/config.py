@@ -19,12 +19,14 @@ from typing import Any, Literal
 
 from sae_dist.defaults import (
     DECAY_FRACTION,
+    DECODER_LR_FACTOR,
     LR_AT_REFERENCE,
     MATRYOSHKA_LR_FACTOR,
     RARE_BIAS_FLOOR,
     RARE_BIAS_STEP,
     RARE_BIAS_UNTIL,
     default_dead_after_samples,
+    default_decoder_lr_factor,
     default_lr,
     default_matryoshka_widths,
     default_rare_bias_floor,
@@ -143,6 +145,9 @@ class TrainConfig:
                                 "sweeps in scripts/sweep_lr.py and scripts/sweep_matryoshka.py")
     lr_warmup_steps: int | None = _f(None, "linear learning-rate warm-up steps; default 5% of the steps, at most 1000")
     lr_decay_fraction: float | None = _f(None, "linear decay to 0 over this final fraction of the steps; default 0.2")
+    decoder_lr_factor: float | None = _f(
+        None, f"the decoder's learning rate as a multiple of lr (the encoder and the biases keep lr); "
+              f"default {DECODER_LR_FACTOR:g}")
     steps: int = _f(1000, "optimizer steps")
     precision: Literal["auto", "fp32", "bf16"] = _f(
         "auto", "auto: bf16 autocast on GPUs that support it, fp32 on CPU")
@@ -204,6 +209,7 @@ class TrainConfig:
             lr_warmup_steps=(self.lr_warmup_steps if self.lr_warmup_steps is not None
                              else default_warmup_steps(self.steps)),
             lr_decay_fraction=self.lr_decay_fraction if self.lr_decay_fraction is not None else DECAY_FRACTION,
+            decoder_lr_factor=self.resolved_decoder_lr_factor,
             dead_after_samples=(self.dead_after_samples if self.dead_after_samples is not None
                                 else default_dead_after_samples(self.steps * global_batch, global_batch)),
             refit_fraction=self.resolved_refit_fraction,
@@ -218,6 +224,11 @@ class TrainConfig:
         for name, value in changes.items():
             setattr(new, name, value)
         return new
+
+    @property
+    def resolved_decoder_lr_factor(self) -> float:
+        return (self.decoder_lr_factor if self.decoder_lr_factor is not None
+                else default_decoder_lr_factor(self.architecture))
 
     @property
     def resolved_refit_fraction(self) -> float:
@@ -294,7 +305,7 @@ class TrainConfig:
                      "synthetic_features", "jumprelu_init_threshold",
                      "jumprelu_bandwidth"):
             positive(name)
-        for name in ("d_in", "d_sae", "auxk_k", "lr", "ddp_bucket_mb", "dead_after_samples"):
+        for name in ("d_in", "d_sae", "auxk_k", "lr", "ddp_bucket_mb", "dead_after_samples", "decoder_lr_factor"):
             positive(name, allow_none=True)
         for name in ("l1_coefficient", "l0_coefficient", "auxk_coefficient",
                      "checkpoint_every", "eval_rows", "synthetic_noise", "synthetic_power_law", "synthetic_active",

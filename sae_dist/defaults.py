@@ -53,6 +53,18 @@ RARE_BIAS_STEP = 0.01  # of the mean chosen activation, a step
 RARE_BIAS_UNTIL = 0.7  # of the steps
 
 
+# The decoder's Adam step as a multiple of the lr, the encoder's and the biases' staying at the lr
+# (sae_dist.train.step.make_optimizer). 1 for every architecture until a sweep says otherwise:
+# on h1 and u2 a Matryoshka decoder at 3x lowered held-out FVU 1.5-3% (docs/quality.md, "The
+# decoder's learning rate"), not yet measured on the flat sets and MiniLM.
+DECODER_LR_FACTOR = 1.0
+
+
+def default_decoder_lr_factor(architecture: str) -> float:
+    del architecture  # one factor for all until the sweep covers every set
+    return DECODER_LR_FACTOR
+
+
 def default_rare_bias_floor(architecture: str, batch_level: bool = False) -> float:
     """The rare-latent bias's floor when none is given: RARE_BIAS_FLOOR for Matryoshka choosing
     each row's top k (the measured case), else 0 (off)."""
@@ -99,6 +111,8 @@ def describe_resolved(given, resolved) -> str:
 
     return ", ".join([
         mark("lr", f"lr {resolved.lr:.3g}"),
+        *([mark("decoder_lr_factor", f"decoder at {resolved.decoder_lr_factor:g}x the lr")]
+          if resolved.decoder_lr_factor != 1 else []),
         mark("lr_warmup_steps", f"warm-up {resolved.lr_warmup_steps:,} steps"),
         mark("lr_decay_fraction", f"decay to 0 over the last {resolved.lr_decay_fraction:.0%} of the steps"),
         mark("dead_after_samples", f"dead after {resolved.dead_after_samples:,} samples without firing"),

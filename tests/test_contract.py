@@ -44,7 +44,7 @@ SYNTHETIC_EVERYTHING = TrainConfig(
 SHARDS = TrainConfig(source="shards", shards_path="-shards dir/x", lr=0.1, architecture="matryoshka",
                      matryoshka_widths="256,1024,4096", matryoshka_selection="batch", matryoshka_inner_weight=0.5,
                      refit_fraction=0.2, rare_bias_floor=0.3 + 0.1, rare_bias_step=1 / 3, rare_bias_until=0.75,
-                     ddp_compress="fp16",
+                     decoder_lr_factor=1 / 3, ddp_compress="fp16",
                      balance="memory", name="--looks-like-a-flag")
 MODEL = TrainConfig(source="model", model_path="--model", text_path="-text.txt", model_site="attn_out",
                     precision="fp32", lr=1 / 3, architecture="standard", transcode="mlp_in:mlp_out", skip=True)

@@ -43,7 +43,7 @@ def measure(cfg: TrainConfig, warmup: int, steps: int, start_at: float | None = 
     source = make_source(cfg, ctx)
     cfg = cfg.with_d_in(source.d_in)
     sae = build_sae(cfg, ctx.device)
-    opt = make_optimizer(sae, cfg.resolved_lr)
+    opt = make_optimizer(sae, cfg.resolved_lr, cfg.resolved_decoder_lr_factor)
     model = wrap_ddp(sae, ctx, cfg)
     autocast = autocast_for(cfg, ctx.device)
 

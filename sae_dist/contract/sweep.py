@@ -36,7 +36,7 @@ NAME_PREFIX = {
     "l0_coefficient": "l0c", "jumprelu_init_threshold": "thr", "jumprelu_bandwidth": "bw",
     "auxk_coefficient": "auxk", "auxk_k": "auxkk", "dead_after_samples": "dead",
     "model_layer": "L", "model_site": "", "matryoshka_inner_weight": "iw", "refit_fraction": "refit",
-    "rare_bias_floor": "rare", "rare_bias_step": "rstep", "rare_bias_until": "runtil",
+    "rare_bias_floor": "rare", "rare_bias_step": "rstep", "rare_bias_until": "runtil", "decoder_lr_factor": "declr",
 }
 SWEEPABLE = tuple(NAME_PREFIX)
 

@@ -70,7 +70,7 @@ from sae_dist.train.members import (
 from sae_dist.train.run_record import RunRecord
 from sae_dist.train.shares import slowdown_for_tests
 from sae_dist.train.state import Stream, first_stream, on_main, resume, write_checkpoint
-from sae_dist.train.step import StepResult, autocast_for, train_step, use_bf16, wrap_ddp
+from sae_dist.train.step import StepResult, autocast_for, set_lr, train_step, use_bf16, wrap_ddp
 from sae_dist.train.window import TrainingDiverged, WindowReport, progress_line
 
 log = logging.getLogger(__name__)
@@ -260,9 +260,8 @@ def _train_member(job: Job, m: Member, xs: list[torch.Tensor], step: int, report
     """One SAE's optimizer step on this rank's rows `xs` of it, added to its window (and to its
     decoder refit's sums, inside the refit's window)."""
     cfg = job.cfg
-    lr = lr_at(step, m.cfg.resolved_lr, cfg.steps, m.cfg.lr_warmup_steps, m.cfg.lr_decay_fraction)
-    for group in m.opt.param_groups:
-        group["lr"] = lr
+    set_lr(m.opt, lr_at(step, m.cfg.resolved_lr, cfg.steps, m.cfg.lr_warmup_steps, m.cfg.lr_decay_fraction),
+           m.cfg.resolved_decoder_lr_factor)
     result = train_step(m.model, m.sae, m.opt, xs, m.state.dead, autocast, grad_norm=report,
                         loss_scale=m.plan.loss_scale(m.group_rank(job.ctx.rank)), slowdown=job.slowdown,
                         selection_bias=m.state.selection_bias)
@@ -487,11 +486,12 @@ def _log_start(job: Job, stream: Stream, estimate: MemoryEstimate, latest: Path 
     shares = (f"shares of each micro-batch: {list(plan.shares)}, {plan.micro_steps} micro-batch"
               f"{'es' if plan.micro_steps > 1 else ''} a step ({stream.why})")
     if job.sweep is None:
-        fraction = cfg.resolved_refit_fraction  # (0: no refit)
-        log.info("run %s: %s SAE d_in=%d d_sae=%d on %d x %s (%s), global batch %d, lr %.2e%s%s",
+        fraction, factor = cfg.resolved_refit_fraction, cfg.resolved_decoder_lr_factor  # (0: no refit)
+        log.info("run %s: %s SAE d_in=%d d_sae=%d on %d x %s (%s), global batch %d, lr %.2e%s%s%s",
                  job.record.run_id if job.record.run_id is not None else "(no db)", cfg.architecture, cfg.d_in,
                  cfg.resolved_d_sae, ctx.world_size, ctx.device.type, ctx.backend, plan.global_batch,
-                 cfg.resolved_lr, ", bf16 autocast" if use_bf16(cfg, ctx.device) else "",
+                 cfg.resolved_lr, f" (decoder at {factor:g}x the lr)" if factor != 1 else "",
+                 ", bf16 autocast" if use_bf16(cfg, ctx.device) else "",
                  f", decoder refit to the last {fraction:.0%} of the steps" if fraction else "")
         log.info("%s", shares)
         log.info("memory estimate: %s", estimate.describe())

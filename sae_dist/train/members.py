@@ -96,7 +96,7 @@ def build_member(name: str, cfg: TrainConfig, ranks: tuple[int, ...], run_dir: P
     m = Member(name, cfg, ranks, state, window, run_dir, group=group, site=site)
     if ctx.rank in ranks:
         m.sae = build_sae(cfg, ctx.device)
-        m.opt = make_optimizer(m.sae, cfg.resolved_lr)
+        m.opt = make_optimizer(m.sae, cfg.resolved_lr, cfg.resolved_decoder_lr_factor)
         m.model = wrap_ddp(m.sae, ctx, cfg, ranks=len(ranks), group=group)
     return m
 

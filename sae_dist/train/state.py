@@ -28,6 +28,7 @@ from sae_dist.train import rare_bias, refit
 from sae_dist.train.balance import BalanceState, BatchPlan
 from sae_dist.train.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
 from sae_dist.train.shares import first_plan, resumed_plan
+from sae_dist.train.step import load_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ def resume(cfg: TrainConfig, ctx: D.DistContext, members: list, source: Activati
         if m.here and m.live:
             own = (weights, saved) if m.run_dir == run_dir else _sae_checkpoint(m, ctx, step)
             m.sae.load_state_dict(own[0])
-            m.opt.load_state_dict(own[1]["optimizer"])
+            load_optimizer(m.opt, m.sae, own[1]["optimizer"])
             refit.from_checkpoint(m, own[1], ctx.rank, step, cfg.steps)
     if ctx.is_main:
         log.info("resumed from %s at step %d%s", latest, step,

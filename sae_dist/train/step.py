@@ -37,8 +37,39 @@ def autocast_for(cfg: TrainConfig, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16(cfg, device) else nullcontext()
 
 
-def make_optimizer(sae: SparseAutoencoder, lr: float) -> torch.optim.Adam:
-    return torch.optim.Adam(sae.parameters(), lr=lr, betas=(0.9, 0.999), fused=True)
+def make_optimizer(sae: SparseAutoencoder, lr: float, decoder_lr_factor: float = 1.0) -> torch.optim.Adam:
+    """Adam over the SAE's parameters: one group at `lr`, or, with a decoder factor, two (the rest,
+    then W_dec at the factor times the lr; `set_lr` keeps it so)."""
+    groups = [{"params": params} for params in _param_groups(sae, decoder_lr_factor != 1)]
+    opt = torch.optim.Adam(groups, lr=lr, betas=(0.9, 0.999), fused=True)
+    set_lr(opt, lr, decoder_lr_factor)
+    return opt
+
+
+def _param_groups(sae: SparseAutoencoder, decoder_apart: bool) -> list[list[torch.nn.Parameter]]:
+    if not decoder_apart:
+        return [list(sae.parameters())]
+    return [[p for p in sae.parameters() if p is not sae.W_dec], [sae.W_dec]]
+
+
+def set_lr(opt: torch.optim.Adam, lr: float, decoder_lr_factor: float) -> None:
+    """The step's learning rate: the decoder's group, where it has one, at the factor times it."""
+    for i, group in enumerate(opt.param_groups):
+        group["lr"] = lr * decoder_lr_factor if i == 1 else lr
+
+
+def load_optimizer(opt: torch.optim.Adam, sae: SparseAutoencoder, saved: dict) -> None:
+    """A checkpoint's optimizer state, into groups laid out as this run's: a run saved with one
+    group (no decoder factor, or from before the factor) resumes with one, and back."""
+    groups = saved["param_groups"]
+    if len(groups) != len(opt.param_groups):
+        # torch matches saved ids to parameters by position in the groups, so list the saved ids
+        # of the same parameters in this optimizer's order; the moments stay with their parameters.
+        then = _param_groups(sae, decoder_apart=len(groups) == 2)
+        saved_id = {id(p): i for group, params in zip(groups, then) for i, p in zip(group["params"], params)}
+        saved = {**saved, "param_groups": [{**groups[0], "params": [saved_id[id(p)] for p in group["params"]]}
+                                           for group in opt.param_groups]}
+    opt.load_state_dict(saved)
 
 
 def ddp_bucket_mb(sae: SparseAutoencoder, cfg: TrainConfig) -> float:
