@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 from sae_dist.defaults import (
     DECAY_FRACTION,
-    DECODER_LR_FACTOR,
     LR_AT_REFERENCE,
+    MATRYOSHKA_DECODER_LR_FACTOR,
     MATRYOSHKA_LR_FACTOR,
     RARE_BIAS_FLOOR,
     RARE_BIAS_STEP,
@@ -147,7 +147,7 @@ class TrainConfig:
     lr_decay_fraction: float | None = _f(None, "linear decay to 0 over this final fraction of the steps; default 0.2")
     decoder_lr_factor: float | None = _f(
         None, f"the decoder's learning rate as a multiple of lr (the encoder and the biases keep lr); "
-              f"default {DECODER_LR_FACTOR:g}")
+              f"default {MATRYOSHKA_DECODER_LR_FACTOR:g} for matryoshka (sample selection), else 1")
     steps: int = _f(1000, "optimizer steps")
     precision: Literal["auto", "fp32", "bf16"] = _f(
         "auto", "auto: bf16 autocast on GPUs that support it, fp32 on CPU")
@@ -228,7 +228,7 @@ class TrainConfig:
     @property
     def resolved_decoder_lr_factor(self) -> float:
         return (self.decoder_lr_factor if self.decoder_lr_factor is not None
-                else default_decoder_lr_factor(self.architecture))
+                else default_decoder_lr_factor(self.architecture, self.batch_level))
 
     @property
     def resolved_refit_fraction(self) -> float:

@@ -148,6 +148,12 @@ POINTS = [
     Point("floor3", "floor0.6-seed1", data="h1", flags=mat(rare_bias_floor="0.6"), seed=1),
     *[Point("floor3", "floor0.4-seed0", data=d, flags=mat(rare_bias_floor="0.4")) for d in ("h2", "h3")],
     *[Point("floor3", f"until{u}-seed0", data="h1", flags=mat(rare_bias_until=u)) for u in ("0.5", "0.85")],
+    # the decoder's lr apart (the default 3x since 2026-11-30): 1x is the floor3 points' default before
+    *[Point("declr", f"declr{f}", data="h1", flags=mat(decoder_lr_factor=f)) for f in ("1", "2", "3", "4")],
+    Point("declr", "declr3-seed1", data="h1", flags=mat(decoder_lr_factor="3"), seed=1),
+    *[Point("declr", f"declr{f}", data=d, flags=mat(decoder_lr_factor=f))
+      for d in ("h2", "h3", "u2", "q1", "q3") for f in ("1", "3")],
+    Point("declr", "declr2", data="h3", flags=mat(decoder_lr_factor="2")),
 ]
 GROUPS = list(dict.fromkeys(p.group for p in POINTS))
 

@@ -58,6 +58,19 @@ def test_a_checkpoint_of_the_other_layout_loads_with_each_parameters_moments(sav
     assert opt.param_groups[-1]["lr"] == pytest.approx(1e-3 * resumed_with)  # the factor of the resumed run
 
 
+def test_matryoshka_choosing_each_rows_top_k_moves_its_decoder_at_3x_by_default():
+    from sae_dist.config import TrainConfig
+
+    def factor(**settings):
+        return TrainConfig(d_in=64, **settings).resolved(1).decoder_lr_factor
+
+    assert factor(architecture="matryoshka") == 3.0
+    assert factor(architecture="matryoshka", matryoshka_selection="batch") == 1.0  # as measured
+    assert factor() == factor(architecture="batchtopk") == factor(architecture="jumprelu") == 1.0
+    assert factor(architecture="matryoshka", decoder_lr_factor=1.0) == 1.0  # given: kept
+    assert factor(decoder_lr_factor=2.5) == 2.5
+
+
 def test_a_sweep_names_its_points_by_the_factor():
     assert point_name({"decoder_lr_factor": 3.0}) == "declr3"
     assert point_name({"k": 16, "decoder_lr_factor": 0.5}) == "k16-declr0.5"
@@ -81,7 +94,7 @@ def run(tmp_path, name: str, *args: str) -> str:
 @pytest.mark.slow  # three short trainings in this process
 def test_a_run_with_a_factor_trains_otherwise_and_resumes_exactly(tmp_path):
     run(tmp_path, "straight", "--steps", "12", "--decoder-lr-factor", "3")
-    run(tmp_path, "plain", "--steps", "12")
+    run(tmp_path, "plain", "--steps", "12", "--decoder-lr-factor", "1")
     out = run(tmp_path, "split", "--steps", "6", "--decoder-lr-factor", "3")
     assert "decoder at 3x the lr" in out  # the resolved settings say so
     out = run(tmp_path, "split", "--steps", "12", "--decoder-lr-factor", "3", "--resume")
