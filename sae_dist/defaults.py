@@ -57,7 +57,7 @@ RARE_BIAS_UNTIL = 0.7  # of the steps
 # (sae_dist.train.step.make_optimizer). For Matryoshka choosing each row's top k, 3: on the planted
 # hierarchies, one pass, held-out FVU fell 0.5-3% (h1 0.1363 to 0.1342, h2 0.1129 to 0.1115, u2
 # 0.1268 to 0.1229) with more parents and a higher MCC, and the flat sets and MiniLM stayed within
-# 0.5% (docs/quality.md, "The decoder's learning rate"). TopK's and BatchTopK's SAEs, and
+# 0.7% (docs/quality.md, "The decoder's learning rate"). TopK's and BatchTopK's SAEs, and
 # Matryoshka's batch selection, stay as measured at 1.
 MATRYOSHKA_DECODER_LR_FACTOR = 3.0
 
