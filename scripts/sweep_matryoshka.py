@@ -152,7 +152,7 @@ POINTS = [
     *[Point("declr", f"declr{f}", data="h1", flags=mat(decoder_lr_factor=f)) for f in ("1", "2", "3", "4")],
     Point("declr", "declr3-seed1", data="h1", flags=mat(decoder_lr_factor="3"), seed=1),
     *[Point("declr", f"declr{f}", data=d, flags=mat(decoder_lr_factor=f))
-      for d in ("h2", "h3", "u2", "q1", "q2", "q3") for f in ("1", "3")],
+      for d in ("h2", "h3", "u1", "u2", "q1", "q2", "q3") for f in ("1", "3")],
     Point("declr", "declr2", data="h3", flags=mat(decoder_lr_factor="2")),
 ]
 GROUPS = list(dict.fromkeys(p.group for p in POINTS))
