@@ -277,8 +277,11 @@ def test_3_monitor_charts_fill_without_a_page_load(served, page):
     page.evaluate("window.__e2e_same_page = true")  # gone if the page were loaded again
     first = step_shown(page)
     charts = page.locator('[data-testid="stVegaLiteChart"]')
-    expect(charts.first).to_be_visible()
-    before = charts.first.screenshot()
+    # The loss chart by its drawn title: the first chart on the page is the devices' (its time axis
+    # moves with the daemon's samples, not with the trainer's steps).
+    loss = charts.filter(has=page.locator("svg text", has_text=re.compile(r"^Loss$"))).first
+    expect(loss).to_be_visible()
+    before = loss.screenshot()
     deadline = time.monotonic() + HANG_GUARD_S
     while step_shown(page) <= first and time.monotonic() < deadline:
         page.wait_for_timeout(500)
@@ -288,9 +291,9 @@ def test_3_monitor_charts_fill_without_a_page_load(served, page):
     # A later refresh draws the new points (on a loaded machine it can take many refreshes: the
     # wait ends when it does, and the guard only bounds a hang).
     deadline = time.monotonic() + HANG_GUARD_S
-    while charts.first.screenshot() == before and time.monotonic() < deadline:
+    while loss.screenshot() == before and time.monotonic() < deadline:
         page.wait_for_timeout(1000)
-    assert charts.first.screenshot() != before, "the loss chart did not change as steps came in"
+    assert loss.screenshot() != before, "the loss chart did not change as steps came in"
     # Loss, FVU, L0, dead latents, samples/s (+ per-rank time), stacked a column to a view:
     # each chart's title is drawn (Vega draws these small charts as SVG). A live run's views are
     # redrawn as its steps come in, so the titles are read until a redraw has not just begun.
