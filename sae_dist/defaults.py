@@ -62,14 +62,23 @@ RARE_BIAS_UNTIL = 0.7  # of the steps
 MATRYOSHKA_DECODER_LR_FACTOR = 3.0
 
 
+def per_row_matryoshka(architecture: str, batch_level: bool) -> bool:
+    """Matryoshka choosing each row's top k: the case the rare-latent bias and the decoder's
+    factor were measured on. Its batch selection and the TopK family keep the settings they were
+    measured with."""
+    return architecture == "matryoshka" and not batch_level
+
+
 def default_decoder_lr_factor(architecture: str, batch_level: bool = False) -> float:
-    return MATRYOSHKA_DECODER_LR_FACTOR if architecture == "matryoshka" and not batch_level else 1.0
+    """The decoder's lr factor when none is given: MATRYOSHKA_DECODER_LR_FACTOR for the measured
+    case (`per_row_matryoshka`), else 1."""
+    return MATRYOSHKA_DECODER_LR_FACTOR if per_row_matryoshka(architecture, batch_level) else 1.0
 
 
 def default_rare_bias_floor(architecture: str, batch_level: bool = False) -> float:
-    """The rare-latent bias's floor when none is given: RARE_BIAS_FLOOR for Matryoshka choosing
-    each row's top k (the measured case), else 0 (off)."""
-    return RARE_BIAS_FLOOR if architecture == "matryoshka" and not batch_level else 0.0
+    """The rare-latent bias's floor when none is given: RARE_BIAS_FLOOR for the measured case
+    (`per_row_matryoshka`), else 0 (off)."""
+    return RARE_BIAS_FLOOR if per_row_matryoshka(architecture, batch_level) else 0.0
 
 
 def default_refit_fraction(architecture: str, d_sae: int, topk_family_transcoder: bool = False) -> float:
