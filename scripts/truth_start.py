@@ -27,7 +27,8 @@ import torch
 
 from sae_dist.cli import main
 from sae_dist.config import TrainConfig
-from sae_dist.data.sources.synthetic import SyntheticSource
+from sae_dist.data.sources.make import make_source
+from sae_dist.distributed import DistContext
 from sae_dist.models.sae import SparseAutoencoder
 from sae_dist.train import members
 
@@ -37,11 +38,8 @@ trainers_build = members.build_sae
 def truth_rows(cfg: TrainConfig) -> tuple[torch.Tensor, int]:
     """The planted dictionary of the source `cfg` describes (unit rows, parents first) and how
     many of its rows are parents."""
-    source = SyntheticSource(
-        d_in=cfg.d_in, n_features=cfg.synthetic_features, active=cfg.synthetic_active,
-        power_law=cfg.synthetic_power_law, noise=cfg.synthetic_noise, seed=cfg.seed, rank=0, world_size=1,
-        batch_size=1, children=cfg.synthetic_children, child_prob=cfg.synthetic_child_prob,
-        magnitude_sigma=cfg.synthetic_magnitude_sigma, correlation=cfg.synthetic_correlation)
+    # The trainer's own source; its dictionary is drawn from the seed alone, the same on every rank.
+    source = make_source(cfg, DistContext(0, 1, 0, torch.device("cpu"), "none"))
     return torch.nn.functional.normalize(source.dictionary.float(), dim=1), source.parents
 
 
