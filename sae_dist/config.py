@@ -28,6 +28,7 @@ from sae_dist.defaults import (
     default_dead_after_samples,
     default_decoder_lr_factor,
     default_lr,
+    default_matryoshka_inner_offset,
     default_matryoshka_widths,
     default_rare_bias_floor,
     default_refit_fraction,
@@ -83,6 +84,11 @@ class TrainConfig:
     matryoshka_inner_weight: float | None = _f(
         None, "matryoshka: the weight of each inner prefix's reconstruction loss beside the whole dictionary's "
               "(default 1, the paper's; lower trades parents for absorption, higher for hedging: docs/quality.md)")
+    matryoshka_inner_offset: bool | None = _f(
+        None, "matryoshka: the inner prefixes reconstruct through the decoder plus a learnt offset of their "
+              "rows, trained and checkpointed but not exported, so that their own loss bends the exported "
+              "decoder less (a parent's latent hedged toward its children); default on for matryoshka "
+              "(sample selection): docs/quality.md")
     l1_coefficient: float = _f(0.05, "L1 sparsity penalty weight (standard)")
     l0_coefficient: float = _f(0.01, "L0 sparsity penalty weight (jumprelu)")
     jumprelu_init_threshold: float = _f(0.001, "initial JumpReLU threshold")
@@ -210,6 +216,7 @@ class TrainConfig:
                              else default_warmup_steps(self.steps)),
             lr_decay_fraction=self.lr_decay_fraction if self.lr_decay_fraction is not None else DECAY_FRACTION,
             decoder_lr_factor=self.resolved_decoder_lr_factor,
+            matryoshka_inner_offset=self.resolved_matryoshka_inner_offset,
             dead_after_samples=(self.dead_after_samples if self.dead_after_samples is not None
                                 else default_dead_after_samples(self.steps * global_batch, global_batch)),
             refit_fraction=self.resolved_refit_fraction,
@@ -229,6 +236,15 @@ class TrainConfig:
     def resolved_decoder_lr_factor(self) -> float:
         return (self.decoder_lr_factor if self.decoder_lr_factor is not None
                 else default_decoder_lr_factor(self.architecture, self.batch_level))
+
+    @property
+    def resolved_matryoshka_inner_offset(self) -> bool | None:
+        """On or off for a Matryoshka SAE (given, or by default_matryoshka_inner_offset); None for
+        the other architectures, which have no inner prefixes."""
+        if self.architecture != "matryoshka":
+            return None
+        return (self.matryoshka_inner_offset if self.matryoshka_inner_offset is not None
+                else default_matryoshka_inner_offset(self.architecture, self.batch_level))
 
     @property
     def resolved_refit_fraction(self) -> float:
@@ -373,6 +389,9 @@ class TrainConfig:
                                                              "add --architecture matryoshka")
             if not 0.0 <= self.matryoshka_inner_weight < float("inf"):  # (also NaN)
                 raise ConfigError("matryoshka_inner_weight", f"must be 0 or more, got {self.matryoshka_inner_weight}")
+        if self.matryoshka_inner_offset is not None and self.architecture != "matryoshka":
+            raise ConfigError("matryoshka_inner_offset", f"given, but the architecture is {self.architecture}; "
+                                                         "add --architecture matryoshka")
         if self.matryoshka_selection is not None:
             if self.architecture != "matryoshka":
                 raise ConfigError("matryoshka_selection", f"given, but the architecture is {self.architecture}; "

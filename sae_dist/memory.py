@@ -78,7 +78,7 @@ def encoder_rows_at_once(batch_size: int, d_sae: int, device_type: str) -> int:
 def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = "topk", k: int = 32,
                     world_size: int = 1, param_bytes: int = 4, act_bytes: int = 4,
                     device_type: str = "cuda", levels: int = 1, batch_level: bool | None = None,
-                    skip: bool = False) -> MemoryEstimate:
+                    skip: bool = False, inner_offset_rows: int = 0) -> MemoryEstimate:
     """Peak bytes per device of one training step (fp32 weights, Adam, DDP with bucket views).
 
     Activations count the tensors of width d_sae alive at the peak. TopK / BatchTopK run through
@@ -91,7 +91,9 @@ def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = 
     (measured: MKL's copy and the result). The dense architectures keep about 4.5 (standard) and
     7.5 (JumpReLU) matrices of batch x d_sae at their peak (measured: pre-activations,
     activations, masks, gradients). Tensors of width d_in (input, reconstruction, error and their
-    gradients) add ~8 x B x d_in.
+    gradients) add ~8 x B x d_in. Matryoshka's inner offset (`inner_offset_rows` rows of d_in) is
+    a parameter like the others, and the inner prefixes' decoder it makes each step (a weight's
+    size) and that decoder's gradient are two more weights.
 
     The runtime part is the process before its model (runtime_bytes): on a CPU the rank's
     anonymous memory with torch loaded, on a GPU the CUDA context.
@@ -106,7 +108,8 @@ def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = 
     heap keeps nothing (within 3% without this part), at a 20% cost in speed.
     """
     n_params = (2 * d_in * d_sae + d_sae + d_in + (d_sae if architecture == "jumprelu" else 0)
-                + (d_in * d_in if skip else 0))  # a skip transcoder's W_skip
+                + (d_in * d_in if skip else 0)  # a skip transcoder's W_skip
+                + inner_offset_rows * d_in)  # Matryoshka's inner offset
     params = n_params * param_bytes
     grads = n_params * param_bytes
     optimizer = 2 * n_params * param_bytes  # Adam's two moments
@@ -138,6 +141,8 @@ def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = 
                             (0.1 * batch_size * d_sae * act_bytes, 1)]
     else:
         temporaries = [(batch_size * d_sae * act_bytes, {"standard": 4.5, "jumprelu": 7.5}[architecture])]
+    if inner_offset_rows:
+        temporaries.append((d_in * d_sae * param_bytes, 2))  # the inner prefixes' decoder and its gradient
     temporaries.append((batch_size * d_in * 4, 8 + 3 * (levels - 1)))  # fp32: autocast covers the encoder only
     activations = sum(size * count for size, count in temporaries)
     heap = 0.0
@@ -157,7 +162,9 @@ def estimate_for_config(cfg, world_size: int, device_type: str | None = None) ->
     levels = len(cfg.resolved_matryoshka_widths) if cfg.architecture == "matryoshka" else 1
     estimate = estimate_memory(cfg.d_in, cfg.resolved_d_sae, cfg.batch_size, cfg.architecture, cfg.k, world_size,
                                act_bytes=act_bytes, device_type=device_type, levels=levels,
-                               batch_level=cfg.batch_level, skip=cfg.skip)
+                               batch_level=cfg.batch_level, skip=cfg.skip,
+                               inner_offset_rows=(cfg.resolved_matryoshka_widths[-2] if levels > 1 and
+                                                  cfg.resolved_matryoshka_inner_offset else 0))
     if cfg.resolved_refit_fraction:
         estimate = replace(estimate, refit=refit_bytes(cfg.resolved_d_sae, cfg.d_in, cfg.batch_size, cfg.k))
     return estimate

@@ -24,7 +24,8 @@ u2 itself, never alone, with four children, sigma 0.6, or both, beside TopK; h1 
 u2-absorb (u2 with an inner prefix of d_sae/8, five prefixes, k 30, batch selection, four passes),
 floor (the rare-latent bias's floor at 0.2 and 0.4 on h1, seeds 0-2), floor2 (0.4 on u1, u2, h2 and
 h3 at seed 1; 0.2 and 0.4 on the flat sets q1-q3), floor3 (0.6 and 0.8 on h1 at seed 0, 0.6 at
-seed 1; 0.4 on h2 and h3 at seed 0; the bias stopped at 0.5 and 0.85 of the steps on h1).
+seed 1; 0.4 on h2 and h3 at seed 0; the bias stopped at 0.5 and 0.85 of the steps on h1), declr
+(the decoder's lr at 1x-4x), ioff (the inner prefixes' offset on and off on every set).
 Results append to OUT/results.jsonl; a rerun skips the points already there. A Matryoshka
 point runs with the trainer's defaults, which since 2026-11-29 refit the decoder over the last
 fifth of the steps: the figures measured before ran without it (`refit_fraction=0` repeats them).
@@ -154,6 +155,12 @@ POINTS = [
     *[Point("declr", f"declr{f}", data=d, flags=mat(decoder_lr_factor=f))
       for d in ("h2", "h3", "u1", "u2", "q1", "q2", "q3") for f in ("1", "3")],
     Point("declr", "declr2", data="h3", flags=mat(decoder_lr_factor="2")),
+    # the inner prefixes' offset (on by default since 2026-11-30): each set's point with it on and
+    # off (off: the default until then), and h1 at seed 1
+    *[Point("ioff", f"ioff{int(on)}", data=d, flags=mat(matryoshka_inner_offset=on))
+      for d in ("h1", "h2", "h3", "u1", "u2", "q1", "q2", "q3") for on in (True, False)],
+    *[Point("ioff", f"ioff{int(on)}-seed1", data="h1", flags=mat(matryoshka_inner_offset=on), seed=1)
+      for on in (True, False)],
 ]
 GROUPS = list(dict.fromkeys(p.group for p in POINTS))
 
@@ -165,7 +172,8 @@ def argv(point: Point, out: Path, device: str) -> list[str]:
             "synthetic_child_prob": s.child_prob, "synthetic_magnitude_sigma": s.magnitude_sigma,
             "d_sae": s.d_sae, "k": s.k, "batch_size": 1024, "steps": STEPS * point.passes, "seed": point.seed,
             "checkpoint_every": 0, "log_every": 256, "out_dir": str(out), **point.flags}
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in args.items()]
+    flags = [(f"--{k.replace('_', '-')}" if v else f"--no-{k.replace('_', '-')}") if isinstance(v, bool)
+             else f"--{k.replace('_', '-')}={v}" for k, v in args.items()]
     return [sys.executable, "-m", "sae_dist", "train", "--no-db", "--devices", f"{device}:1", *flags]
 
 

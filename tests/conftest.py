@@ -65,6 +65,21 @@ def add_virtual_devices(conn, uuids: list[str], now, memory_total: int = 16 * 2*
 # ignores the run's length: the default warm-up, decay and dead-latent window are fractions of it.
 LENGTH_FREE_SCHEDULE = ("--lr-warmup-steps", "0", "--lr-decay-fraction", "0", "--dead-after-samples", "10000000")
 
+# A small Matryoshka training on the synthetic source, checkpointed every 4 steps: a few steps
+# train in a second or two, so a test can run it straight and split by --resume.
+SMALL_MATRYOSHKA = ("--d-in", "32", "--d-sae", "128", "--k", "8", "--synthetic-features", "96", "--log-every", "2",
+                    "--seed", "3", "--architecture", "matryoshka", "--devices", "cpu:1", "--batch-size", "64",
+                    "--checkpoint-every", "4", *LENGTH_FREE_SCHEDULE, "--refit-fraction", "0")
+
+
+def final_checkpoint_weights(run_dir: Path) -> dict:
+    """The weights of a run's latest checkpoint."""
+    from safetensors.torch import load_file
+
+    from sae_dist.train.checkpoint import WEIGHTS, latest_checkpoint
+
+    return load_file(str(latest_checkpoint(run_dir) / WEIGHTS))
+
 
 @pytest.fixture(autouse=True)
 def state_home(tmp_path, monkeypatch) -> Iterator[Path]:

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from conftest import LENGTH_FREE_SCHEDULE, main_here
+from conftest import SMALL_MATRYOSHKA, main_here
+from conftest import final_checkpoint_weights as final_weights
 from sae_dist.contract.sweep import point_name
 from sae_dist.models.sae import SparseAutoencoder
-from sae_dist.train.checkpoint import WEIGHTS, latest_checkpoint
 from sae_dist.train.step import load_optimizer, make_optimizer, set_lr
 
 
@@ -76,17 +75,8 @@ def test_a_sweep_names_its_points_by_the_factor():
     assert point_name({"k": 16, "decoder_lr_factor": 0.5}) == "k16-declr0.5"
 
 
-SMALL = ["--d-in", "32", "--d-sae", "128", "--k", "8", "--synthetic-features", "96", "--log-every", "2", "--seed", "3",
-         "--architecture", "matryoshka", "--devices", "cpu:1", "--batch-size", "64", "--checkpoint-every", "4",
-         *LENGTH_FREE_SCHEDULE, "--refit-fraction", "0"]
-
-
-def final_weights(run_dir):
-    return load_file(str(latest_checkpoint(run_dir) / WEIGHTS))
-
-
 def run(tmp_path, name: str, *args: str) -> str:
-    done = main_here("train", *SMALL, *args, "--out-dir", str(tmp_path / name))
+    done = main_here("train", *SMALL_MATRYOSHKA, *args, "--out-dir", str(tmp_path / name))
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 

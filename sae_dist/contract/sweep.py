@@ -37,6 +37,7 @@ NAME_PREFIX = {
     "auxk_coefficient": "auxk", "auxk_k": "auxkk", "dead_after_samples": "dead",
     "model_layer": "L", "model_site": "", "matryoshka_inner_weight": "iw", "refit_fraction": "refit",
     "rare_bias_floor": "rare", "rare_bias_step": "rstep", "rare_bias_until": "runtil", "decoder_lr_factor": "declr",
+    "matryoshka_inner_offset": "ioff",
 }
 SWEEPABLE = tuple(NAME_PREFIX)
 
@@ -48,6 +49,7 @@ USED_BY = {
     "l1_coefficient": ("standard",),
     "l0_coefficient": ("jumprelu",), "jumprelu_init_threshold": ("jumprelu",),
     "jumprelu_bandwidth": ("jumprelu",), "matryoshka_inner_weight": ("matryoshka",),
+    "matryoshka_inner_offset": ("matryoshka",),
 }
 MODEL_ONLY = ("model_layer", "model_site")  # read by the model source only (one forward pass hooks every one swept)
 MAX_NAME = 100
@@ -128,6 +130,11 @@ def _from_text(key: str, text: str, annotation: Any) -> Any:
     """A flag's text as its setting's type, then the config's own coercion."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     base = args[0] if args and typing.get_origin(annotation) is not Literal else annotation
+    if base is bool:
+        words = {"true": True, "on": True, "1": True, "false": False, "off": False, "0": False}
+        if text.strip().lower() not in words:
+            raise SweepError(f"--sweep {key}: {text!r} is not on or off (true/false, 1/0)")
+        return words[text.strip().lower()]
     try:
         value = int(text) if base is int else float(text) if base is float else text
     except ValueError:
@@ -288,7 +295,9 @@ def point_name(settings: Mapping[str, Any]) -> str:
 
 def _short(value: Any) -> str:
     """A value as written in a name: 3e-4 not 0.0003, 0.05 not 5e-2 (the shorter; plain on a tie)."""
-    if isinstance(value, bool) or not isinstance(value, float):
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if not isinstance(value, float):
         return str(value)
     plain = format(value, "g")
     mantissa, _, exponent = format(value, "e").partition("e")

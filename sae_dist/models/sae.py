@@ -114,6 +114,7 @@ class SparseAutoencoder(PairedRows, nn.Module):
         matryoshka_widths: tuple[int, ...] | None = None,
         matryoshka_selection: str = "sample",
         matryoshka_inner_weight: float = 1.0,
+        matryoshka_inner_offset: bool = False,
         transcoder: bool = False,
         skip: bool = False,
         seed: int | None = None,
@@ -147,6 +148,11 @@ class SparseAutoencoder(PairedRows, nn.Module):
         self.W_enc = nn.Parameter(w_dec.t().contiguous().to(device))
         self.b_enc = nn.Parameter(torch.zeros(d_sae, device=device))
         self.b_dec = nn.Parameter(torch.zeros(d_in, device=device))
+        if architecture == "matryoshka" and matryoshka_inner_offset and len(self.matryoshka_widths) > 1:
+            # Added to the inner prefixes' decoder rows in their own reconstructions only
+            # (_prefix_mse); trained, checkpointed, never exported.
+            rows, width = self.matryoshka_widths[-2], self.W_dec.shape[1]
+            self.W_inner_offset = nn.Parameter(torch.zeros(rows, width, device=device))
         if transcoder:
             self.register_buffer("b_in", torch.zeros(d_in, device=device))  # the input's centre, not trained
         if skip:
@@ -266,13 +272,33 @@ class SparseAutoencoder(PairedRows, nn.Module):
         whole dictionary's is the plain `mse`), against `goal`, what the latents must add to b_dec
         (and a skip path) to reach the target, times `matryoshka_inner_weight`. Each is the same
         sparse decode with the latents past the prefix given weight 0: k rows gathered per sample a
-        level, no dense pass."""
+        level, no dense pass.
+
+        With an inner offset, the prefixes decode through W_dec plus the offset on their rows. The
+        offset takes up what the prefixes alone want of their rows and the whole dictionary does
+        not (a parent's latent hedged toward its children's mean, docs/quality.md), so that
+        W_dec, the exported decoder, is bent less by it."""
         total = goal.new_zeros(())
         latent = enc.pattern.col
+        decoder = self.W_dec
+        if self.inner_offset is not None:
+            inner_rows = self.inner_offset.shape[0]
+            decoder = torch.cat([self.W_dec[:inner_rows] + self.inner_offset, self.W_dec[inner_rows:]])
         for width in self.matryoshka_widths[:-1]:
-            inner = sparse_decode(enc.acts * (latent < width).to(enc.acts.dtype), self.W_dec, enc.pattern)
+            inner = sparse_decode(enc.acts * (latent < width).to(enc.acts.dtype), decoder, enc.pattern)
             total = total + (inner - goal).pow(2).sum(-1).mean()
         return self.matryoshka_inner_weight * total
+
+    @property
+    def inner_offset(self) -> Tensor | None:
+        """Matryoshka's inner offset (`matryoshka_inner_offset`), or None."""
+        return getattr(self, "W_inner_offset", None)
+
+    def drop_inner_offset(self) -> None:
+        """Train on without the inner offset: a run resumed from a checkpoint written before it
+        existed goes on as it began."""
+        if self.inner_offset is not None:
+            del self.W_inner_offset
 
     @torch.no_grad()
     def _update_threshold(self, kept: Tensor) -> None:

@@ -487,11 +487,12 @@ def _log_start(job: Job, stream: Stream, estimate: MemoryEstimate, latest: Path 
               f"{'es' if plan.micro_steps > 1 else ''} a step ({stream.why})")
     if job.sweep is None:
         fraction, factor = cfg.resolved_refit_fraction, cfg.resolved_decoder_lr_factor  # (0: no refit)
-        log.info("run %s: %s SAE d_in=%d d_sae=%d on %d x %s (%s), global batch %d, lr %.2e%s%s%s",
+        log.info("run %s: %s SAE d_in=%d d_sae=%d on %d x %s (%s), global batch %d, lr %.2e%s%s%s%s",
                  job.record.run_id if job.record.run_id is not None else "(no db)", cfg.architecture, cfg.d_in,
                  cfg.resolved_d_sae, ctx.world_size, ctx.device.type, ctx.backend, plan.global_batch,
                  cfg.resolved_lr, f" (decoder at {factor:g}x the lr)" if factor != 1 else "",
                  ", bf16 autocast" if use_bf16(cfg, ctx.device) else "",
+                 ", inner prefixes through their own offset" if cfg.resolved_matryoshka_inner_offset else "",
                  f", decoder refit to the last {fraction:.0%} of the steps" if fraction else "")
         log.info("%s", shares)
         log.info("memory estimate: %s", estimate.describe())

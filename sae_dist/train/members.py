@@ -111,6 +111,7 @@ def build_sae(cfg: TrainConfig, device) -> SparseAutoencoder:
         matryoshka_widths=cfg.resolved_matryoshka_widths if cfg.architecture == "matryoshka" else None,
         matryoshka_selection=cfg.matryoshka_selection or "sample",
         matryoshka_inner_weight=1.0 if cfg.matryoshka_inner_weight is None else cfg.matryoshka_inner_weight,
+        matryoshka_inner_offset=bool(cfg.resolved_matryoshka_inner_offset),
         transcoder=cfg.transcode is not None,
         skip=cfg.skip)
 

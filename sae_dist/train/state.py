@@ -28,7 +28,7 @@ from sae_dist.train import rare_bias, refit
 from sae_dist.train.balance import BalanceState, BatchPlan
 from sae_dist.train.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
 from sae_dist.train.shares import first_plan, resumed_plan
-from sae_dist.train.step import load_optimizer
+from sae_dist.train.step import load_optimizer, make_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +161,7 @@ def resume(cfg: TrainConfig, ctx: D.DistContext, members: list, source: Activati
         m.state.refresh_dead(m.cfg.dead_after_samples)
         if m.here and m.live:
             own = (weights, saved) if m.run_dir == run_dir else _sae_checkpoint(m, ctx, step)
+            _match_inner_offset(m, own[0], latest, ctx.is_main)
             m.sae.load_state_dict(own[0])
             load_optimizer(m.opt, m.sae, own[1]["optimizer"])
             refit.from_checkpoint(m, own[1], ctx.rank, step, cfg.steps)
@@ -168,6 +169,22 @@ def resume(cfg: TrainConfig, ctx: D.DistContext, members: list, source: Activati
         log.info("resumed from %s at step %d%s", latest, step,
                  f" ({saved_world} ranks then, {ctx.world_size} now: {why})" if saved_world != ctx.world_size else "")
     return step, Stream(plan, balance, why)
+
+
+def _match_inner_offset(m, weights: dict[str, Tensor], latest: Path, log_it: bool) -> None:
+    """Matryoshka's inner offset as the checkpoint has it: a checkpoint written before the offset
+    existed (2026-11-30) goes on without it, as its run began; one trained with it cannot go on
+    without it."""
+    saved = "W_inner_offset" in weights
+    if saved == (m.sae.inner_offset is not None):
+        return
+    if saved:
+        raise UserError(f"--resume: the checkpoint {latest} was trained with Matryoshka's inner offset; "
+                        f"resume with --matryoshka-inner-offset (or without --no-matryoshka-inner-offset)")
+    m.sae.drop_inner_offset()
+    m.opt = make_optimizer(m.sae, m.cfg.resolved_lr, m.cfg.resolved_decoder_lr_factor)
+    if log_it:
+        log.info("%s: the checkpoint was written without the inner offset; the run goes on without it", m.name)
 
 
 def _parked(parked: Tensor | None, like: Tensor) -> Tensor | None:
