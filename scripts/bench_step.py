@@ -3,6 +3,7 @@
     .venv/bin/python scripts/bench_step.py                      # CPU: d_in 512, d_sae 4096, k 32, batch 4096
     .venv/bin/python scripts/bench_step.py --peers ../shared/peers   # + sparsify and SAELens, same run
     .venv/bin/python scripts/bench_step.py --device cuda        # GPU: d_in 768, d_sae 24576
+    .venv/bin/python scripts/bench_step.py --arch matryoshka --compare-no-inner-offset --no-naive
     python3 scripts/bench_step.py --device cuda --precision fp32,bf16 --sparsify \
         --shapes 768x24576x32,4096x65536x64                    # the GPU check's four tables
 
@@ -71,11 +72,13 @@ def timed(fn, batches, steps: int, warmup: int, device) -> list[float]:
     return times[warmup:]
 
 
-def build(args, device):
+def build(args, device, inner_offset: bool = True):
     cfg = TrainConfig(d_in=args.d_in, d_sae=args.d_sae, k=args.k, architecture=args.arch,
                       precision=args.precision, auxk_coefficient=1 / 32 if args.dead else 0.0)
+    matryoshka = args.arch == "matryoshka"  # the default prefixes, with or without the inner offset
     sae = SparseAutoencoder(args.d_in, args.d_sae, args.arch, args.k, auxk_coefficient=cfg.auxk_coefficient,
-                            seed=0, device=device)
+                            matryoshka_widths=cfg.resolved_matryoshka_widths if matryoshka else None,
+                            matryoshka_inner_offset=matryoshka and inner_offset, seed=0, device=device)
     dead = None
     if args.dead:
         dead = torch.zeros(args.d_sae, dtype=torch.bool, device=device)
@@ -83,8 +86,8 @@ def build(args, device):
     return cfg, sae, dead
 
 
-def our_step(args, device):
-    cfg, sae, dead = build(args, device)
+def our_step(args, device, inner_offset: bool = True):
+    cfg, sae, dead = build(args, device, inner_offset)
     with torch.no_grad():
         sae.b_dec.copy_(make_batches(1, args.batch, args.d_in, device, seed=9)[0].mean(0))
     opt = make_optimizer(sae, cfg.resolved_lr)
@@ -233,7 +236,9 @@ def measure(args, device) -> str:
         fns["ours, whole pre-activations"] = with_env(our_step(args, device), {BLOCK_ROWS_ENV: "0"})
     if args.compare_stock:
         fns["ours, stock torch.topk"] = with_env(our_step(args, device), {DISABLE_ENV: "1"})
-    if not args.no_naive:
+    if args.compare_no_inner_offset:
+        fns["ours, no inner offset"] = our_step(args, device, inner_offset=False)
+    if not args.no_naive and args.arch != "matryoshka":  # the dense reference has no prefixes
         fns["naive"] = naive_step(args, device)
     if args.sparsify:
         try:
@@ -275,7 +280,8 @@ def main() -> int:
     p.add_argument("--shapes", help="several workloads, D_INxD_SAExK comma-separated (instead of --d-in, "
                                     "--d-sae, --k): one table each")
     p.add_argument("--batch", type=int, default=4096)
-    p.add_argument("--arch", default="topk", choices=("topk", "batchtopk"))
+    p.add_argument("--arch", default="topk", choices=("topk", "batchtopk", "matryoshka"),
+                   help="matryoshka: the default prefixes and inner offset, each row's top k (no naive step)")
     p.add_argument("--precision", default="fp32",
                    help="fp32, bf16 or auto; comma-separated for one table each (fp32,bf16)")
     p.add_argument("--dead", type=float, default=0.0, help="fraction of latents marked dead (AuxK on)")
@@ -288,6 +294,8 @@ def main() -> int:
                    help="also time our step with the pre-activation matrix computed whole (no row blocks)")
     p.add_argument("--compare-stock", action="store_true",
                    help="also time our step with torch.topk instead of the compiled CPU top-k kernel")
+    p.add_argument("--compare-no-inner-offset", action="store_true",
+                   help="with --arch matryoshka: also time our step without the inner prefixes' offset")
     p.add_argument("--sparsify", action="store_true",
                    help="also time sparsify's own SparseCoder step (pip install eai-sparsify), in this process")
     p.add_argument("--peers", type=Path, help="the peers' directory (../shared/peers) to time them in this run")
@@ -296,6 +304,9 @@ def main() -> int:
     precisions = [v.strip() for v in args.precision.split(",")]
     if bad := [v for v in precisions if v not in ("fp32", "bf16", "auto")]:
         print(f"error: --precision {','.join(bad)}: choose fp32, bf16 or auto", file=sys.stderr)
+        return 2
+    if args.compare_no_inner_offset and args.arch != "matryoshka":
+        print("error: --compare-no-inner-offset needs --arch matryoshka", file=sys.stderr)
         return 2
     if args.shapes:
         shapes = parse_shapes(args.shapes)
