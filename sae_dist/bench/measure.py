@@ -35,7 +35,7 @@ def measure(cfg: TrainConfig, warmup: int, steps: int, start_at: float | None = 
     from sae_dist.data.sources.make import make_source
     from sae_dist.train.loop import set_threads
     from sae_dist.train.members import build_sae
-    from sae_dist.train.step import autocast_for, make_optimizer, train_step, wrap_ddp
+    from sae_dist.train.step import autocast_for, optimizer_for, train_step, wrap_ddp
 
     ctx = D.init_distributed()
     set_threads(ctx)
@@ -43,7 +43,7 @@ def measure(cfg: TrainConfig, warmup: int, steps: int, start_at: float | None = 
     source = make_source(cfg, ctx)
     cfg = cfg.with_d_in(source.d_in)
     sae = build_sae(cfg, ctx.device)
-    opt = make_optimizer(sae, cfg.resolved_lr, cfg.resolved_decoder_lr_factor)
+    opt = optimizer_for(sae, cfg)
     model = wrap_ddp(sae, ctx, cfg)
     autocast = autocast_for(cfg, ctx.device)
 

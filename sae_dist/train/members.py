@@ -30,7 +30,7 @@ from sae_dist.train.balance import BatchPlan, bounded_split
 from sae_dist.train.rare_bias import rule_for
 from sae_dist.train.run_record import RunRecord
 from sae_dist.train.state import TrainState
-from sae_dist.train.step import make_optimizer, wrap_ddp
+from sae_dist.train.step import optimizer_for, wrap_ddp
 from sae_dist.train.window import MetricsWindow
 
 
@@ -96,7 +96,7 @@ def build_member(name: str, cfg: TrainConfig, ranks: tuple[int, ...], run_dir: P
     m = Member(name, cfg, ranks, state, window, run_dir, group=group, site=site)
     if ctx.rank in ranks:
         m.sae = build_sae(cfg, ctx.device)
-        m.opt = make_optimizer(m.sae, cfg.resolved_lr, cfg.resolved_decoder_lr_factor)
+        m.opt = optimizer_for(m.sae, cfg)
         m.model = wrap_ddp(m.sae, ctx, cfg, ranks=len(ranks), group=group)
     return m
 

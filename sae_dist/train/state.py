@@ -28,7 +28,7 @@ from sae_dist.train import rare_bias, refit
 from sae_dist.train.balance import BalanceState, BatchPlan
 from sae_dist.train.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
 from sae_dist.train.shares import first_plan, resumed_plan
-from sae_dist.train.step import load_optimizer, make_optimizer
+from sae_dist.train.step import load_optimizer, optimizer_for
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ def _match_inner_offset(m, weights: dict[str, Tensor], latest: Path, log_it: boo
         raise UserError(f"--resume: the checkpoint {latest} was trained with Matryoshka's inner offset; "
                         f"resume with --matryoshka-inner-offset (or without --no-matryoshka-inner-offset)")
     m.sae.drop_inner_offset()
-    m.opt = make_optimizer(m.sae, m.cfg.resolved_lr, m.cfg.resolved_decoder_lr_factor)
+    m.opt = optimizer_for(m.sae, m.cfg)
     if log_it:
         log.info("%s: the checkpoint was written without the inner offset; the run goes on without it", m.name)
 

@@ -46,6 +46,12 @@ def make_optimizer(sae: SparseAutoencoder, lr: float, decoder_lr_factor: float =
     return opt
 
 
+def optimizer_for(sae: SparseAutoencoder, cfg: TrainConfig) -> torch.optim.Adam:
+    """The optimizer a run's config asks for: at its lr, the decoder at its factor. Built once
+    per SAE, and again where a resume drops a parameter (sae_dist.train.state)."""
+    return make_optimizer(sae, cfg.resolved_lr, cfg.resolved_decoder_lr_factor)
+
+
 def _param_groups(sae: SparseAutoencoder, decoder_apart: bool) -> list[list[torch.nn.Parameter]]:
     if not decoder_apart:
         return [list(sae.parameters())]
