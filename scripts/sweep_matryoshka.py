@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_quality import ALL_SETS, SETS  # noqa: E402
+from sae_dist.contract import stored_train_argv  # noqa: E402
 
 STEPS = 1024  # one pass over bench_quality's 1,048,576 rows at batch 1024
 SET = {s.name: s for s in ALL_SETS}
@@ -172,9 +173,8 @@ def argv(point: Point, out: Path, device: str) -> list[str]:
             "synthetic_child_prob": s.child_prob, "synthetic_magnitude_sigma": s.magnitude_sigma,
             "d_sae": s.d_sae, "k": s.k, "batch_size": 1024, "steps": STEPS * point.passes, "seed": point.seed,
             "checkpoint_every": 0, "log_every": 256, "out_dir": str(out), **point.flags}
-    flags = [(f"--{k.replace('_', '-')}" if v else f"--no-{k.replace('_', '-')}") if isinstance(v, bool)
-             else f"--{k.replace('_', '-')}={v}" for k, v in args.items()]
-    return [sys.executable, "-m", "sae_dist", "train", "--no-db", "--devices", f"{device}:1", *flags]
+    # the flags as a queued job's (booleans as --x / --no-x, defaults left out); the CLI validates them
+    return [sys.executable, "-m", "sae_dist", "train", "--no-db", *stored_train_argv(args, f"{device}:1")]
 
 
 def run_point(point: Point, out: Path, device: str, threads: int = 1) -> dict:
