@@ -42,3 +42,14 @@ def test_refit_offline_bad_options_are_one_line_and_a_failure(tmp_path, args, sa
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode != 0 and done.stderr.strip().startswith(said.format(run=run)), done
     assert len(done.stderr.strip().splitlines()) == 1 and list(run.iterdir()) == []
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--compare-no-inner-offset"], "error: --compare-no-inner-offset needs --arch matryoshka"),
+    (["--precision", "fp8"], "error: --precision fp8: choose fp32, bf16 or auto"),
+])
+def test_bench_step_bad_options_are_one_line_and_exit_2_before_any_timing(args, said):
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_step.py"), *args],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip() == said, done
+    assert "workload:" not in done.stdout  # nothing was timed
