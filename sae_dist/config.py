@@ -83,7 +83,8 @@ class TrainConfig:
               "over heavily superposed features (docs/quality.md)")
     matryoshka_inner_weight: float | None = _f(
         None, "matryoshka: the weight of each inner prefix's reconstruction loss beside the whole dictionary's "
-              "(default 1, the paper's; lower trades parents for absorption, higher for hedging: docs/quality.md)")
+              "(default 1, the paper's; lower trades parents for absorption; higher, with the inner offset, "
+              "recovers more of a hierarchy's parents at some FVU: docs/quality.md)")
     matryoshka_inner_offset: bool | None = _f(
         None, "matryoshka: the inner prefixes reconstruct through the decoder plus a learnt offset of their "
               "rows, trained and checkpointed but not exported, so that their own loss bends the exported "
