@@ -26,7 +26,7 @@ floor (the rare-latent bias's floor at 0.2 and 0.4 on h1, seeds 0-2), floor2 (0.
 h3 at seed 1; 0.2 and 0.4 on the flat sets q1-q3), floor3 (0.6 and 0.8 on h1 at seed 0, 0.6 at
 seed 1; 0.4 on h2 and h3 at seed 0; the bias stopped at 0.5 and 0.85 of the steps on h1), declr
 (the decoder's lr at 1x-4x), ioff (the inner prefixes' offset on and off on every set), ioffw
-(the inner weight at 2-16 with the offset, on u2, h1 and h2; u2 at 4 and seed 1).
+(the inner weight at 2-16 with the offset, on u2, h1, h2, h3 and u1; u2 at 4 and seed 1).
 Results append to OUT/results.jsonl; a rerun skips the points already there. A Matryoshka
 point runs with the trainer's defaults, which since 2026-11-29 refit the decoder over the last
 fifth of the steps: the figures measured before ran without it (`refit_fraction=0` repeats them).
@@ -165,7 +165,8 @@ POINTS = [
       for on in (True, False)],
     # the inner weight with the offset on (the default weight 1 is the ioff group's ioff1)
     *[Point("ioffw", f"ioffw{w}", data=d, flags=mat(matryoshka_inner_weight=w))
-      for d, weights in (("u2", ("2", "4", "6", "8", "16")), ("h1", ("2", "4", "8")), ("h2", ("2",)))
+      for d, weights in (("u2", ("2", "4", "6", "8", "16")), ("h1", ("2", "4", "8")), ("h2", ("2",)),
+                         ("h3", ("4",)), ("u1", ("4",)))
       for w in weights],
     Point("ioffw", "ioffw4-seed1", data="u2", flags=mat(matryoshka_inner_weight="4"), seed=1),
 ]
