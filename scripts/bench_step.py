@@ -38,7 +38,7 @@ from sae_dist.config import TrainConfig  # noqa: E402
 from sae_dist.models.kernels import DISABLE_ENV  # noqa: E402
 from sae_dist.models.sae import SparseAutoencoder  # noqa: E402
 from sae_dist.models.sparse_ops import BLOCK_ROWS_ENV, dense_topk_reference  # noqa: E402
-from sae_dist.train.step import autocast_for, make_optimizer, train_step  # noqa: E402
+from sae_dist.train.step import autocast_for, optimizer_for, train_step  # noqa: E402
 
 
 def make_batches(n: int, batch: int, d_in: int, device, seed: int = 0) -> list[torch.Tensor]:
@@ -90,7 +90,7 @@ def our_step(args, device, inner_offset: bool = True):
     cfg, sae, dead = build(args, device, inner_offset)
     with torch.no_grad():
         sae.b_dec.copy_(make_batches(1, args.batch, args.d_in, device, seed=9)[0].mean(0))
-    opt = make_optimizer(sae, cfg.resolved_lr)
+    opt = optimizer_for(sae, cfg)  # the trainer's: the decoder in its own group where it has a factor
     autocast = autocast_for(cfg, device)
     return lambda x: train_step(sae, sae, opt, [x], dead, autocast)
 
