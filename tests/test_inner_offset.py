@@ -61,6 +61,37 @@ def test_the_inner_prefixes_decode_through_the_offset_and_the_whole_dictionary_w
     assert sae.inner_offset.grad.abs().sum() > 0 and sae.W_dec.grad[:16].abs().sum() > 0
 
 
+@pytest.mark.parametrize("offset,selection", [(True, "sample"), (False, "sample"), (False, "batch")])
+def test_every_gradient_of_the_prefixes_loss_is_the_dense_autograd_ones(offset, selection):
+    """The prefixes decode only their own entries (and the offset's rows, not a copy of W_dec):
+    the loss and every parameter's gradient are what plain autograd through dense matrices gives."""
+    sae = SparseAutoencoder(8, 32, "matryoshka", 4, matryoshka_widths=(4, 16, 32), matryoshka_inner_offset=offset,
+                            matryoshka_selection=selection, matryoshka_inner_weight=1.5, seed=1, device="cpu")
+    if offset:
+        with torch.no_grad():
+            sae.inner_offset.copy_(0.3 * torch.randn(16, 8, generator=torch.Generator().manual_seed(2)))
+    x = rows()
+    sae(x).loss.backward()
+    got = {name: p.grad.clone() for name, p in sae.named_parameters()}
+    sae.zero_grad()
+
+    pre = sae.pre_acts(x)
+    if selection == "batch":
+        vals, idx = pre.reshape(-1).topk(4 * x.shape[0])
+        acts = torch.zeros_like(pre).reshape(-1).scatter(0, idx, vals.relu()).view_as(pre)
+    else:
+        vals, idx = pre.topk(4, dim=-1)
+        acts = torch.zeros_like(pre).scatter(-1, idx, vals.relu())
+    decoder = torch.cat([sae.W_dec[:16] + sae.inner_offset, sae.W_dec[16:]]) if offset else sae.W_dec
+    loss = (acts @ sae.W_dec + sae.b_dec - x).pow(2).sum(-1).mean()
+    for width in (4, 16):
+        loss = loss + 1.5 * ((acts * (torch.arange(32) < width)) @ decoder + sae.b_dec - x).pow(2).sum(-1).mean()
+    loss.backward()
+    for name, p in sae.named_parameters():
+        if name != "topk_threshold":
+            torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_on_by_default_for_matryoshka_choosing_each_rows_top_k_and_said_so():
     def offset(**settings):
         return TrainConfig(d_in=64, **settings).resolved(1).matryoshka_inner_offset

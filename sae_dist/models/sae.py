@@ -271,21 +271,24 @@ class SparseAutoencoder(PairedRows, nn.Module):
         """Matryoshka: the summed squared errors of each inner prefix's reconstruction alone (the
         whole dictionary's is the plain `mse`), against `goal`, what the latents must add to b_dec
         (and a skip path) to reach the target, times `matryoshka_inner_weight`. Each is the same
-        sparse decode with the latents past the prefix given weight 0: k rows gathered per sample a
-        level, no dense pass.
+        sparse decode restricted to the prefix's own entries: the rows of its latents gathered per
+        sample a level, no dense pass.
 
         With an inner offset, the prefixes decode through W_dec plus the offset on their rows. The
         offset takes up what the prefixes alone want of their rows and the whole dictionary does
         not (a parent's latent hedged toward its children's mean, docs/quality.md), so that
-        W_dec, the exported decoder, is bent less by it."""
+        W_dec, the exported decoder, is bent less by it. Only the inner rows are added to it, not
+        a copy of the whole decoder each step."""
         total = goal.new_zeros(())
-        latent = enc.pattern.col
-        decoder = self.W_dec
+        if len(self.matryoshka_widths) < 2:
+            return total
+        inner_rows = self.matryoshka_widths[-2]  # every inner prefix lies within these latents
+        decoder = self.W_dec[:inner_rows]
         if self.inner_offset is not None:
-            inner_rows = self.inner_offset.shape[0]
-            decoder = torch.cat([self.W_dec[:inner_rows] + self.inner_offset, self.W_dec[inner_rows:]])
+            decoder = decoder + self.inner_offset
         for width in self.matryoshka_widths[:-1]:
-            inner = sparse_decode(enc.acts * (latent < width).to(enc.acts.dtype), decoder, enc.pattern)
+            keep = enc.pattern.col < width
+            inner = sparse_decode(enc.acts[keep], decoder, enc.pattern.restricted(keep, inner_rows))
             total = total + (inner - goal).pow(2).sum(-1).mean()
         return self.matryoshka_inner_weight * total
 

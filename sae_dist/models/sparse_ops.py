@@ -81,6 +81,15 @@ class Pattern:
             self._transposed = (crow_t, self.row_of_entry()[order], order)
         return self._transposed
 
+    def restricted(self, keep: Tensor, n_latents: int) -> "Pattern":
+        """The entries where `keep` (a bool per entry) holds, over the first n_latents latents
+        (every kept entry's latent is below it): a prefix's own pattern, so that decoding it
+        gathers from those latents' rows alone."""
+        counts = torch.bincount(self.row_of_entry()[keep], minlength=self.n_rows)
+        crow = torch.zeros_like(self.crow)
+        torch.cumsum(counts, 0, out=crow[1:])
+        return Pattern(crow, self.col[keep], n_latents)
+
     def csr(self, values: Tensor) -> Tensor:
         return torch.sparse_csr_tensor(self.crow, self.col, values, size=(self.n_rows, self.n_latents),
                                        check_invariants=False)
