@@ -21,6 +21,8 @@ from sae_dist.defaults import (
     DECAY_FRACTION,
     LR_AT_REFERENCE,
     MATRYOSHKA_DECODER_LR_FACTOR,
+    MATRYOSHKA_INNER_WEIGHT_START,
+    MATRYOSHKA_INNER_WEIGHT_UNTIL,
     MATRYOSHKA_LR_FACTOR,
     RARE_BIAS_FLOOR,
     RARE_BIAS_STEP,
@@ -29,6 +31,7 @@ from sae_dist.defaults import (
     default_decoder_lr_factor,
     default_lr,
     default_matryoshka_inner_offset,
+    default_matryoshka_inner_weight_start,
     default_matryoshka_widths,
     default_rare_bias_floor,
     default_refit_fraction,
@@ -85,6 +88,15 @@ class TrainConfig:
         None, "matryoshka: the weight of each inner prefix's reconstruction loss beside the whole dictionary's "
               "(default 1, the paper's; lower trades parents for absorption; higher, with the inner offset, "
               "recovers more of a hierarchy's parents at some FVU: docs/quality.md)")
+    matryoshka_inner_weight_start: float | None = _f(
+        None, "matryoshka: the inner weight at the run's start, held for the first half of "
+              "--matryoshka-inner-weight-until and falling linearly to --matryoshka-inner-weight by it: the "
+              "strong early pull finds a hierarchy's parents, the whole dictionary then fits around them; "
+              f"default {MATRYOSHKA_INNER_WEIGHT_START:g} (or the inner weight, if higher) with the inner offset, "
+              "else the inner weight (no schedule): docs/quality.md")
+    matryoshka_inner_weight_until: float | None = _f(
+        None, "matryoshka, with an inner weight's start: the fraction of the steps by which the inner weight "
+              f"has fallen to --matryoshka-inner-weight; default {MATRYOSHKA_INNER_WEIGHT_UNTIL:g}")
     matryoshka_inner_offset: bool | None = _f(
         None, "matryoshka: the inner prefixes reconstruct through the decoder plus a learnt offset of their "
               "rows, trained and checkpointed but not exported, so that their own loss bends the exported "
@@ -218,11 +230,19 @@ class TrainConfig:
             lr_decay_fraction=self.lr_decay_fraction if self.lr_decay_fraction is not None else DECAY_FRACTION,
             decoder_lr_factor=self.resolved_decoder_lr_factor,
             matryoshka_inner_offset=self.resolved_matryoshka_inner_offset,
+            **self._resolved_inner_schedule(),
             dead_after_samples=(self.dead_after_samples if self.dead_after_samples is not None
                                 else default_dead_after_samples(self.steps * global_batch, global_batch)),
             refit_fraction=self.resolved_refit_fraction,
             rare_bias_floor=floor, rare_bias_step=step, rare_bias_until=until,
         )
+
+    def _resolved_inner_schedule(self) -> dict[str, float]:
+        """The inner weight's start and its end as numbers, for a Matryoshka SAE (the others have none)."""
+        if self.architecture != "matryoshka":
+            return {}
+        _, start, until = self.resolved_matryoshka_inner_weight
+        return {"matryoshka_inner_weight_start": start, "matryoshka_inner_weight_until": until}
 
     def _unchecked(self, **changes: Any) -> TrainConfig:
         """A copy with `changes`, not validated again: only for values valid by construction (the
@@ -246,6 +266,20 @@ class TrainConfig:
             return None
         return (self.matryoshka_inner_offset if self.matryoshka_inner_offset is not None
                 else default_matryoshka_inner_offset(self.architecture, self.batch_level))
+
+    @property
+    def resolved_matryoshka_inner_weight(self) -> tuple[float, float, float]:
+        """Matryoshka's inner weight as (weight, start, until): the weight after `until` of the
+        steps, the weight at the start (equal to it: no schedule), their defaults where unset
+        (sae_dist.train.inner_weight). For another architecture: (1, 1, 1), never read."""
+        weight = self.matryoshka_inner_weight if self.matryoshka_inner_weight is not None else 1.0
+        if self.architecture != "matryoshka":
+            return weight, weight, 1.0
+        start = (self.matryoshka_inner_weight_start if self.matryoshka_inner_weight_start is not None
+                 else default_matryoshka_inner_weight_start(weight, bool(self.resolved_matryoshka_inner_offset)))
+        until = (self.matryoshka_inner_weight_until if self.matryoshka_inner_weight_until is not None
+                 else MATRYOSHKA_INNER_WEIGHT_UNTIL)
+        return weight, start, until
 
     @property
     def resolved_refit_fraction(self) -> float:
@@ -390,6 +424,17 @@ class TrainConfig:
                                                              "add --architecture matryoshka")
             if not 0.0 <= self.matryoshka_inner_weight < float("inf"):  # (also NaN)
                 raise ConfigError("matryoshka_inner_weight", f"must be 0 or more, got {self.matryoshka_inner_weight}")
+        for name in ("matryoshka_inner_weight_start", "matryoshka_inner_weight_until"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if self.architecture != "matryoshka":
+                raise ConfigError(name, f"given, but the architecture is {self.architecture}; "
+                                        "add --architecture matryoshka")
+            if name.endswith("start") and not 0.0 <= value < float("inf"):  # (also NaN)
+                raise ConfigError(name, f"must be 0 or more, got {value}")
+            if name.endswith("until") and not 0.0 < value <= 1.0:
+                raise ConfigError(name, f"must be above 0 and at most 1 (a fraction of the steps), got {value}")
         if self.matryoshka_inner_offset is not None and self.architecture != "matryoshka":
             raise ConfigError("matryoshka_inner_offset", f"given, but the architecture is {self.architecture}; "
                                                          "add --architecture matryoshka")

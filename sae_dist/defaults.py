@@ -62,6 +62,14 @@ RARE_BIAS_UNTIL = 0.7  # of the steps
 MATRYOSHKA_DECODER_LR_FACTOR = 3.0
 
 
+# Matryoshka's inner weight (the inner prefixes' losses beside the whole dictionary's) at 8 for
+# the first 30% of the steps, then falling linearly to the configured weight (1) by 60%
+# (sae_dist.train.inner_weight), with the inner offset: on the planted hierarchies, one pass,
+# PLACEHOLDER (docs/quality.md, "The inner weight's schedule").
+MATRYOSHKA_INNER_WEIGHT_START = 8.0
+MATRYOSHKA_INNER_WEIGHT_UNTIL = 0.6  # of the steps; held at the start for the first half of it
+
+
 def per_row_matryoshka(architecture: str, batch_level: bool) -> bool:
     """Matryoshka choosing each row's top k: the case the rare-latent bias and the decoder's
     factor were measured on. Its batch selection and the TopK family keep the settings they were
@@ -82,6 +90,14 @@ def default_matryoshka_inner_offset(architecture: str, batch_level: bool = False
     h2, h3 and MiniLM (0.0976 to 0.0917, dead latents 8.6% to 0.5%); the inner prefix alone
     reconstructs worse through the exported decoder (docs/quality.md, "The inner prefixes' offset")."""
     return per_row_matryoshka(architecture, batch_level)
+
+
+def default_matryoshka_inner_weight_start(weight: float, inner_offset: bool) -> float:
+    """The inner weight at a Matryoshka run's start when none is given: MATRYOSHKA_INNER_WEIGHT_START
+    (or the weight, if higher) with the inner offset, measured with it; else the weight itself,
+    no schedule (without the offset a higher inner weight bends the exported decoder toward the
+    children: docs/quality.md)."""
+    return max(MATRYOSHKA_INNER_WEIGHT_START, weight) if inner_offset else weight
 
 
 def default_rare_bias_floor(architecture: str, batch_level: bool = False) -> float:
@@ -128,12 +144,16 @@ def describe_resolved(given, resolved) -> str:
     def mark(name: str, text: str) -> str:
         return f"{text} (default)" if getattr(given, name) is None else text
 
+    inner_weight = 1.0 if resolved.matryoshka_inner_weight is None else resolved.matryoshka_inner_weight
     return ", ".join([
         mark("lr", f"lr {resolved.lr:.3g}"),
         *([mark("decoder_lr_factor", f"decoder at {resolved.decoder_lr_factor:g}x the lr")]
           if resolved.decoder_lr_factor != 1 else []),
         *([mark("matryoshka_inner_offset", "inner prefixes through their own offset")]
           if resolved.matryoshka_inner_offset else []),
+        *([mark("matryoshka_inner_weight_start", f"inner weight {resolved.matryoshka_inner_weight_start:g} "
+                f"falling to {inner_weight:g} by {resolved.matryoshka_inner_weight_until:.0%} of the steps")]
+          if resolved.architecture == "matryoshka" and resolved.matryoshka_inner_weight_start != inner_weight else []),
         mark("lr_warmup_steps", f"warm-up {resolved.lr_warmup_steps:,} steps"),
         mark("lr_decay_fraction", f"decay to 0 over the last {resolved.lr_decay_fraction:.0%} of the steps"),
         mark("dead_after_samples", f"dead after {resolved.dead_after_samples:,} samples without firing"),

@@ -26,7 +26,8 @@ floor (the rare-latent bias's floor at 0.2 and 0.4 on h1, seeds 0-2), floor2 (0.
 h3 at seed 1; 0.2 and 0.4 on the flat sets q1-q3), floor3 (0.6 and 0.8 on h1 at seed 0, 0.6 at
 seed 1; 0.4 on h2 and h3 at seed 0; the bias stopped at 0.5 and 0.85 of the steps on h1), declr
 (the decoder's lr at 1x-4x), ioff (the inner prefixes' offset on and off on every set), ioffw
-(the inner weight at 2-16 with the offset, on u2, h1, h2, h3 and u1; u2 at 4 and seed 1).
+(the inner weight at 2-16 with the offset, on u2, h1, h2, h3 and u1; u2 at 4 and seed 1), isched (the
+inner weight's schedule against a constant weight on every set, and falling to 0.25 on h1 and u2).
 Results append to OUT/results.jsonl; a rerun skips the points already there. A Matryoshka
 point runs with the trainer's defaults, which since 2026-11-29 refit the decoder over the last
 fifth of the steps: the figures measured before ran without it (`refit_fraction=0` repeats them).
@@ -159,16 +160,27 @@ POINTS = [
     Point("declr", "declr2", data="h3", flags=mat(decoder_lr_factor="2")),
     # the inner prefixes' offset (on by default since 2026-11-30): each set's point with it on and
     # off (off: the default until then), and h1 at seed 1
-    *[Point("ioff", f"ioff{int(on)}", data=d, flags=mat(matryoshka_inner_offset=on))
+    # (their inner weight constant, as it was before its schedule: matryoshka_inner_weight_start at the weight)
+    *[Point("ioff", f"ioff{int(on)}", data=d, flags=mat(matryoshka_inner_offset=on, matryoshka_inner_weight_start="1"))
       for d in ("h1", "h2", "h3", "u1", "u2", "q1", "q2", "q3") for on in (True, False)],
-    *[Point("ioff", f"ioff{int(on)}-seed1", data="h1", flags=mat(matryoshka_inner_offset=on), seed=1)
+    *[Point("ioff", f"ioff{int(on)}-seed1", data="h1", seed=1,
+            flags=mat(matryoshka_inner_offset=on, matryoshka_inner_weight_start="1"))
       for on in (True, False)],
     # the inner weight with the offset on (the default weight 1 is the ioff group's ioff1)
-    *[Point("ioffw", f"ioffw{w}", data=d, flags=mat(matryoshka_inner_weight=w))
+    *[Point("ioffw", f"ioffw{w}", data=d, flags=mat(matryoshka_inner_weight=w, matryoshka_inner_weight_start=w))
       for d, weights in (("u2", ("2", "4", "6", "8", "16")), ("h1", ("2", "4", "8")), ("h2", ("2",)),
                          ("h3", ("4",)), ("u1", ("4",)))
       for w in weights],
-    Point("ioffw", "ioffw4-seed1", data="u2", flags=mat(matryoshka_inner_weight="4"), seed=1),
+    Point("ioffw", "ioffw4-seed1", data="u2", seed=1,
+          flags=mat(matryoshka_inner_weight="4", matryoshka_inner_weight_start="4")),
+    # the inner weight's schedule (the default since 2026-12-01: 8, held for 30% of the steps, 1 by
+    # 60%) against the constant weight 1 (the default until then) on every set, and its variants
+    *[Point("isched", f"iws{w}", data=d,
+            flags=mat(matryoshka_inner_weight_start=w, matryoshka_inner_weight_until="0.6"))
+      for d in ("h1", "h2", "h3", "u1", "u2", "q1", "q2", "q3") for w in ("1", "8")],
+    *[Point("isched", f"iws8-iw{w}", data=d, flags=mat(matryoshka_inner_weight_start="8", matryoshka_inner_weight=w,
+                                                        matryoshka_inner_weight_until="0.6"))
+      for d in ("h1", "u2") for w in ("0.25",)],
 ]
 GROUPS = list(dict.fromkeys(p.group for p in POINTS))
 

@@ -100,7 +100,8 @@ def test_the_resolved_defaults_are_shown_before_submit():
     assert optimisation(at).endswith("decoder refit to the last 20% of the steps (default), rare-latent bias under "
                                      "0.4 of the average rate for the first 70% of the steps (default).")
     assert optimisation(at).startswith("Optimisation: lr 0.001, decoder at 3x the lr (default), inner prefixes "
-                                       "through their own offset (default), warm-up")
+                                       "through their own offset (default), inner weight 8 falling to 1 by 60% of "
+                                       "the steps (default), warm-up")
 
 
 @pytest.mark.slow  # 1 s or more (AppTest runs of the page)

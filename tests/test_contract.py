@@ -43,6 +43,7 @@ SYNTHETIC_EVERYTHING = TrainConfig(
     checkpoint_every=0, keep_checkpoints=5, eval_rows=0, resume=True, db=False)
 SHARDS = TrainConfig(source="shards", shards_path="-shards dir/x", lr=0.1, architecture="matryoshka",
                      matryoshka_widths="256,1024,4096", matryoshka_selection="batch", matryoshka_inner_weight=0.5,
+                     matryoshka_inner_weight_start=4.0, matryoshka_inner_weight_until=0.5,
                      matryoshka_inner_offset=False,
                      refit_fraction=0.2, rare_bias_floor=0.3 + 0.1, rare_bias_step=1 / 3, rare_bias_until=0.75,
                      decoder_lr_factor=1 / 3, ddp_compress="fp16",

@@ -37,7 +37,7 @@ NAME_PREFIX = {
     "auxk_coefficient": "auxk", "auxk_k": "auxkk", "dead_after_samples": "dead",
     "model_layer": "L", "model_site": "", "matryoshka_inner_weight": "iw", "refit_fraction": "refit",
     "rare_bias_floor": "rare", "rare_bias_step": "rstep", "rare_bias_until": "runtil", "decoder_lr_factor": "declr",
-    "matryoshka_inner_offset": "ioff",
+    "matryoshka_inner_offset": "ioff", "matryoshka_inner_weight_start": "iws", "matryoshka_inner_weight_until": "iwu",
 }
 SWEEPABLE = tuple(NAME_PREFIX)
 
@@ -49,7 +49,8 @@ USED_BY = {
     "l1_coefficient": ("standard",),
     "l0_coefficient": ("jumprelu",), "jumprelu_init_threshold": ("jumprelu",),
     "jumprelu_bandwidth": ("jumprelu",), "matryoshka_inner_weight": ("matryoshka",),
-    "matryoshka_inner_offset": ("matryoshka",),
+    "matryoshka_inner_offset": ("matryoshka",), "matryoshka_inner_weight_start": ("matryoshka",),
+    "matryoshka_inner_weight_until": ("matryoshka",),
 }
 MODEL_ONLY = ("model_layer", "model_site")  # read by the model source only (one forward pass hooks every one swept)
 MAX_NAME = 100

@@ -57,6 +57,7 @@ from sae_dist.sweeps.setup import rank_devices, resolved, sweep_source
 from sae_dist.train import refit
 from sae_dist.train.balance import BalanceDecision, BatchPlan, rebalance
 from sae_dist.train.checkpoint import check_run_dir, latest_checkpoint
+from sae_dist.train.inner_weight import inner_weight_at
 from sae_dist.train.lr import lr_at
 from sae_dist.train.members import (
     Member,
@@ -262,6 +263,8 @@ def _train_member(job: Job, m: Member, xs: list[torch.Tensor], step: int, report
     cfg = job.cfg
     set_lr(m.opt, lr_at(step, m.cfg.resolved_lr, cfg.steps, m.cfg.lr_warmup_steps, m.cfg.lr_decay_fraction),
            m.cfg.resolved_decoder_lr_factor)
+    if m.inner_weight is not None:
+        m.sae.matryoshka_inner_weight = inner_weight_at(step, cfg.steps, *m.inner_weight)
     result = train_step(m.model, m.sae, m.opt, xs, m.state.dead, autocast, grad_norm=report,
                         loss_scale=m.plan.loss_scale(m.group_rank(job.ctx.rank)), slowdown=job.slowdown,
                         selection_bias=m.state.selection_bias)
@@ -487,12 +490,14 @@ def _log_start(job: Job, stream: Stream, estimate: MemoryEstimate, latest: Path 
               f"{'es' if plan.micro_steps > 1 else ''} a step ({stream.why})")
     if job.sweep is None:
         fraction, factor = cfg.resolved_refit_fraction, cfg.resolved_decoder_lr_factor  # (0: no refit)
-        log.info("run %s: %s SAE d_in=%d d_sae=%d on %d x %s (%s), global batch %d, lr %.2e%s%s%s%s",
+        weight, start, until = cfg.resolved_matryoshka_inner_weight
+        log.info("run %s: %s SAE d_in=%d d_sae=%d on %d x %s (%s), global batch %d, lr %.2e%s%s%s%s%s",
                  job.record.run_id if job.record.run_id is not None else "(no db)", cfg.architecture, cfg.d_in,
                  cfg.resolved_d_sae, ctx.world_size, ctx.device.type, ctx.backend, plan.global_batch,
                  cfg.resolved_lr, f" (decoder at {factor:g}x the lr)" if factor != 1 else "",
                  ", bf16 autocast" if use_bf16(cfg, ctx.device) else "",
                  ", inner prefixes through their own offset" if cfg.resolved_matryoshka_inner_offset else "",
+                 f", inner weight {start:g} falling to {weight:g} by {until:.0%} of the steps" if start != weight else "",
                  f", decoder refit to the last {fraction:.0%} of the steps" if fraction else "")
         log.info("%s", shares)
         log.info("memory estimate: %s", estimate.describe())

@@ -53,6 +53,9 @@ class Member:
     site: int | None = None  # its slice of rows of several model sites (None: rows are its own)
     last_metrics: dict = field(default_factory=dict)
     refit: Any = None  # its decoder refit's sums inside the refit window (sae_dist.train.refit), on its group's ranks
+    # Matryoshka's inner weight over the run as (weight, start, until) (sae_dist.train.inner_weight); None for
+    # the other architectures
+    inner_weight: tuple[float, float, float] | None = None
 
     @property
     def here(self) -> bool:
@@ -93,7 +96,8 @@ def build_member(name: str, cfg: TrainConfig, ranks: tuple[int, ...], run_dir: P
     state.refresh_dead(cfg.dead_after_samples)
     state.start_rare_bias(rule_for(cfg), cfg.k)
     window = MetricsWindow(cfg.d_in, cfg.resolved_d_sae, ctx.device, chosen=state.rare is not None)
-    m = Member(name, cfg, ranks, state, window, run_dir, group=group, site=site)
+    m = Member(name, cfg, ranks, state, window, run_dir, group=group, site=site,
+               inner_weight=cfg.resolved_matryoshka_inner_weight if cfg.architecture == "matryoshka" else None)
     if ctx.rank in ranks:
         m.sae = build_sae(cfg, ctx.device)
         m.opt = optimizer_for(m.sae, cfg)

@@ -159,6 +159,7 @@ def resume(cfg: TrainConfig, ctx: D.DistContext, members: list, source: Activati
                 None if t is None else t.to(m.state.fire_total.device)
                 for t in (counters["selection_bias"], counters["fire_rate"]))
         m.state.refresh_dead(m.cfg.dead_after_samples)
+        _match_inner_weight(m, counters, ctx.is_main)
         if m.here and m.live:
             own = (weights, saved) if m.run_dir == run_dir else _sae_checkpoint(m, ctx, step)
             _match_inner_offset(m, own[0], latest, ctx.is_main)
@@ -185,6 +186,18 @@ def _match_inner_offset(m, weights: dict[str, Tensor], latest: Path, log_it: boo
     m.opt = optimizer_for(m.sae, m.cfg)
     if log_it:
         log.info("%s: the checkpoint was written without the inner offset; the run goes on without it", m.name)
+
+
+def _match_inner_weight(m, counters: dict, log_it: bool) -> None:
+    """Matryoshka's inner weight as the run began: a checkpoint of a run at a constant weight (every
+    one written before the schedule existed, 2026-12-01) goes on at that weight."""
+    if m.inner_weight is None or "inner_weight_start" in counters:
+        return
+    weight, start, until = m.inner_weight
+    m.inner_weight = (weight, weight, until)
+    if log_it and start != weight:
+        log.info("%s: the checkpoint was trained at a constant inner weight; the run goes on at %g",
+                 m.name, weight)
 
 
 def _parked(parked: Tensor | None, like: Tensor) -> Tensor | None:
@@ -239,6 +252,8 @@ def write_checkpoint(cfg: TrainConfig, ctx: D.DistContext, members: list, source
                         "fire_total": m.state.fire_total.cpu(), "failed": m.failed}
             if m.state.parked_fired is not None:
                 counters["parked_fired"] = m.state.parked_fired.cpu()
+            if m.inner_weight is not None and m.inner_weight[1] != m.inner_weight[0]:
+                counters["inner_weight_start"] = m.inner_weight[1]  # absent: a run at a constant weight
             if m.state.rare is not None:  # None once the bias is gone
                 counters["selection_bias"], counters["fire_rate"] = (
                     None if t is None else t.cpu() for t in (m.state.selection_bias, m.state.fire_rate))
