@@ -96,7 +96,9 @@ class TrainConfig:
               "else the inner weight (no schedule): docs/quality.md")
     matryoshka_inner_weight_until: float | None = _f(
         None, "matryoshka, with an inner weight's start: the fraction of the steps by which the inner weight "
-              f"has fallen to --matryoshka-inner-weight; default {MATRYOSHKA_INNER_WEIGHT_UNTIL:g}")
+              f"has fallen to --matryoshka-inner-weight; default {MATRYOSHKA_INNER_WEIGHT_UNTIL:g}; later (0.8) "
+              "recovers more of a hierarchy's parents at some FVU, more cheaply than a higher constant weight "
+              "(docs/quality.md)")
     matryoshka_inner_offset: bool | None = _f(
         None, "matryoshka: the inner prefixes reconstruct through the decoder plus a learnt offset of their "
               "rows, trained and checkpointed but not exported, so that their own loss bends the exported "

@@ -92,8 +92,8 @@ def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = 
     7.5 (JumpReLU) matrices of batch x d_sae at their peak (measured: pre-activations,
     activations, masks, gradients). Tensors of width d_in (input, reconstruction, error and their
     gradients) add ~8 x B x d_in. Matryoshka's inner offset (`inner_offset_rows` rows of d_in) is
-    a parameter like the others, and the inner prefixes' decoder it makes each step (a weight's
-    size) and that decoder's gradient are two more weights.
+    a parameter like the others, and the inner prefixes' decoder it makes each step (its rows of
+    W_dec plus it) and that decoder's gradient are two more of the offset's size.
 
     The runtime part is the process before its model (runtime_bytes): on a CPU the rank's
     anonymous memory with torch loaded, on a GPU the CUDA context.
@@ -142,7 +142,7 @@ def estimate_memory(d_in: int, d_sae: int, batch_size: int, architecture: str = 
     else:
         temporaries = [(batch_size * d_sae * act_bytes, {"standard": 4.5, "jumprelu": 7.5}[architecture])]
     if inner_offset_rows:
-        temporaries.append((d_in * d_sae * param_bytes, 2))  # the inner prefixes' decoder and its gradient
+        temporaries.append((d_in * inner_offset_rows * param_bytes, 2))  # the inner prefixes' decoder and its gradient
     temporaries.append((batch_size * d_in * 4, 8 + 3 * (levels - 1)))  # fp32: autocast covers the encoder only
     activations = sum(size * count for size, count in temporaries)
     heap = 0.0

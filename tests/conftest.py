@@ -67,9 +67,12 @@ LENGTH_FREE_SCHEDULE = ("--lr-warmup-steps", "0", "--lr-decay-fraction", "0", "-
 
 # A small Matryoshka training on the synthetic source, checkpointed every 4 steps: a few steps
 # train in a second or two, so a test can run it straight and split by --resume.
+# Matryoshka's inner weight held constant: its schedule is a fraction of the steps, so a run split
+# as --steps 6 then --steps 12 --resume would follow another schedule than a straight 12.
+CONSTANT_INNER_WEIGHT = ("--matryoshka-inner-weight-start", "1")
 SMALL_MATRYOSHKA = ("--d-in", "32", "--d-sae", "128", "--k", "8", "--synthetic-features", "96", "--log-every", "2",
                     "--seed", "3", "--architecture", "matryoshka", "--devices", "cpu:1", "--batch-size", "64",
-                    "--checkpoint-every", "4", *LENGTH_FREE_SCHEDULE, "--refit-fraction", "0")
+                    "--checkpoint-every", "4", *LENGTH_FREE_SCHEDULE, *CONSTANT_INNER_WEIGHT, "--refit-fraction", "0")
 
 
 def final_checkpoint_weights(run_dir: Path) -> dict:

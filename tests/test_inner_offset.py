@@ -111,7 +111,7 @@ def test_the_memory_estimate_counts_the_offset():
     off = estimate_for_config(TrainConfig(d_in=64, d_sae=1024, architecture="matryoshka", devices="cpu:1",
                                           matryoshka_inner_offset=False), 1)
     assert on.params - off.params == 256 * 64 * 4  # d_sae/4 rows of d_in, fp32
-    assert on.activations - off.activations == 2 * 1024 * 64 * 4  # the inner decoder and its gradient
+    assert on.activations - off.activations == 2 * 256 * 64 * 4  # the inner rows' decoder and its gradient
 
 
 def test_a_sweep_turns_it_on_and_off_by_name():

@@ -108,18 +108,22 @@ def stopped_at_6_of_12(tmp_path, name: str, *args: str) -> None:
     assert stopped.returncode != 0 and latest_checkpoint(tmp_path / name).name == "step_00000006", stopped.stderr
 
 
+# SMALL_MATRYOSHKA holds the weight constant (start 1); these runs ask for the default's start again.
+SCHEDULED = ("--matryoshka-inner-weight-start", "8")
+
+
 @pytest.mark.slow  # four short trainings here, two more in their own processes
 def test_a_run_on_the_schedule_trains_otherwise_and_resumes_exactly_and_a_constant_one_stays_constant(tmp_path):
-    out = trained(tmp_path, "straight", "--steps", "12")
+    out = trained(tmp_path, "straight", "--steps", "12", *SCHEDULED)
     assert "inner weight 8 falling to 1 by 60% of the steps" in out
-    trained(tmp_path, "constant", "--steps", "12", "--matryoshka-inner-weight-start", "1")
-    stopped_at_6_of_12(tmp_path, "split")  # stopped while the weight falls (steps 4 to 7)
-    assert "resumed from" in trained(tmp_path, "split", "--steps", "12", "--resume")
+    trained(tmp_path, "constant", "--steps", "12")
+    stopped_at_6_of_12(tmp_path, "split", *SCHEDULED)  # stopped while the weight falls (steps 4 to 7)
+    assert "resumed from" in trained(tmp_path, "split", "--steps", "12", *SCHEDULED, "--resume")
     straight, split, constant = (final_weights(tmp_path / n) for n in ("straight", "split", "constant"))
     assert same(split, straight)
     assert (straight["W_dec"] - constant["W_dec"]).norm() > 1e-3 * constant["W_dec"].norm()  # it took effect
-    # A run at a constant weight (every run before the schedule) resumed with the defaults goes on constant.
-    stopped_at_6_of_12(tmp_path, "old", "--matryoshka-inner-weight-start", "1")
-    out = trained(tmp_path, "old", "--steps", "12", "--resume")
+    # A run at a constant weight (every run before the schedule) resumed asking for one goes on constant.
+    stopped_at_6_of_12(tmp_path, "old")
+    out = trained(tmp_path, "old", "--steps", "12", *SCHEDULED, "--resume")
     assert "the checkpoint was trained at a constant inner weight; the run goes on at 1" in out
     assert same(final_weights(tmp_path / "old"), constant)

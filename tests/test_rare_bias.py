@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import LENGTH_FREE_SCHEDULE, main_here, run_cli
+from conftest import CONSTANT_INNER_WEIGHT, LENGTH_FREE_SCHEDULE, main_here, run_cli
 from sae_dist.config import TrainConfig, build_config
 from sae_dist.defaults import describe_resolved
 from sae_dist.errors import ConfigError
@@ -132,7 +132,7 @@ SMALL = ["--architecture", "matryoshka", "--d-in", "32", "--d-sae", "256", "--k"
          "--seed", "5", "--log-every", "5", *LENGTH_FREE_SCHEDULE, "--refit-fraction", "0", "--eval-rows", "0",
          # Under the average rate is rare (the rates' averages start at it, so a latent that fires
          # less is rare at the first check), the bias moves fast and stays to the end: it shapes the run.
-         "--rare-bias-step", "0.1", "--rare-bias-until", "1"]
+         "--rare-bias-step", "0.1", "--rare-bias-until", "1", *CONSTANT_INNER_WEIGHT]
 FLOOR = ["--rare-bias-floor", "1"]
 
 

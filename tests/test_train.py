@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import LENGTH_FREE_SCHEDULE, REPO, main_here, run_cli
+from conftest import CONSTANT_INNER_WEIGHT, LENGTH_FREE_SCHEDULE, REPO, main_here, run_cli
 from sae_dist.data.shard_format import write_shards
 from sae_dist.data.sources.synthetic import SyntheticSource
 from sae_dist.models.export import load_sae
@@ -136,6 +136,8 @@ def test_resume_reaches_the_same_weights(tmp_path, source, devices, architecture
     args += ["--checkpoint-every", "4", *LENGTH_FREE_SCHEDULE,
              "--dead-after-samples", "512",  # latents die early: AuxK and its counters matter
              "--refit-fraction", "0"]  # a finished run refits its decoder, and the split run finishes at 6
+    if architecture == "matryoshka":
+        args += CONSTANT_INNER_WEIGHT
     ranks = int(devices.split(":")[1])
     ok(main_here("train", *args, "--devices", "cpu:1", "--batch-size", str(64 * ranks), "--steps", "12",
                  "--out-dir", str(tmp_path / "straight")))

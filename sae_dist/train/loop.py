@@ -497,7 +497,8 @@ def _log_start(job: Job, stream: Stream, estimate: MemoryEstimate, latest: Path 
                  cfg.resolved_lr, f" (decoder at {factor:g}x the lr)" if factor != 1 else "",
                  ", bf16 autocast" if use_bf16(cfg, ctx.device) else "",
                  ", inner prefixes through their own offset" if cfg.resolved_matryoshka_inner_offset else "",
-                 f", inner weight {start:g} falling to {weight:g} by {until:.0%} of the steps" if start != weight else "",
+                 f", inner weight {start:g} falling to {weight:g} by {until:.0%} of the steps"
+                 if start != weight else "",
                  f", decoder refit to the last {fraction:.0%} of the steps" if fraction else "")
         log.info("%s", shares)
         log.info("memory estimate: %s", estimate.describe())
