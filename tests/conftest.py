@@ -84,6 +84,13 @@ def final_checkpoint_weights(run_dir: Path) -> dict:
     return load_file(str(latest_checkpoint(run_dir) / WEIGHTS))
 
 
+def same_weights(a: dict, b: dict) -> bool:
+    """Two runs' weights (final_checkpoint_weights) alike: the same tensors, equal to float noise."""
+    import torch
+
+    return a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-7) for k in a)
+
+
 @pytest.fixture(autouse=True)
 def state_home(tmp_path, monkeypatch) -> Iterator[Path]:
     home = tmp_path / "home"

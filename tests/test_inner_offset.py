@@ -10,6 +10,7 @@ import torch
 
 from conftest import SMALL_MATRYOSHKA, main_here
 from conftest import final_checkpoint_weights as final_weights
+from conftest import same_weights as same
 from sae_dist.config import ConfigError, TrainConfig
 from sae_dist.contract.sweep import SweepError, parse_sweep_flags, point_name
 from sae_dist.defaults import describe_resolved
@@ -144,10 +145,6 @@ def trained(tmp_path, name: str, *args: str) -> str:
     done = run(tmp_path, name, *args)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
-
-
-def same(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-7) for k in a)
 
 
 @pytest.mark.slow  # four short trainings in this process

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import SMALL_MATRYOSHKA, main_here, run_cli
 from conftest import final_checkpoint_weights as final_weights
+from conftest import same_weights as same
 from sae_dist.config import ConfigError, TrainConfig
 from sae_dist.contract.sweep import parse_sweep_flags, point_name
 from sae_dist.defaults import describe_resolved
@@ -93,12 +94,6 @@ def trained(tmp_path, name: str, *args: str) -> str:
     done = main_here("train", *SMALL_MATRYOSHKA, *args, "--out-dir", str(tmp_path / name))
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout + done.stderr
-
-
-def same(a: dict, b: dict) -> bool:
-    import torch
-
-    return a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-7) for k in a)
 
 
 def stopped_at_6_of_12(tmp_path, name: str, *args: str) -> None:
