@@ -420,23 +420,18 @@ class TrainConfig:
                 raise ConfigError("matryoshka_widths", f"given, but the architecture is {self.architecture}; "
                                                        "add --architecture matryoshka")
             parse_widths(self.matryoshka_widths)
-        if self.matryoshka_inner_weight is not None:
-            if self.architecture != "matryoshka":
-                raise ConfigError("matryoshka_inner_weight", f"given, but the architecture is {self.architecture}; "
-                                                             "add --architecture matryoshka")
-            if not 0.0 <= self.matryoshka_inner_weight < float("inf"):  # (also NaN)
-                raise ConfigError("matryoshka_inner_weight", f"must be 0 or more, got {self.matryoshka_inner_weight}")
-        for name in ("matryoshka_inner_weight_start", "matryoshka_inner_weight_until"):
+        for name in ("matryoshka_inner_weight", "matryoshka_inner_weight_start", "matryoshka_inner_weight_until"):
             value = getattr(self, name)
             if value is None:
                 continue
             if self.architecture != "matryoshka":
                 raise ConfigError(name, f"given, but the architecture is {self.architecture}; "
                                         "add --architecture matryoshka")
-            if name.endswith("start") and not 0.0 <= value < float("inf"):  # (also NaN)
+            if name == "matryoshka_inner_weight_until":
+                if not 0.0 < value <= 1.0:  # (also NaN)
+                    raise ConfigError(name, f"must be above 0 and at most 1 (a fraction of the steps), got {value}")
+            elif not 0.0 <= value < float("inf"):  # a weight (also NaN)
                 raise ConfigError(name, f"must be 0 or more, got {value}")
-            if name.endswith("until") and not 0.0 < value <= 1.0:
-                raise ConfigError(name, f"must be above 0 and at most 1 (a fraction of the steps), got {value}")
         if self.matryoshka_inner_offset is not None and self.architecture != "matryoshka":
             raise ConfigError("matryoshka_inner_offset", f"given, but the architecture is {self.architecture}; "
                                                          "add --architecture matryoshka")
