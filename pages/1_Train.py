@@ -55,7 +55,7 @@ FORM_DEFAULTS = {
     "tr_checkpoint_every": DEFAULT["checkpoint_every"], "tr_balance": DEFAULT["balance"],
     "tr_rebalance": DEFAULT["rebalance"], "tr_on_rank_loss": DEFAULT["on_rank_loss"],
     "tr_name": "", "tr_priority": 0, "tr_time": "", "tr_matryoshka_widths": "", "tr_matryoshka_selection": "sample",
-    "tr_matryoshka_inner_weight": 1.0,
+    "tr_matryoshka_inner_weight": 1.0, "tr_matryoshka_inner_weight_start": "", "tr_matryoshka_inner_weight_until": "",
     "tr_skip": DEFAULT["skip"],
     "tr_auto": True,  # preselect the recommended devices until the user ticks one
     "tr_sweep": False, "tr_sw_architecture": [], "tr_sw_k": "", "tr_sw_expansion_factor": "", "tr_sw_lr": "",
@@ -218,9 +218,10 @@ def draw_device_rows(table: list[dict], widths: list[float]) -> list[str]:
     return selected
 
 
-def draw_matryoshka_fields() -> tuple[str, str, float]:
+def draw_matryoshka_fields() -> dict:
     """Matryoshka's own fields: the prefixes' widths (blank: the default), how latents are chosen,
-    and the inner prefixes' loss weight."""
+    the inner prefixes' loss weight and its schedule (its start and end as typed, blank: the
+    defaults)."""
     error_slot("matryoshka_widths")
     widths = st.text_input("Prefix widths", key="tr_matryoshka_widths", placeholder="default",
                            help=HELP["matryoshka_widths"])
@@ -229,7 +230,17 @@ def draw_matryoshka_fields() -> tuple[str, str, float]:
     error_slot("matryoshka_inner_weight")
     inner = st.number_input("Inner prefixes' weight", min_value=0.0, step=0.25, key="tr_matryoshka_inner_weight",
                             help=HELP["matryoshka_inner_weight"])
-    return widths, selection, inner
+    start_col, until_col = st.columns(2)
+    with start_col:
+        error_slot("matryoshka_inner_weight_start")
+        start = st.text_input("Inner weight at the start", key="tr_matryoshka_inner_weight_start",
+                              placeholder="default", help=HELP["matryoshka_inner_weight_start"])
+    with until_col:
+        error_slot("matryoshka_inner_weight_until")
+        until = st.text_input("Falling to it by (fraction of the steps)", key="tr_matryoshka_inner_weight_until",
+                              placeholder="default", help=HELP["matryoshka_inner_weight_until"])
+    return {"matryoshka_widths": widths, "matryoshka_selection": selection, "matryoshka_inner_weight": inner,
+            "matryoshka_inner_weight_start": start, "matryoshka_inner_weight_until": until}
 
 
 def draw_form() -> dict:
@@ -267,8 +278,7 @@ def draw_form() -> dict:
             error_slot("l0_coefficient")
             l0 = st.number_input("L0 coefficient", key="tr_l0", step=0.005, format="%.4f",
                                  help=HELP["l0_coefficient"])
-        prefix_widths, selection, inner_weight = (draw_matryoshka_fields() if architecture == "matryoshka"
-                                                  else (None, None, None))
+        matryoshka = draw_matryoshka_fields() if architecture == "matryoshka" else {}
         error_slot("precision")
         precision = st.segmented_control("Precision", PRECISIONS, key="tr_precision", required=True,
                                          help=HELP["precision"])
@@ -304,8 +314,7 @@ def draw_form() -> dict:
               "d_sae": d_sae if width_by == "d_sae" else None,
               "expansion_factor": expansion if width_by != "d_sae" else None,
               "k": k if architecture in TOPK_FAMILY else None,
-              "matryoshka_widths": prefix_widths, "matryoshka_selection": selection,
-              "matryoshka_inner_weight": inner_weight,
+              **matryoshka,
               "l1_coefficient": l1 if architecture == "standard" else None,
               "l0_coefficient": l0 if architecture not in (*TOPK_FAMILY, "standard") else None}
     return {"fields": fields, "sweep_texts": sweep_texts, "swept_architectures": swept_archs,

@@ -400,6 +400,31 @@ def test_matryoshka_shows_its_prefix_widths_checked_above_the_field():
 
 
 @pytest.mark.slow  # 1 s or more (AppTest runs of the page)
+def test_the_inner_weights_schedule_is_typed_checked_and_queued():
+    """Matryoshka's inner weight on a schedule: blank fields are the defaults (said in the
+    resolved line), a word or a value out of range is one error above its field and blocks the
+    submit, and typed values reach the queued job's settings and the resolved line."""
+    at = train_page()
+    at.segmented_control(key="tr_architecture").set_value("matryoshka").run()
+    start = at.text_input(key="tr_matryoshka_inner_weight_start")
+    assert start.value == at.text_input(key="tr_matryoshka_inner_weight_until").value == ""
+    assert "inner weight 8 falling to 1 by 60% of the steps (default)" in optimisation(at)
+    start.set_value("eight").run()
+    assert field_errors(at) == ["'eight' is not a number; write e.g. 8, or leave it blank for the default"]
+    assert at.button(key="tr_submit").disabled
+    at.text_input(key="tr_matryoshka_inner_weight_start").set_value("4").run()
+    at.text_input(key="tr_matryoshka_inner_weight_until").set_value("1.5").run()
+    assert field_errors(at) == ["must be above 0 and at most 1 (a fraction of the steps), got 1.5"]
+    assert at.button(key="tr_submit").disabled
+    at.text_input(key="tr_matryoshka_inner_weight_until").set_value("0.8").run()
+    assert not field_errors(at) and "inner weight 4 falling to 1 by 80% of the steps," in optimisation(at)
+    pick(at, ["virtual-0"]).button(key="tr_submit").click().run()
+    assert not at.exception
+    config = json.loads(list_jobs(get_engine())[0].train_config_json)
+    assert (config["matryoshka_inner_weight_start"], config["matryoshka_inner_weight_until"]) == (4.0, 0.8)
+
+
+@pytest.mark.slow  # 1 s or more (AppTest runs of the page)
 def test_paired_shards_queue_a_transcoder(tmp_path):
     """A transcoder's paired shards (harvest --transcode, pair-shards) make the form a transcoder's:
     d_in is the input's width, the pair is said, TopK is refused with the trainer's own line (SAELens

@@ -228,12 +228,17 @@ def form_config(fields: dict[str, Any], sweep_texts: dict[str, str] | None,
     inner = fields.get("matryoshka_inner_weight")
     if fields["architecture"] == "matryoshka" and inner is not None and inner != 1.0:  # 1: the default, unset
         values["matryoshka_inner_weight"] = float(inner)
-    lr_text = fields.get("lr_text", "").strip()
-    if lr_text:
-        try:
-            values["lr"] = float(lr_text)
-        except ValueError:
-            errors["lr"] = f"{lr_text!r} is not a number; write e.g. 2e-4, or leave it blank for the default"
+    typed = {"lr": ("lr_text", "2e-4")}
+    if fields["architecture"] == "matryoshka":  # the inner weight's schedule, as typed (blank: the default)
+        typed |= {"matryoshka_inner_weight_start": ("matryoshka_inner_weight_start", "8"),
+                  "matryoshka_inner_weight_until": ("matryoshka_inner_weight_until", "0.8")}
+    for key, (field, example) in typed.items():
+        text = (fields.get(field) or "").strip()
+        if text:
+            try:
+                values[key] = float(text)
+            except ValueError:
+                errors[key] = f"{text!r} is not a number; write e.g. {example}, or leave it blank for the default"
     if fields.get("name", "").strip():
         values["name"] = fields["name"].strip()
     sweep, lists = None, {}
