@@ -27,7 +27,8 @@ h3 at seed 1; 0.2 and 0.4 on the flat sets q1-q3), floor3 (0.6 and 0.8 on h1 at 
 seed 1; 0.4 on h2 and h3 at seed 0; the bias stopped at 0.5 and 0.85 of the steps on h1), declr
 (the decoder's lr at 1x-4x), ioff (the inner prefixes' offset on and off on every set), ioffw
 (the inner weight at 2-16 with the offset, on u2, h1, h2, h3 and u1; u2 at 4 and seed 1), isched (the
-inner weight's schedule against a constant weight on every set, and falling to 0.25 on h1 and u2).
+inner weight's schedule against a constant weight on every set, and falling to 0.25 on h1 and u2), istart
+(the schedule starting at 16 on h1 and u2, at 32 on u2).
 Results append to OUT/results.jsonl; a rerun skips the points already there. A Matryoshka
 point runs with the trainer's defaults, which since 2026-11-29 refit the decoder over the last
 fifth of the steps: the figures measured before ran without it (`refit_fraction=0` repeats them).
@@ -181,6 +182,9 @@ POINTS = [
     *[Point("isched", f"iws8-iw{w}", data=d, flags=mat(matryoshka_inner_weight_start="8", matryoshka_inner_weight=w,
                                                         matryoshka_inner_weight_until="0.6"))
       for d in ("h1", "u2") for w in ("0.25",)],
+    # a stronger start of the schedule (2026-12-01, twenty-fifth session): 16 on h1 and u2, 32 on u2
+    *[Point("istart", f"iws{w}", data=d, flags=mat(matryoshka_inner_weight_start=w))
+      for d, w in (("h1", "16"), ("u2", "16"), ("u2", "32"))],
 ]
 GROUPS = list(dict.fromkeys(p.group for p in POINTS))
 
