@@ -68,6 +68,21 @@ def test_matryoshka_s_inner_weight_is_set_only_off_its_default():
     assert config.matryoshka_inner_weight == 0.5
 
 
+def test_the_inner_weights_schedule_is_read_as_typed_for_matryoshka_only():
+    mat = {**FIELDS, "architecture": "matryoshka", "matryoshka_inner_weight_start": " ",
+           "matryoshka_inner_weight_until": ""}
+    config, *_ = train_form.form_config(mat, None, [])
+    assert (config.matryoshka_inner_weight_start, config.matryoshka_inner_weight_until) == (None, None)  # blank
+    typed = {**mat, "matryoshka_inner_weight_start": "16", "matryoshka_inner_weight_until": " 0.8 "}
+    config, *_ = train_form.form_config(typed, None, [])
+    assert (config.matryoshka_inner_weight_start, config.matryoshka_inner_weight_until) == (16.0, 0.8)
+    _, _, _, errors = train_form.form_config({**typed, "matryoshka_inner_weight_until": "late"}, None, [])
+    assert errors == {"matryoshka_inner_weight_until": "'late' is not a number; write e.g. 0.8, or leave it "
+                                                       "blank for the default"}
+    config, _, _, errors = train_form.form_config({**typed, "architecture": "topk"}, None, [])  # not drawn there
+    assert not errors and config.matryoshka_inner_weight_start is None
+
+
 def test_each_bad_field_has_its_message_under_it():
     _, _, _, errors = train_form.form_config({**FIELDS, "lr_text": "fast"}, None, [])
     assert errors == {"lr": "'fast' is not a number; write e.g. 2e-4, or leave it blank for the default"}

@@ -200,7 +200,8 @@ def form_config(fields: dict[str, Any], sweep_texts: dict[str, str] | None,
                 swept_architectures: list[str]) -> tuple[Any, Any, dict[str, list[Any]], dict[str, str]]:
     """(the TrainConfig or None, the sweep or None, its lists, errors by form field) from the
     form's fields as drawn: the fields its architecture and width choice show (`width_by`:
-    "d_sae" or "expansion"), the learning rate and name as typed (blank: the default), and with
+    "d_sae" or "expansion"), the learning rate, Matryoshka's inner weight schedule and the name
+    as typed (blank: the default), and with
     `sweep_texts` (the sweep toggled on) the swept values, which leave the base config. The
     trainer's own validation (build_config): each message names the field it goes under."""
     from sae_dist.config import TOPK_FAMILY, build_config
