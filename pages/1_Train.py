@@ -230,15 +230,13 @@ def draw_matryoshka_fields() -> dict:
     error_slot("matryoshka_inner_weight")
     inner = st.number_input("Inner prefixes' weight", min_value=0.0, step=0.25, key="tr_matryoshka_inner_weight",
                             help=HELP["matryoshka_inner_weight"])
-    start_col, until_col = st.columns(2)
-    with start_col:
-        error_slot("matryoshka_inner_weight_start")
-        start = st.text_input("Inner weight at the start", key="tr_matryoshka_inner_weight_start",
-                              placeholder="default", help=HELP["matryoshka_inner_weight_start"])
-    with until_col:
-        error_slot("matryoshka_inner_weight_until")
-        until = st.text_input("Falling to it by (fraction of the steps)", key="tr_matryoshka_inner_weight_until",
-                              placeholder="default", help=HELP["matryoshka_inner_weight_until"])
+    # One under the other: side by side in a third of the page, a message above one wrapped a word a line.
+    error_slot("matryoshka_inner_weight_start")
+    start = st.text_input("Inner weight at the start", key="tr_matryoshka_inner_weight_start",
+                          placeholder="default", help=HELP["matryoshka_inner_weight_start"])
+    error_slot("matryoshka_inner_weight_until")
+    until = st.text_input("Falling to it by (share of the steps)", key="tr_matryoshka_inner_weight_until",
+                          placeholder="default", help=HELP["matryoshka_inner_weight_until"])
     return {"matryoshka_widths": widths, "matryoshka_selection": selection, "matryoshka_inner_weight": inner,
             "matryoshka_inner_weight_start": start, "matryoshka_inner_weight_until": until}
 
