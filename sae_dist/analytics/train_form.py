@@ -221,16 +221,16 @@ def form_config(fields: dict[str, Any], sweep_texts: dict[str, str] | None,
     sparsity = ("k" if fields["architecture"] in TOPK_FAMILY
                 else "l1_coefficient" if fields["architecture"] == "standard" else "l0_coefficient")
     values[sparsity] = fields[sparsity]
-    widths_text = (fields.get("matryoshka_widths") or "").strip()
-    if fields["architecture"] == "matryoshka" and widths_text:  # blank: the default widths
-        values["matryoshka_widths"] = widths_text
-    if fields["architecture"] == "matryoshka" and fields.get("matryoshka_selection"):
-        values["matryoshka_selection"] = fields["matryoshka_selection"]
-    inner = fields.get("matryoshka_inner_weight")
-    if fields["architecture"] == "matryoshka" and inner is not None and inner != 1.0:  # 1: the default, unset
-        values["matryoshka_inner_weight"] = float(inner)
-    typed = {"lr": ("lr_text", "2e-4")}
-    if fields["architecture"] == "matryoshka":  # the inner weight's schedule, as typed (blank: the default)
+    typed = {"lr": ("lr_text", "2e-4")}  # numbers typed as text (blank: the default): field and an example
+    if fields["architecture"] == "matryoshka":  # its own fields, drawn only for it
+        widths_text = (fields.get("matryoshka_widths") or "").strip()
+        if widths_text:  # blank: the default widths
+            values["matryoshka_widths"] = widths_text
+        if fields.get("matryoshka_selection"):
+            values["matryoshka_selection"] = fields["matryoshka_selection"]
+        inner = fields.get("matryoshka_inner_weight")
+        if inner is not None and inner != 1.0:  # 1: the default, unset
+            values["matryoshka_inner_weight"] = float(inner)
         typed |= {"matryoshka_inner_weight_start": ("matryoshka_inner_weight_start", "8"),
                   "matryoshka_inner_weight_until": ("matryoshka_inner_weight_until", "0.8")}
     for key, (field, example) in typed.items():
